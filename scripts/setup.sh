@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs stragglerkit (editable) with its native
+# extension and the developer tools. Safe to run again; works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  echo "[setup] installing torch==2.13.0"
+  "${PIP[@]}" install torch==2.13.0
+fi
+echo "[setup] installing stragglerkit (editable) and its tools"
+"${PIP[@]}" install setuptools wheel numpy scipy networkx matplotlib pytest ruff mypy
+"${PIP[@]}" install --no-build-isolation -e .
+.venv/bin/python -c 'import torch, stragglerkit, stragglerkit._C; print("[setup] ready: stragglerkit", stragglerkit.__version__, "torch", torch.__version__)'

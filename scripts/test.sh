@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test suite: set-up, linter, type checker, tests. Works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "[test] ruff"
+.venv/bin/ruff check stragglerkit tests profiling scripts
+echo "[test] mypy"
+.venv/bin/mypy
+echo "[test] pytest"
+.venv/bin/python -m pytest -q tests "$@"

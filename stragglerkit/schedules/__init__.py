@@ -1,0 +1,11 @@
+"""Schedules as data: the IR, the symbolic checker and one generator per algorithm."""
+
+from __future__ import annotations
+
+from stragglerkit.schedules.check import CheckReport, check
+from stragglerkit.schedules.direct import direct
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.rhd import rhd
+from stragglerkit.schedules.ring import ring
+
+__all__ = ["CheckReport", "Op", "OpKind", "Schedule", "ScheduleBuilder", "check", "direct", "rhd", "ring"]

@@ -1,0 +1,424 @@
+"""Symbolic verifier: proves a schedule is a correct AllReduce before it ever runs.
+
+The checker executes the schedule on *contribution sets* instead of numbers: every rank's chunk
+starts holding ``{rank}``, a reduction forms the union of two sets, and at the end every rank must
+hold every chunk with all ``n`` contributions. It rejects, with a :class:`ScheduleError` that names
+the rank, the op and the chunk:
+
+* malformed ops (bad peer, chunk range, scratch slot or dependency index);
+* races: two ops of a rank touching the same chunk or scratch slot (one writing) that are not
+  ordered by ``depends`` -- this is also how *sending data not yet held* shows up (a send of a chunk
+  that does not depend on the receive that brings it);
+* double counting (a reduction adding a contribution the chunk already has);
+* send/recv mismatches (counts, chunk ranges or round tags differ between the k-th send from a to b
+  and the k-th receive on b from a);
+* deadlock, under the executor's rules (an op starts when its dependencies completed; sends and
+  receives on one peer pair are posted in program order; a message moves when both sides posted);
+* for round schedules, more than one send or more than one receive by a rank in one round;
+* a chunk that lacks contributions at the end.
+
+It returns a :class:`CheckReport` with counts that tests and the CLI print.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from stragglerkit.errors import ScheduleError
+from stragglerkit.schedules.ir import Op, OpKind, Schedule
+
+__all__ = ["CheckReport", "check", "format_ranks"]
+
+
+@dataclass(slots=True, frozen=True)
+class CheckReport:
+    """What the checker saw in a correct schedule."""
+
+    algorithm: str
+    world_size: int
+    num_chunks: int
+    num_ops: int
+    num_messages: int
+    rounds: int
+
+
+def format_ranks(mask: int, limit: int = 12) -> str:
+    """``0b1011`` -> ``{0, 1, 3}`` (truncated after ``limit`` ranks)."""
+    ranks = [i for i in range(mask.bit_length()) if (mask >> i) & 1]
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > limit else ""
+    return "{" + shown + more + "}"
+
+
+def _where(rank: int, index: int, op: Op) -> str:
+    return f"rank {rank} op {index} ({op.describe()})"
+
+
+def _validate_structure(sched: Schedule) -> None:
+    n, num_chunks = sched.world_size, sched.num_chunks
+    if n < 1:
+        raise ScheduleError(f"world_size must be at least 1, got {n}")
+    if num_chunks < 1:
+        raise ScheduleError(f"num_chunks must be at least 1, got {num_chunks}")
+    if len(sched.ops) != n:
+        raise ScheduleError(f"schedule has {len(sched.ops)} rank op lists for world_size {n}")
+    if sched.chunk_sizes is not None:
+        if len(sched.chunk_sizes) != num_chunks:
+            raise ScheduleError(f"chunk_sizes has {len(sched.chunk_sizes)} entries for {num_chunks} chunks")
+        bad = [i for i, s in enumerate(sched.chunk_sizes) if s <= 0]
+        if bad:
+            raise ScheduleError(f"chunk_sizes must be positive; chunk {bad[0]} has size {sched.chunk_sizes[bad[0]]}")
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            start, stop = op.chunks
+            if not 0 <= start < stop <= num_chunks:
+                raise ScheduleError(
+                    f"{_where(rank, index, op)}: chunk range {op.chunks} is empty or outside 0..{num_chunks}"
+                )
+            if op.is_comm:
+                if op.peer is None or not 0 <= op.peer < n:
+                    raise ScheduleError(f"{_where(rank, index, op)}: peer {op.peer} is not a rank of 0..{n - 1}")
+                if op.peer == rank:
+                    raise ScheduleError(f"{_where(rank, index, op)}: a rank cannot send to or receive from itself")
+            elif op.peer is not None:
+                raise ScheduleError(f"{_where(rank, index, op)}: a {op.kind.value} op takes no peer")
+            if op.kind in (OpKind.REDUCE, OpKind.COPY) and op.scratch is None:
+                raise ScheduleError(f"{_where(rank, index, op)}: {op.kind.value} needs a scratch slot")
+            if op.kind in (OpKind.SEND, OpKind.RECV_REDUCE) and op.scratch is not None:
+                raise ScheduleError(f"{_where(rank, index, op)}: {op.kind.value} takes no scratch slot")
+            if op.scratch is not None and op.scratch < 0:
+                raise ScheduleError(f"{_where(rank, index, op)}: scratch slot must be >= 0")
+            for dep in op.depends:
+                if not 0 <= dep < index:
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: depends on op {dep}, but an op may only depend on "
+                        f"earlier ops of its rank (0..{index - 1})"
+                    )
+
+
+def _check_ordering(sched: Schedule) -> None:
+    """Every conflicting pair of ops of one rank must be ordered by dependencies."""
+    for rank, rank_ops in enumerate(sched.ops):
+        ancestors: list[int] = []
+        last_writer: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}
+        scratch_writer: dict[int, int] = {}
+        scratch_range: dict[int, tuple[int, int]] = {}
+        scratch_readers: dict[int, list[int]] = {}
+
+        for index, op in enumerate(rank_ops):
+            anc = 0
+            for dep in op.depends:
+                anc |= ancestors[dep] | (1 << dep)
+            ancestors.append(anc)
+
+            def ordered(earlier: int, anc: int = anc) -> bool:
+                return bool((anc >> earlier) & 1)
+
+            kind = op.kind
+            reads_buffer = kind in (OpKind.SEND, OpKind.RECV_REDUCE, OpKind.REDUCE)
+            writes_buffer = kind is not OpKind.SEND and not (kind is OpKind.RECV and op.scratch is not None)
+
+            # scratch slot accesses
+            if kind in (OpKind.REDUCE, OpKind.COPY):
+                slot = op.scratch
+                assert slot is not None
+                writer = scratch_writer.get(slot)
+                if writer is None:
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: reads scratch slot {slot} before any op received into it"
+                    )
+                if not ordered(writer):
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: uses scratch slot {slot} filled by op {writer} "
+                        f"({rank_ops[writer].describe()}) without depending on it; add {writer} to depends"
+                    )
+                if scratch_range[slot] != op.chunks:
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: scratch slot {slot} holds chunks {scratch_range[slot]}, "
+                        f"not {op.chunks}"
+                    )
+                scratch_readers.setdefault(slot, []).append(index)
+            elif kind is OpKind.RECV and op.scratch is not None:
+                slot = op.scratch
+                writer = scratch_writer.get(slot)
+                if writer is not None and not ordered(writer):
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: overwrites scratch slot {slot} while op {writer} may "
+                        f"still be writing it; add {writer} to depends"
+                    )
+                for reader in scratch_readers.get(slot, ()):
+                    if not ordered(reader):
+                        raise ScheduleError(
+                            f"{_where(rank, index, op)}: overwrites scratch slot {slot} before op {reader} "
+                            f"({rank_ops[reader].describe()}) has used it; add {reader} to depends"
+                        )
+                scratch_writer[slot] = index
+                scratch_range[slot] = op.chunks
+                scratch_readers[slot] = []
+
+            # buffer chunk accesses
+            for chunk in range(op.chunks[0], op.chunks[1]):
+                writer = last_writer.get(chunk)
+                if writer is not None and not ordered(writer):
+                    what = "sends" if kind is OpKind.SEND else "touches"
+                    raise ScheduleError(
+                        f"{_where(rank, index, op)}: {what} chunk {chunk} which op {writer} "
+                        f"({rank_ops[writer].describe()}) writes, without depending on it: the data is not "
+                        f"yet held; add {writer} to depends"
+                    )
+                if writes_buffer:
+                    for reader in readers.get(chunk, ()):
+                        if reader != index and not ordered(reader):
+                            raise ScheduleError(
+                                f"{_where(rank, index, op)}: writes chunk {chunk} while op {reader} "
+                                f"({rank_ops[reader].describe()}) may still be reading it; add {reader} to depends"
+                            )
+                    last_writer[chunk] = index
+                    readers[chunk] = []
+                elif reads_buffer:
+                    readers.setdefault(chunk, []).append(index)
+
+
+def _check_rounds(sched: Schedule) -> None:
+    for rank, rank_ops in enumerate(sched.ops):
+        sends: dict[tuple[str, int], int] = {}
+        recvs: dict[tuple[str, int], int] = {}
+        for index, op in enumerate(rank_ops):
+            if op.round is None or not op.is_comm:
+                continue
+            key = (op.phase, op.round)
+            seen = sends if op.kind is OpKind.SEND else recvs
+            if key in seen:
+                other = seen[key]
+                verb = "sends" if op.kind is OpKind.SEND else "receives"
+                raise ScheduleError(
+                    f"{_where(rank, index, op)}: rank {rank} {verb} twice in {op.phase or 'round'} {op.round} "
+                    f"(also op {other}: {rank_ops[other].describe()})"
+                )
+            seen[key] = index
+
+
+def _match_messages(sched: Schedule) -> None:
+    """Pair the k-th send a->b with the k-th receive on b from a and compare them."""
+    sends: dict[tuple[int, int], list[int]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.kind is OpKind.SEND:
+                assert op.peer is not None
+                sends.setdefault((rank, op.peer), []).append(index)
+            elif op.is_receive:
+                assert op.peer is not None
+                recvs.setdefault((op.peer, rank), []).append(index)
+    for channel in sorted(set(sends) | set(recvs)):
+        src, dst = channel
+        s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
+        for k in range(max(len(s_list), len(r_list))):
+            if k >= len(r_list):
+                op = sched.ops[src][s_list[k]]
+                raise ScheduleError(
+                    f"{_where(src, s_list[k], op)}: rank {dst} never receives it (rank {src} sends "
+                    f"{len(s_list)} messages to {dst}, rank {dst} receives {len(r_list)})"
+                )
+            if k >= len(s_list):
+                op = sched.ops[dst][r_list[k]]
+                raise ScheduleError(
+                    f"{_where(dst, r_list[k], op)}: rank {src} never sends it (rank {src} sends "
+                    f"{len(s_list)} messages to {dst}, rank {dst} receives {len(r_list)})"
+                )
+            send_op = sched.ops[src][s_list[k]]
+            recv_op = sched.ops[dst][r_list[k]]
+            if send_op.chunks != recv_op.chunks:
+                raise ScheduleError(
+                    f"send/recv mismatch: message {k} from rank {src} to rank {dst} is sent as "
+                    f"{_where(src, s_list[k], send_op)} but received as {_where(dst, r_list[k], recv_op)}"
+                )
+            if send_op.round != recv_op.round or send_op.phase != recv_op.phase:
+                raise ScheduleError(
+                    f"send/recv mismatch: message {k} from rank {src} to rank {dst} is sent in "
+                    f"{send_op.phase} round {send_op.round} but received in {recv_op.phase} round {recv_op.round}"
+                )
+
+
+def _execute(sched: Schedule) -> int:
+    """Run the schedule on contribution sets; return the number of messages."""
+    n, num_chunks = sched.world_size, sched.num_chunks
+    full = (1 << n) - 1
+    buffers = [[1 << rank] * num_chunks for rank in range(n)]
+    scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
+
+    pending = [[len(op.depends) for op in rank_ops] for rank_ops in sched.ops]
+    dependents: list[list[list[int]]] = [[[] for _ in rank_ops] for rank_ops in sched.ops]
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            for dep in set(op.depends):
+                dependents[rank][dep].append(index)
+    # duplicate dependency indices count once
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            pending[rank][index] = len(set(op.depends))
+
+    # per-channel program order of sends and receives, and how many were posted
+    chan_sends: dict[tuple[int, int], list[int]] = {}
+    chan_recvs: dict[tuple[int, int], list[int]] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.kind is OpKind.SEND:
+                assert op.peer is not None
+                chan_sends.setdefault((rank, op.peer), []).append(index)
+            elif op.is_receive:
+                assert op.peer is not None
+                chan_recvs.setdefault((op.peer, rank), []).append(index)
+    posted_sends: dict[tuple[int, int], int] = {c: 0 for c in chan_sends}
+    posted_recvs: dict[tuple[int, int], int] = {c: 0 for c in chan_recvs}
+    dep_ready_sends: dict[tuple[int, int], set[int]] = {c: set() for c in chan_sends}
+    dep_ready_recvs: dict[tuple[int, int], set[int]] = {c: set() for c in chan_recvs}
+    snapshots: dict[tuple[int, int], list[int]] = {}
+
+    done = [[False] * len(rank_ops) for rank_ops in sched.ops]
+    ready: deque[tuple[int, int]] = deque()
+    for rank, rank_ops in enumerate(sched.ops):
+        for index in range(len(rank_ops)):
+            if pending[rank][index] == 0:
+                ready.append((rank, index))
+    messages = 0
+
+    def complete(rank: int, index: int) -> None:
+        done[rank][index] = True
+        for child in dependents[rank][index]:
+            pending[rank][child] -= 1
+            if pending[rank][child] == 0:
+                ready.append((rank, child))
+
+    def deliver(src: int, send_index: int, dst: int, recv_index: int) -> None:
+        recv_op = sched.ops[dst][recv_index]
+        data = snapshots.pop((src, send_index))
+        start, stop = recv_op.chunks
+        if recv_op.kind is OpKind.RECV_REDUCE:
+            buf = buffers[dst]
+            for offset, chunk in enumerate(range(start, stop)):
+                if buf[chunk] & data[offset]:
+                    raise ScheduleError(
+                        f"double counting: {_where(dst, recv_index, recv_op)} adds contributions "
+                        f"{format_ranks(data[offset])} to chunk {chunk}, which already holds "
+                        f"{format_ranks(buf[chunk])} (overlap {format_ranks(buf[chunk] & data[offset])})"
+                    )
+                buf[chunk] |= data[offset]
+        elif recv_op.scratch is not None:
+            scratch[dst][recv_op.scratch] = data
+        else:
+            buffers[dst][start:stop] = data
+        complete(src, send_index)
+        complete(dst, recv_index)
+
+    def try_post(channel: tuple[int, int]) -> None:
+        nonlocal messages
+        src, dst = channel
+        s_list, r_list = chan_sends.get(channel, []), chan_recvs.get(channel, [])
+        progressed = True
+        while progressed:
+            progressed = False
+            k = posted_sends.get(channel, 0)
+            if k < len(s_list) and s_list[k] in dep_ready_sends[channel]:
+                op = sched.ops[src][s_list[k]]
+                snapshots[(src, s_list[k])] = buffers[src][op.chunks[0] : op.chunks[1]]
+                posted_sends[channel] = k + 1
+                progressed = True
+            j = posted_recvs.get(channel, 0)
+            if j < len(r_list) and r_list[j] in dep_ready_recvs[channel]:
+                posted_recvs[channel] = j + 1
+                progressed = True
+        # deliver every message whose both sides are posted and not yet delivered
+        delivered = delivered_count.get(channel, 0)
+        while delivered < min(posted_sends.get(channel, 0), posted_recvs.get(channel, 0)):
+            deliver(src, s_list[delivered], dst, r_list[delivered])
+            messages += 1
+            delivered += 1
+        delivered_count[channel] = delivered
+
+    delivered_count: dict[tuple[int, int], int] = {}
+
+    while ready:
+        rank, index = ready.popleft()
+        op = sched.ops[rank][index]
+        if op.kind is OpKind.SEND:
+            assert op.peer is not None
+            channel = (rank, op.peer)
+            dep_ready_sends[channel].add(index)
+            try_post(channel)
+        elif op.is_receive:
+            assert op.peer is not None
+            channel = (op.peer, rank)
+            dep_ready_recvs[channel].add(index)
+            try_post(channel)
+        else:
+            assert op.scratch is not None
+            data = scratch[rank][op.scratch]
+            buf = buffers[rank]
+            start = op.chunks[0]
+            for offset, chunk in enumerate(range(start, op.chunks[1])):
+                if op.kind is OpKind.REDUCE:
+                    if buf[chunk] & data[offset]:
+                        raise ScheduleError(
+                            f"double counting: {_where(rank, index, op)} adds contributions "
+                            f"{format_ranks(data[offset])} to chunk {chunk}, which already holds "
+                            f"{format_ranks(buf[chunk])}"
+                        )
+                    buf[chunk] |= data[offset]
+                else:
+                    buf[chunk] = data[offset]
+            complete(rank, index)
+
+    stuck = [
+        (rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])
+    ]
+    if stuck:
+        lines = []
+        for rank, index in stuck[:6]:
+            op = sched.ops[rank][index]
+            if pending[rank][index]:
+                waits = f"waits for its dependencies {list(op.depends)}"
+            elif op.is_comm:
+                waits = f"is posted and waits for rank {op.peer}"
+            else:
+                waits = "waits"
+            lines.append(f"{_where(rank, index, op)} {waits}")
+        more = f" (and {len(stuck) - 6} more ranks)" if len(stuck) > 6 else ""
+        raise ScheduleError("deadlock: no op can make progress; " + "; ".join(lines) + more)
+
+    for rank in range(n):
+        for chunk in range(num_chunks):
+            held = buffers[rank][chunk]
+            if held != full:
+                missing = full & ~held
+                raise ScheduleError(
+                    f"incomplete: at the end rank {rank} chunk {chunk} lacks the contributions of ranks "
+                    f"{format_ranks(missing)} (it holds {format_ranks(held)})"
+                )
+    return messages
+
+
+def check(sched: Schedule) -> CheckReport:
+    """Prove ``sched`` is a correct in-place AllReduce; raise :class:`ScheduleError` otherwise.
+
+    Example::
+
+        from stragglerkit.schedules import check, ring
+        report = check(ring(8))
+        assert report.rounds == 14
+    """
+    _validate_structure(sched)
+    _check_ordering(sched)
+    _check_rounds(sched)
+    _match_messages(sched)
+    messages = _execute(sched)
+    return CheckReport(
+        algorithm=sched.algorithm,
+        world_size=sched.world_size,
+        num_chunks=sched.num_chunks,
+        num_ops=sched.num_ops(),
+        num_messages=messages,
+        rounds=sched.rounds(),
+    )
