@@ -1,0 +1,134 @@
+"""Which algorithms exist, when each applies, and one entry point that builds any of them.
+
+Predicates choose algorithms (as in horovod's operation manager): :data:`ALGORITHMS` is an ordered
+list of :class:`AlgorithmSpec`, each with an ``applies(situation)`` predicate that returns ``None``
+when the algorithm applies and otherwise the reason it does not. The cost model ranks the ones that
+apply; :func:`generate` builds one, mapped onto the real straggler's rank when it has one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules.ir import Schedule
+
+__all__ = ["ALGORITHMS", "AlgorithmSpec", "Situation", "applicable", "generate", "names", "why_not"]
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class Situation:
+    """What a caller knows about the group when choosing or building an algorithm."""
+
+    world_size: int
+    """Number of ranks in the group."""
+    straggler: int | None = None
+    """Rank of the persistent straggler, if one is known."""
+    slowdowns: dict[int, float] = field(default_factory=dict)
+    """Degraded ranks: rank -> slowdown l (its NIC runs at 1/l of the healthy bandwidth)."""
+    segments: int = 64
+    """Pipeline segments for OptCC."""
+    gpus_per_server: int = 1
+    """Ranks that share one server's NICs (OptCC appendix E)."""
+
+
+@dataclass(slots=True, frozen=True)
+class AlgorithmSpec:
+    name: str
+    module: str
+    """Module under stragglerkit.schedules holding the generator of the same name."""
+    applies: Callable[[Situation], str | None]
+    """``None`` when the algorithm applies to the situation, else the reason it does not."""
+    summary: str
+
+
+def _needs_two(s: Situation) -> str | None:
+    return None if s.world_size >= 2 else f"needs at least 2 ranks (world_size={s.world_size})"
+
+
+def _stragglar_applies(s: Situation) -> str | None:
+    if s.world_size < 4 or s.world_size % 2:
+        return f"needs an even world size of at least 4 (world_size={s.world_size})"
+    return None
+
+
+def _optcc_applies(s: Situation) -> str | None:
+    if s.world_size < 3:
+        return f"needs at least 3 ranks (world_size={s.world_size})"
+    degraded = {r: l for r, l in s.slowdowns.items() if l > 1.0}
+    if not degraded:
+        return "needs at least one degraded rank (slowdown l > 1)"
+    if len(degraded) * 2 > s.world_size:
+        return f"needs more healthy ranks than degraded ones ({len(degraded)} of {s.world_size} are degraded)"
+    return None
+
+
+ALGORITHMS: list[AlgorithmSpec] = [
+    AlgorithmSpec("ring", "ring", _needs_two, "bandwidth-optimal ring (reduce-scatter + all-gather)"),
+    AlgorithmSpec("rhd", "rhd", _needs_two, "recursive halving/doubling, 2·log2(n) rounds"),
+    AlgorithmSpec("direct", "direct", _needs_two, "straggler-aware broadcast baseline (stragglar.txt §4.1)"),
+    AlgorithmSpec("stragglar", "stragglar", _stragglar_applies, "StragglAR: pre-phase reduce-scatter + matching"),
+    AlgorithmSpec("optcc", "optcc", _optcc_applies, "OptCC: four-stage pipeline around degraded NICs"),
+]
+_BY_NAME = {spec.name: spec for spec in ALGORITHMS}
+
+
+def names() -> list[str]:
+    return [spec.name for spec in ALGORITHMS]
+
+
+def _spec(algorithm: str) -> AlgorithmSpec:
+    try:
+        return _BY_NAME[algorithm]
+    except KeyError:
+        raise NotApplicableError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(names())}") from None
+
+
+def why_not(algorithm: str, situation: Situation) -> str | None:
+    """``None`` if ``algorithm`` applies to ``situation``, else the reason."""
+    return _spec(algorithm).applies(situation)
+
+
+def applicable(situation: Situation) -> list[str]:
+    """Names of the algorithms that apply, in registry order."""
+    return [spec.name for spec in ALGORITHMS if spec.applies(situation) is None]
+
+
+def generate(algorithm: str, situation: Situation) -> Schedule:
+    """Build ``algorithm`` for ``situation`` (logical ranks = the group's ranks).
+
+    Straggler-aware algorithms are built with the straggler at logical rank n-1 and relabelled
+    so that the real straggler plays that part.
+
+    Example::
+
+        sched = generate("stragglar", Situation(world_size=8, straggler=3))
+    """
+    spec = _spec(algorithm)
+    reason = spec.applies(situation)
+    if reason is not None:
+        others = ", ".join(applicable(situation)) or "none"
+        raise NotApplicableError(f"{algorithm} does not apply: it {reason}. Algorithms that apply here: {others}")
+    module = importlib.import_module(f"stragglerkit.schedules.{spec.module}")
+    generator = getattr(module, spec.name)
+    n = situation.world_size
+    if spec.name == "optcc":
+        sched: Schedule = generator(
+            n, dict(situation.slowdowns), segments=situation.segments, gpus_per_server=situation.gpus_per_server
+        )
+        return sched
+    if spec.name in ("stragglar", "direct"):
+        sched = generator(n)
+        straggler = situation.straggler if situation.straggler is not None else n - 1
+        if not 0 <= straggler < n:
+            raise NotApplicableError(f"straggler rank {straggler} is not a rank of 0..{n - 1}")
+        if straggler != n - 1:
+            perm = list(range(n))
+            perm[n - 1], perm[straggler] = straggler, n - 1
+            sched = sched.relabel(perm)
+        sched.params["straggler"] = straggler
+        return sched
+    sched = generator(n)
+    return sched
