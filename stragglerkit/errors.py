@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ScheduleError", "StragglerKitError", "NotApplicableError"]
+__all__ = ["NotApplicableError", "ScheduleError", "StragglerKitError"]
 
 
 class ScheduleError(ValueError):

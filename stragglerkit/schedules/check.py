@@ -371,17 +371,17 @@ def _execute(sched: Schedule) -> int:
                     buf[chunk] = data[offset]
             complete(rank, index)
 
-    stuck = [
-        (rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])
-    ]
+    stuck = [(rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])]
     if stuck:
         lines = []
         for rank, index in stuck[:6]:
             op = sched.ops[rank][index]
             if pending[rank][index]:
                 waits = f"waits for its dependencies {list(op.depends)}"
+            elif op.kind is OpKind.SEND:
+                waits = f"is posted and waits for rank {op.peer} to receive it"
             elif op.is_comm:
-                waits = f"is posted and waits for rank {op.peer}"
+                waits = f"is posted and waits for rank {op.peer} to send"
             else:
                 waits = "waits"
             lines.append(f"{_where(rank, index, op)} {waits}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from stragglerkit.errors import ScheduleError
@@ -53,7 +53,7 @@ FORMAT_VERSION = 1
 _OP_FIELDS = ("kind", "start", "stop", "peer", "scratch", "depends", "round", "phase")
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     """What an op does; see the module docstring for the semantics."""
 
     SEND = "send"
@@ -320,7 +320,7 @@ class ScheduleBuilder:
         b.reduce(0, scratch=0, chunks=(1, 2))   # depends on r automatically
     """
 
-    __slots__ = ("world_size", "num_chunks", "ops", "auto_depends", "_writer", "_readers", "_swriter", "_sreaders")
+    __slots__ = ("_readers", "_sreaders", "_swriter", "_writer", "auto_depends", "num_chunks", "ops", "world_size")
 
     def __init__(self, world_size: int, num_chunks: int, auto_depends: bool = True) -> None:
         self.world_size = world_size

@@ -57,7 +57,7 @@ def _stragglar_applies(s: Situation) -> str | None:
 def _optcc_applies(s: Situation) -> str | None:
     if s.world_size < 3:
         return f"needs at least 3 ranks (world_size={s.world_size})"
-    degraded = {r: l for r, l in s.slowdowns.items() if l > 1.0}
+    degraded = {rank: slow for rank, slow in s.slowdowns.items() if slow > 1.0}
     if not degraded:
         return "needs at least one degraded rank (slowdown l > 1)"
     if len(degraded) * 2 > s.world_size:

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from stragglerkit.units import parse_bandwidth, parse_size, parse_time
+
+
+def test_sizes() -> None:
+    assert parse_size("1GiB") == 2**30
+    assert parse_size("32MiB") == 32 * 2**20
+    assert parse_size("4KB") == 4000
+    assert parse_size("1000") == 1000
+    assert parse_size("0") == 0
+
+
+def test_times_and_bandwidths() -> None:
+    assert parse_time("3us") == pytest.approx(3e-6)
+    assert parse_time("5ms") == pytest.approx(5e-3)
+    assert parse_bandwidth("450GB/s") == pytest.approx(450e9)
+    assert parse_bandwidth("1Gbit") == pytest.approx(1.25e8)
+    assert parse_bandwidth("10Gbps") == pytest.approx(1.25e9)
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "message"),
+    [
+        (parse_size, "1GX", "unknown size unit 'GX'"),
+        (parse_size, "lots", "cannot read 'lots' as a size"),
+        (parse_size, "0.5B", "not a whole number of bytes"),
+        (parse_time, "3 fortnights", "cannot read|unknown time unit"),
+        (parse_bandwidth, "450GB", "unknown bandwidth unit 'GB'"),
+        (parse_bandwidth, "0GB/s", "must be positive"),
+    ],
+)
+def test_bad_units(parser, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        parser(text)
