@@ -1,0 +1,416 @@
+"""The ``stragglerkit`` command line.
+
+``stragglerkit schedule``  builds, checks and prints (or saves) one algorithm's schedule.
+``stragglerkit simulate``  predicts AllReduce times of several algorithms on a simulated network.
+
+Run ``stragglerkit COMMAND --help`` for the options of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stragglerkit.errors import NotApplicableError, ScheduleError
+from stragglerkit.schedules.check import check
+from stragglerkit.schedules.ir import Op, OpKind, Schedule
+from stragglerkit.schedules.registry import Situation, generate, names
+from stragglerkit.units import format_bytes, format_seconds, parse_bandwidth, parse_size, parse_time
+
+__all__ = ["main"]
+
+
+# ---------------------------------------------------------------------------------------------
+# argument helpers
+
+
+def _degrade(text: str) -> tuple[int, float]:
+    try:
+        rank_text, slow_text = text.split(":")
+        rank, slowdown = int(rank_text), float(slow_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--degrade takes RANK:L (e.g. 3:2.0 = rank 3's NIC runs at half bandwidth), got {text!r}"
+        ) from None
+    if slowdown < 1.0:
+        raise argparse.ArgumentTypeError(f"--degrade slowdown L must be >= 1 (1/L of the bandwidth), got {slowdown}")
+    return rank, slowdown
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 8,16,256; got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
+def _algorithm_list(text: str) -> list[str]:
+    chosen = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in chosen if a not in names()]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown algorithm(s) {unknown}; choose from {', '.join(names())}")
+    return chosen
+
+
+def _unit(parser: Any) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return parser(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
+
+
+def _situation(args: argparse.Namespace, world_size: int) -> Situation:
+    slowdowns = dict(args.degrade or [])
+    bad = [rank for rank in slowdowns if not 0 <= rank < world_size]
+    if bad:
+        raise NotApplicableError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{world_size - 1}")
+    if args.straggler is not None and not 0 <= args.straggler < world_size:
+        raise NotApplicableError(f"--straggler {args.straggler} is not a rank of 0..{world_size - 1}")
+    return Situation(
+        world_size=world_size,
+        straggler=args.straggler,
+        slowdowns=slowdowns,
+        segments=args.segments,
+        gpus_per_server=args.gpus_per_server,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# stragglerkit schedule
+
+
+def _receive_marks(sched: Schedule) -> dict[tuple[int, int], str]:
+    """For each receive op: '+' if the data is added, '=' if it overwrites."""
+    marks: dict[tuple[int, int], str] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.kind is OpKind.RECV_REDUCE:
+                marks[(rank, index)] = "+"
+            elif op.kind is OpKind.RECV:
+                mark = "="
+                if op.scratch is not None:
+                    for later in rank_ops[index + 1 :]:
+                        if later.scratch == op.scratch and later.kind in (OpKind.REDUCE, OpKind.COPY):
+                            mark = "+" if later.kind is OpKind.REDUCE else "="
+                            break
+                marks[(rank, index)] = mark
+    return marks
+
+
+def _messages(sched: Schedule) -> list[tuple[int, int, Op, str, int]]:
+    """Every message as (src, dst, send op, mark, step-within-phase), in sender program order."""
+    marks = _receive_marks(sched)
+    recv_queues: dict[tuple[int, int], list[int]] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.is_receive:
+                assert op.peer is not None
+                recv_queues.setdefault((op.peer, rank), []).append(index)
+    consumed: dict[tuple[int, int], int] = {}
+    messages = []
+    for src, rank_ops in enumerate(sched.ops):
+        step_in_phase: dict[str, int] = {}
+        for op in rank_ops:
+            if op.kind is not OpKind.SEND:
+                continue
+            assert op.peer is not None
+            channel = (src, op.peer)
+            k = consumed.get(channel, 0)
+            consumed[channel] = k + 1
+            recv_index = recv_queues.get(channel, [])[k] if k < len(recv_queues.get(channel, [])) else -1
+            step = step_in_phase.get(op.phase, 0)
+            step_in_phase[op.phase] = step + 1
+            messages.append((src, op.peer, op, marks.get((op.peer, recv_index), "?"), step))
+    return messages
+
+
+def render_schedule(sched: Schedule) -> str:
+    """The schedule as text, one line per round (or per step of an unrounded phase)."""
+    lines = [
+        "legend: 'a->b c3+' rank a sends chunk 3 to rank b, which adds it; "
+        "'c3=' b stores it (overwrite); 'c0-4' a chunk range"
+    ]
+    groups: dict[tuple[str, str, int], list[str]] = {}
+    for src, dst, op, mark, step in _messages(sched):
+        start, stop = op.chunks
+        span = f"c{start}" if stop == start + 1 else f"c{start}-{stop - 1}"
+        if op.round is not None:
+            key = (op.phase, "round", op.round)
+        else:
+            key = (op.phase, "step", step)
+        groups.setdefault(key, []).append(f"{src}->{dst} {span}{mark}")
+    width = max((len(f"{phase} {kind} {number}") for phase, kind, number in groups), default=0)
+    for (phase, kind, number), transfers in groups.items():
+        label = f"{phase or 'main'} {kind} {number}"
+        lines.append(f"{label:<{width}} : " + "  ".join(transfers))
+    return "\n".join(lines)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    situation = _situation(args, args.world_size)
+    started = time.perf_counter()
+    sched = generate(args.algorithm, situation)
+    generation_seconds = time.perf_counter() - started
+    checked = False
+    report = None
+    if not args.no_check:
+        report = check(sched)
+        checked = True
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            handle.write(sched.to_json())
+    if args.summary_json:
+        summary = {
+            "algorithm": args.algorithm,
+            "world_size": args.world_size,
+            "rounds": sched.rounds(),
+            "checked": checked,
+            "generation_seconds": generation_seconds,
+        }
+        print(json.dumps(summary))
+        return 0
+    header = (
+        f"{sched.algorithm}: world_size={sched.world_size} chunks={sched.num_chunks} rounds={sched.rounds()}"
+        + (f" ({sched.round_phase} phase)" if sched.round_phase else "")
+        + "".join(f" {key}={value}" for key, value in sched.params.items())
+    )
+    print(header)
+    if report is not None:
+        print(f"checked: correct AllReduce ({report.num_ops} ops, {report.num_messages} messages)")
+    print(f"generated in {format_seconds(generation_seconds)}")
+    if args.json:
+        print(f"wrote {args.json}")
+    print(render_schedule(sched))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# stragglerkit simulate
+
+
+def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from stragglerkit.sim import Network, auto_delay, simulate
+
+    rows: list[dict[str, Any]] = []
+    for n in args.world_sizes:
+        situation = _situation(args, n)
+        network = Network.uniform(n, alpha=args.alpha, bandwidth=args.bandwidth, slowdowns=dict(situation.slowdowns))
+        straggler = args.straggler if args.straggler is not None else n - 1
+        delay_text = args.delay if args.delay is not None else ("0" if situation.slowdowns else "auto")
+        if delay_text == "auto":
+            reference = Situation(world_size=n, straggler=straggler)
+            try:
+                delay = auto_delay(generate("stragglar", reference), args.size, network)
+            except NotApplicableError:
+                delay = auto_delay(generate("direct", reference), args.size, network)
+        else:
+            delay = parse_time(delay_text)
+        arrivals = [0.0] * n
+        arrivals[straggler] = delay
+        lower_bound = _optcc_lower_bound(situation, args.size, args.bandwidth) if situation.slowdowns else None
+        for algorithm in args.algorithms:
+            try:
+                sched = generate(algorithm, situation)
+            except NotApplicableError as err:
+                print(f"note: skipping {algorithm} at n={n}: {err}", file=sys.stderr)
+                continue
+            result = simulate(sched, args.size, network, arrivals=arrivals)
+            row: dict[str, Any] = {
+                "algorithm": algorithm,
+                "world_size": n,
+                "size_bytes": args.size,
+                "delay_s": delay,
+                "time_s": result.time_from_last_arrival,
+                "time_from_first_arrival_s": result.time_from_first_arrival,
+            }
+            if lower_bound is not None:
+                row["lower_bound_s"] = lower_bound
+            rows.append(row)
+    return rows
+
+
+def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float | None:
+    try:
+        from stragglerkit.sim import optcc_bounds
+    except ImportError:
+        return None
+    bound: float = optcc_bounds.lower_bound(
+        situation.world_size, situation.slowdowns, size_bytes / bandwidth, gpus_per_server=situation.gpus_per_server
+    )
+    return bound
+
+
+def _print_simulation_table(rows: list[dict[str, Any]]) -> None:
+    baseline = {row["world_size"]: row["time_s"] for row in rows if row["algorithm"] == "ring"}
+    has_bound = any("lower_bound_s" in row for row in rows)
+    header = f"{'algorithm':<10} {'n':>5} {'size':>9} {'delay':>11} {'time':>12} {'from first':>12} {'vs ring':>8}"
+    if has_bound:
+        header += f" {'lower bound':>12}"
+    print(header)
+    for row in rows:
+        ring_time = baseline.get(row["world_size"])
+        speedup = f"{ring_time / row['time_s']:.3f}x" if ring_time and row["time_s"] > 0 else "-"
+        line = (
+            f"{row['algorithm']:<10} {row['world_size']:>5} {format_bytes(row['size_bytes']):>9} "
+            f"{format_seconds(row['delay_s']):>11} {format_seconds(row['time_s']):>12} "
+            f"{format_seconds(row['time_from_first_arrival_s']):>12} {speedup:>8}"
+        )
+        if has_bound:
+            bound = row.get("lower_bound_s")
+            line += f" {format_seconds(bound) if bound is not None else '-':>12}"
+        print(line)
+    print("time: from the last (straggler's) arrival to the last completion; 'from first': from the first arrival")
+
+
+def _plot_simulation(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for algorithm in dict.fromkeys(row["algorithm"] for row in rows):
+        mine = [row for row in rows if row["algorithm"] == algorithm]
+        ax.plot([r["world_size"] for r in mine], [r["time_s"] * 1e3 for r in mine], marker="o", label=algorithm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks (n)")
+    ax.set_ylabel("AllReduce time from last arrival (ms)")
+    size = format_bytes(rows[0]["size_bytes"]) if rows else ""
+    ax.set_title(f"Simulated AllReduce, {size} buffer")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    rows = _simulate_rows(args)
+    if args.json == "-":
+        print(json.dumps(rows))
+    else:
+        _print_simulation_table(rows)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(rows, handle, indent=1)
+            print(f"wrote {args.json}")
+    if args.plot:
+        _plot_simulation(rows, args.plot)
+        if args.json != "-":
+            print(f"wrote {args.plot}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
+
+
+def _add_situation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--straggler",
+        type=int,
+        metavar="RANK",
+        help="rank of the persistent straggler (StragglAR/direct put it at logical rank n-1; default n-1)",
+    )
+    parser.add_argument(
+        "--degrade",
+        type=_degrade,
+        action="append",
+        metavar="RANK:L",
+        help="a degraded rank whose NIC runs at 1/L of the bandwidth (repeatable), e.g. --degrade 3:2.0",
+    )
+    parser.add_argument("--segments", type=int, default=64, help="OptCC pipeline segments k (default 64)")
+    parser.add_argument(
+        "--gpus-per-server", type=int, default=1, help="ranks sharing one server's NICs, for OptCC (default 1)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stragglerkit",
+        description="Straggler-aware AllReduce: build and check schedules, simulate them.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sched = sub.add_parser(
+        "schedule",
+        help="build, check and print one algorithm's schedule",
+        description="Build an AllReduce schedule, prove it correct with the symbolic checker, and print it "
+        "round by round (who sends which chunk to whom).",
+        epilog="examples:\n  stragglerkit schedule stragglar --world-size 8\n"
+        "  stragglerkit schedule ring --world-size 16 --summary-json\n"
+        "  stragglerkit schedule stragglar --world-size 256 --straggler 5 --json s.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sched.add_argument("algorithm", choices=names(), help="which algorithm")
+    sched.add_argument("--world-size", "-n", type=int, required=True, help="number of ranks")
+    _add_situation_options(sched)
+    sched.add_argument("--json", metavar="FILE", help="also save the schedule as JSON (versioned format)")
+    sched.add_argument(
+        "--summary-json",
+        action="store_true",
+        help="print only one JSON object: algorithm, world_size, rounds, checked, generation_seconds",
+    )
+    sched.add_argument("--no-check", action="store_true", help="skip the symbolic checker (large n)")
+    sched.set_defaults(func=cmd_schedule)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="predict AllReduce times on a simulated network",
+        description="Simulate algorithms on a network of per-rank NICs (flow level, max-min fair sharing) "
+        "with a late straggler and/or degraded NICs, and compare them with ring.",
+        epilog="example (the StragglAR paper's analytic comparison):\n"
+        "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
+        "--size 1GiB --alpha 3us --bandwidth 450GB/s",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument(
+        "--algorithms", type=_algorithm_list, default=["ring", "rhd", "stragglar"], help="comma-separated list"
+    )
+    sim.add_argument("--world-sizes", type=_int_list, default=[8, 16, 256], help="comma-separated, e.g. 8,16,256")
+    sim.add_argument("--size", type=_unit(parse_size), default=parse_size("1GiB"), help="buffer size (default 1GiB)")
+    sim.add_argument("--alpha", type=_unit(parse_time), default=parse_time("3us"), help="per-message latency")
+    sim.add_argument(
+        "--bandwidth", type=_unit(parse_bandwidth), default=parse_bandwidth("450GB/s"), help="per-rank NIC bandwidth"
+    )
+    sim.add_argument(
+        "--delay",
+        metavar="auto|TIME",
+        help="straggler delay: 'auto' (arrives as the others finish StragglAR's pre-phase) or a time like 5ms; "
+        "default auto, or 0 when --degrade is given",
+    )
+    _add_situation_options(sim)
+    sim.add_argument("--json", metavar="FILE|-", help="write the rows as JSON ('-' prints only JSON on stdout)")
+    sim.add_argument("--plot", metavar="FILE.png", help="plot time against n")
+    sim.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "delay", None) not in (None, "auto"):
+        try:
+            parse_time(args.delay)
+        except ValueError as err:
+            parser.error(f"--delay: {err}")
+    try:
+        code: int = args.func(args)
+    except (NotApplicableError, ScheduleError, ValueError) as err:
+        print(f"stragglerkit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
