@@ -1,0 +1,189 @@
+// Flattening of a Schedule's op lists into arrays for the simulator and the cost model
+// (stragglerkit/sim/graph.py). Python validates the schedule (check.py); this only reads the
+// fields of every Op object -- kind, chunks, peer, round, phase, depends -- in one pass at C speed,
+// which is what dominates simulating a schedule with millions of ops. Anything unexpected raises
+// a Python exception and graph.py says which op was malformed.
+#include <Python.h>
+#include <structmember.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace stragglerkit {
+
+namespace {
+
+// New reference to attribute `name` of `obj`, or a pybind11 error.
+py::object get_attr(PyObject* obj, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(obj, name);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+
+int64_t to_int(PyObject* value, const char* field, int64_t rank, int64_t index) {
+  if (!PyLong_Check(value)) {
+    throw py::value_error("rank " + std::to_string(rank) + " op " + std::to_string(index) + ": field '" + field +
+                          "' is not an int");
+  }
+  const long long v = PyLong_AsLongLong(value);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(v);
+}
+
+int64_t optional_int(PyObject* value, const char* field, int64_t rank, int64_t index) {
+  return value == Py_None ? -1 : to_int(value, field, rank, index);
+}
+
+// Reads the fields of an Op. Op is a slotted dataclass: for objects of exactly that type the six
+// slots are read at their fixed offsets (borrowed references, no attribute lookup); any other
+// object goes through PyObject_GetAttr.
+class FieldReader {
+ public:
+  FieldReader(PyTypeObject* type, PyObject* const* names, int count) : type_(type) {
+    for (int f = 0; f < count; ++f) {
+      names_[f] = names[f];
+      offsets_[f] = -1;
+      PyObject* descr = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), names[f]);
+      if (descr == nullptr) {
+        PyErr_Clear();
+        continue;
+      }
+      if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+        if (member->type == T_OBJECT_EX || member->type == T_OBJECT) offsets_[f] = member->offset;
+      }
+      Py_DECREF(descr);
+    }
+  }
+
+  // Borrowed (fast path) or owned (slow path) reference to field `f` of `op`, kept in `holder`.
+  PyObject* get(PyObject* op, int f, py::object& holder) const {
+    if (Py_TYPE(op) == type_ && offsets_[f] >= 0) {
+      PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(op) + offsets_[f]);
+      if (value != nullptr) return value;
+    }
+    holder = get_attr(op, names_[f]);
+    return holder.ptr();
+  }
+
+ private:
+  PyTypeObject* type_;
+  PyObject* names_[8];
+  Py_ssize_t offsets_[8];
+};
+
+PyObject* intern(const char* text) {
+  PyObject* s = PyUnicode_InternFromString(text);
+  if (s == nullptr) throw py::error_already_set();
+  return s;
+}
+
+}  // namespace
+
+// Returns (offsets, kind, chunk_start, chunk_stop, peer, round, phase, phase_names, dep_count, deps).
+// `kinds` lists the OpKind members in code order (send, recv, recv_reduce, reduce, copy).
+py::tuple sim_extract_ops(const py::list& ranks, const py::tuple& kinds) {
+  static PyObject* const s_kind = intern("kind");
+  static PyObject* const s_chunks = intern("chunks");
+  static PyObject* const s_peer = intern("peer");
+  static PyObject* const s_round = intern("round");
+  static PyObject* const s_phase = intern("phase");
+  static PyObject* const s_depends = intern("depends");
+
+  const Py_ssize_t n = PyList_GET_SIZE(ranks.ptr());
+  py::array_t<int64_t> offsets(n + 1);
+  int64_t* off = offsets.mutable_data();
+  off[0] = 0;
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    PyObject* rank_ops = PyList_GET_ITEM(ranks.ptr(), r);
+    if (!PyList_Check(rank_ops)) throw py::value_error("ops[" + std::to_string(r) + "] is not a list");
+    off[r + 1] = off[r] + PyList_GET_SIZE(rank_ops);
+  }
+  const int64_t total = off[n];
+  py::array_t<int64_t> kind(total), start(total), stop(total), peer(total), round(total), phase(total),
+      dep_count(total);
+  int64_t *k_out = kind.mutable_data(), *a_out = start.mutable_data(), *b_out = stop.mutable_data(),
+          *p_out = peer.mutable_data(), *r_out = round.mutable_data(), *ph_out = phase.mutable_data(),
+          *dc_out = dep_count.mutable_data();
+  std::vector<int64_t> deps;
+  deps.reserve(static_cast<size_t>(total) * 2);
+  const Py_ssize_t num_kinds = PyTuple_GET_SIZE(kinds.ptr());
+  std::unordered_map<PyObject*, int64_t> phase_code;  // keyed by object identity, names compared on a miss
+  py::list phase_names;
+  py::list keep_alive;
+
+  enum Field { kKind, kChunks, kPeer, kRound, kPhase, kDepends };
+  PyObject* const names[] = {s_kind, s_chunks, s_peer, s_round, s_phase, s_depends};
+  PyTypeObject* op_type = nullptr;
+  for (Py_ssize_t r = 0; r < n && op_type == nullptr; ++r) {
+    PyObject* rank_ops = PyList_GET_ITEM(ranks.ptr(), r);
+    if (PyList_GET_SIZE(rank_ops) > 0) op_type = Py_TYPE(PyList_GET_ITEM(rank_ops, 0));
+  }
+  const FieldReader reader(op_type != nullptr ? op_type : &PyBaseObject_Type, names, 6);
+  py::object h_kind, h_chunks, h_peer, h_round, h_phase, h_depends;
+
+  int64_t at = 0;
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    PyObject* rank_ops = PyList_GET_ITEM(ranks.ptr(), r);
+    const Py_ssize_t count = PyList_GET_SIZE(rank_ops);
+    for (Py_ssize_t i = 0; i < count; ++i, ++at) {
+      PyObject* op = PyList_GET_ITEM(rank_ops, i);
+      PyObject* kind_obj = reader.get(op, kKind, h_kind);
+      int64_t code = -1;
+      for (Py_ssize_t c = 0; c < num_kinds; ++c) {
+        if (PyTuple_GET_ITEM(kinds.ptr(), c) == kind_obj) code = c;
+      }
+      if (code < 0) throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i) + ": unknown kind");
+      k_out[at] = code;
+
+      PyObject* chunks = reader.get(op, kChunks, h_chunks);
+      if (!PyTuple_Check(chunks) || PyTuple_GET_SIZE(chunks) != 2) {
+        throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i) + ": chunks is not a pair");
+      }
+      a_out[at] = to_int(PyTuple_GET_ITEM(chunks, 0), "chunks", r, i);
+      b_out[at] = to_int(PyTuple_GET_ITEM(chunks, 1), "chunks", r, i);
+      p_out[at] = optional_int(reader.get(op, kPeer, h_peer), "peer", r, i);
+      r_out[at] = optional_int(reader.get(op, kRound, h_round), "round", r, i);
+
+      PyObject* phase_obj = reader.get(op, kPhase, h_phase);
+      auto found = phase_code.find(phase_obj);
+      if (found != phase_code.end()) {
+        ph_out[at] = found->second;
+      } else {
+        int64_t pc = -1;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(phase_names.ptr()) && pc < 0; ++j) {
+          const int same = PyObject_RichCompareBool(PyList_GET_ITEM(phase_names.ptr(), j), phase_obj, Py_EQ);
+          if (same < 0) throw py::error_already_set();
+          if (same == 1) pc = static_cast<int64_t>(j);
+        }
+        if (pc < 0) {
+          pc = static_cast<int64_t>(phase_names.size());
+          phase_names.append(py::reinterpret_borrow<py::object>(phase_obj));
+        }
+        // the key must outlive the loop: the op holds its own phase string; a looked-up one is kept here
+        if (h_phase.ptr() == phase_obj) keep_alive.append(h_phase);
+        phase_code.emplace(phase_obj, pc);
+        ph_out[at] = pc;
+      }
+
+      PyObject* seq = reader.get(op, kDepends, h_depends);
+      if (!PyTuple_Check(seq)) {
+        throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i) + ": depends is not a tuple");
+      }
+      const Py_ssize_t nd = PyTuple_GET_SIZE(seq);
+      dc_out[at] = nd;
+      for (Py_ssize_t d = 0; d < nd; ++d) deps.push_back(to_int(PyTuple_GET_ITEM(seq, d), "depends", r, i));
+    }
+  }
+  py::array_t<int64_t> dep_array(static_cast<py::ssize_t>(deps.size()));
+  std::copy(deps.begin(), deps.end(), dep_array.mutable_data());
+  return py::make_tuple(offsets, kind, start, stop, peer, round, phase, phase_names, dep_count, dep_array);
+}
+
+}  // namespace stragglerkit
