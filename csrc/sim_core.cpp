@@ -8,6 +8,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -184,6 +185,159 @@ py::tuple sim_extract_ops(const py::list& ranks, const py::tuple& kinds) {
   py::array_t<int64_t> dep_array(static_cast<py::ssize_t>(deps.size()));
   std::copy(deps.begin(), deps.end(), dep_array.mutable_data());
   return py::make_tuple(offsets, kind, start, stop, peer, round, phase, phase_names, dep_count, dep_array);
+}
+
+}  // namespace stragglerkit
+
+namespace stragglerkit {
+
+namespace {
+
+using IntArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::array_t<int64_t> to_array(const std::vector<int64_t>& values) {
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+}  // namespace
+
+// The execution constraints of the task graph (graph.py builds the same with numpy when the
+// extension is missing, and the tests compare the two). Inputs are the per-op arrays of
+// sim_extract_ops; op kinds are coded 0 send, 1 recv, 2 recv_reduce, 3 reduce, 4 copy.
+// Returns (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from_op).
+py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, const IntArray& peer_in,
+                          const IntArray& round_in, const IntArray& phase_in, const IntArray& dep_count_in,
+                          const IntArray& deps_in, bool sync_rounds) {
+  const int64_t n = offsets_in.size() - 1;
+  const int64_t* offsets = offsets_in.data();
+  const int64_t* kind = kind_in.data();
+  const int64_t* peer = peer_in.data();
+  const int64_t* round = round_in.data();
+  const int64_t* phase = phase_in.data();
+  const int64_t* dep_count = dep_count_in.data();
+  const int64_t* deps = deps_in.data();
+  const int64_t num_ops = offsets[n];
+  if (kind_in.size() != num_ops || peer_in.size() != num_ops || round_in.size() != num_ops ||
+      phase_in.size() != num_ops || dep_count_in.size() != num_ops) {
+    throw py::value_error("sim_build_edges: per-op arrays differ in length");
+  }
+
+  std::vector<std::pair<int64_t, int64_t>> sends, recvs;  // (channel src*n+dst, op)
+  std::vector<int64_t> local_ops;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t k = kind[i];
+      if (k <= 2) {
+        const int64_t p = peer[i];
+        if (p < 0 || p >= n || p == r) {
+          throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i - offsets[r]) +
+                                " has peer " + std::to_string(p) + ", not another rank of 0.." + std::to_string(n - 1));
+        }
+        if (k == 0) {
+          sends.emplace_back(r * n + p, i);
+        } else {
+          recvs.emplace_back(p * n + r, i);
+        }
+      } else {
+        local_ops.push_back(i);
+      }
+    }
+  }
+  std::sort(sends.begin(), sends.end());
+  std::sort(recvs.begin(), recvs.end());
+  bool paired = sends.size() == recvs.size();
+  for (size_t m = 0; paired && m < sends.size(); ++m) paired = sends[m].first == recvs[m].first;
+  if (!paired) {
+    throw py::value_error("sends and receives do not pair up (" + std::to_string(sends.size()) + " sends, " +
+                          std::to_string(recvs.size()) + " receives)");
+  }
+  const int64_t num_messages = static_cast<int64_t>(sends.size());
+  const int64_t num_tasks = num_messages + static_cast<int64_t>(local_ops.size());
+  std::vector<int64_t> op_task(num_ops), send_ops(num_messages), recv_ops(num_messages);
+  for (int64_t m = 0; m < num_messages; ++m) {
+    send_ops[m] = sends[m].second;
+    recv_ops[m] = recvs[m].second;
+    op_task[sends[m].second] = m;
+    op_task[recvs[m].second] = m;
+  }
+  for (size_t j = 0; j < local_ops.size(); ++j) op_task[local_ops[j]] = num_messages + static_cast<int64_t>(j);
+
+  std::vector<int64_t> e_src, e_dst, e_from;
+  e_src.reserve(static_cast<size_t>(num_ops) * 3);
+  e_dst.reserve(static_cast<size_t>(num_ops) * 3);
+  e_from.reserve(static_cast<size_t>(num_ops) * 3);
+  auto add = [&](int64_t from_task, int64_t to_task, int64_t from_op) {
+    if (from_task == to_task) return;
+    e_src.push_back(from_task);
+    e_dst.push_back(to_task);
+    e_from.push_back(from_op);
+  };
+  // data dependencies
+  int64_t at = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      for (int64_t j = 0; j < dep_count[i]; ++j, ++at) {
+        const int64_t d = deps[at];
+        if (d < 0 || d >= i - offsets[r]) {
+          throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i - offsets[r]) +
+                                " depends on op " + std::to_string(d) + ", which is not an earlier op of its rank");
+        }
+        add(op_task[offsets[r] + d], op_task[i], offsets[r] + d);
+      }
+    }
+  }
+  if (at != deps_in.size()) throw py::value_error("sim_build_edges: dependency counts do not match the list");
+  // one connection per ordered pair: message m waits for the previous message on its pair
+  for (int64_t m = 1; m < num_messages; ++m) {
+    if (sends[m].first == sends[m - 1].first) add(m - 1, m, -1);
+  }
+  // rounds in order: every comm op of a round group waits for every comm op of the previous group
+  if (sync_rounds) {
+    std::vector<int64_t> previous, current;
+    for (int64_t r = 0; r < n; ++r) {
+      previous.clear();
+      current.clear();
+      int64_t cur_phase = -1, cur_round = -1;
+      for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+        if (kind[i] > 2 || round[i] < 0) continue;
+        if (current.empty() || phase[i] != cur_phase || round[i] != cur_round) {
+          if (!current.empty()) previous.swap(current);
+          current.clear();
+          cur_phase = phase[i];
+          cur_round = round[i];
+        }
+        for (int64_t p : previous) add(op_task[p], op_task[i], p);
+        current.push_back(i);
+      }
+    }
+  }
+  // CSR by source task, keeping the order above within each source
+  std::vector<int64_t> edge_ptr(num_tasks + 1, 0);
+  for (int64_t s : e_src) ++edge_ptr[s + 1];
+  for (int64_t t = 0; t < num_tasks; ++t) edge_ptr[t + 1] += edge_ptr[t];
+  std::vector<int64_t> fill(edge_ptr.begin(), edge_ptr.end() - 1);
+  py::array_t<int64_t> edge_dst(static_cast<py::ssize_t>(e_src.size()));
+  py::array_t<int64_t> edge_from(static_cast<py::ssize_t>(e_src.size()));
+  int64_t* dst_out = edge_dst.mutable_data();
+  int64_t* from_out = edge_from.mutable_data();
+  for (size_t e = 0; e < e_src.size(); ++e) {
+    const int64_t slot = fill[e_src[e]]++;
+    dst_out[slot] = e_dst[e];
+    from_out[slot] = e_from[e];
+  }
+  return py::make_tuple(to_array(send_ops), to_array(recv_ops), to_array(local_ops), to_array(op_task),
+                        to_array(edge_ptr), edge_dst, edge_from);
+}
+
+}  // namespace stragglerkit
+
+namespace stragglerkit {
+
+void register_simulator(py::module_& m) {
+  m.def("sim_extract_ops", &sim_extract_ops, "flatten a Schedule's op lists into int64 arrays");
+  m.def("sim_build_edges", &sim_build_edges, "messages and execution edges of a flattened schedule");
 }
 
 }  // namespace stragglerkit

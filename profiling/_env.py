@@ -21,7 +21,7 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = None
     return {
-        "processor": platform.processor(),
+        "processor": platform.processor() or _cpu_model(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
@@ -29,6 +29,16 @@ def machine_info() -> dict[str, Any]:
         "torch": torch_version,
         "numpy": np.__version__,
     }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def command_line() -> str:

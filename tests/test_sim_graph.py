@@ -68,3 +68,21 @@ def test_malformed_schedules_are_refused() -> None:
     sched.ops[0][0] = type(sched.ops[0][0])(sched.ops[0][0].kind, (0, 3), 1)
     with pytest.raises(ScheduleError, match=r"outside 0\.\.1"):
         build_task_graph(sched)
+
+
+@pytest.mark.skipif(not _native_available(), reason="stragglerkit._C is not built with the simulator reader")
+@pytest.mark.parametrize("sync_rounds", [True, False])
+@pytest.mark.parametrize("sched", [ring(6), rhd(5), direct(7)], ids=["ring", "rhd", "direct"])
+def test_native_and_numpy_graphs_are_identical(sched, sync_rounds: bool) -> None:  # type: ignore[no-untyped-def]
+    import stragglerkit.sim.graph as graph_module
+
+    old = graph_module._NATIVE_MIN_OPS
+    graph_module._NATIVE_MIN_OPS = 0
+    try:
+        native = build_task_graph(sched, sync_rounds=sync_rounds, native=True)
+    finally:
+        graph_module._NATIVE_MIN_OPS = old
+    python = build_task_graph(sched, sync_rounds=sync_rounds, native=False)
+    for name in ("op_task", "task_src", "task_dst", "task_op", "recv_op", "edge_ptr", "edge_dst", "edge_from_op"):
+        assert np.array_equal(getattr(native, name), getattr(python, name)), name
+    assert (native.num_messages, native.num_tasks) == (python.num_messages, python.num_tasks)

@@ -138,15 +138,19 @@ _NATIVE_MIN_OPS = 200_000
 """Below this many ops the Python reader is fast enough not to pay for importing torch (which _C needs)."""
 
 
-def _native_extractor(num_ops: int) -> Callable[..., tuple[Any, ...]] | None:
+def _native_module(num_ops: int) -> Any:
+    """``stragglerkit._C`` when it is built and worth loading for ``num_ops`` ops, else ``None``."""
     if num_ops < _NATIVE_MIN_OPS and "torch" not in sys.modules:
         return None
     try:
         importlib.import_module("torch")  # loads the libraries stragglerkit._C links against
-        native = importlib.import_module("stragglerkit._C")
+        return importlib.import_module("stragglerkit._C")
     except ImportError:
         return None
-    extractor: Callable[..., tuple[Any, ...]] | None = getattr(native, "sim_extract_ops", None)
+
+
+def _native_extractor(num_ops: int) -> Callable[..., tuple[Any, ...]] | None:
+    extractor: Callable[..., tuple[Any, ...]] | None = getattr(_native_module(num_ops), "sim_extract_ops", None)
     return extractor
 
 
@@ -231,6 +235,73 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
     num_ops = op_kind.size
     op_rank = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
 
+    module = _native_module(num_ops) if native else None
+    if module is not None and hasattr(module, "sim_build_edges"):
+        try:
+            edges = module.sim_build_edges(
+                offsets, op_kind, op_peer, op_round, op_phase, dep_counts, dep_local, sync_rounds
+            )
+        except ValueError as err:
+            raise ScheduleError(f"{err}; run stragglerkit.schedules.check() on the schedule for the details") from None
+    else:
+        edges = _edges_numpy(
+            n, offsets, op_rank, op_kind, op_peer, op_round, op_phase, dep_counts, dep_local, sync_rounds
+        )
+    send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from = edges
+    if not np.array_equal(op_weight[send_ops], op_weight[recv_ops]):
+        raise ScheduleError("a send and its matching receive move different chunk ranges; run check() for details")
+    num_messages = int(send_ops.size)
+    task_src = np.concatenate([op_rank[send_ops], op_rank[local_ops]])
+    task_dst = np.concatenate([op_rank[recv_ops], op_rank[local_ops]])
+    task_op = np.concatenate([send_ops, local_ops])
+
+    return TaskGraph(
+        world_size=n,
+        num_messages=num_messages,
+        num_tasks=int(task_op.size),
+        op_rank=op_rank,
+        op_kind=op_kind,
+        op_weight=op_weight,
+        op_phase=op_phase,
+        op_task=op_task,
+        rank_offsets=offsets,
+        phases=phase_names,
+        total_weight=total,
+        task_src=task_src,
+        task_dst=task_dst,
+        task_weight=op_weight[task_op],
+        task_op=task_op,
+        recv_op=recv_ops,
+        edge_ptr=edge_ptr,
+        edge_dst=edge_dst,
+        edge_from_op=edge_from,
+    )
+
+
+def _edges_numpy(
+    n: int,
+    offsets: IntArray,
+    op_rank: IntArray,
+    op_kind: IntArray,
+    op_peer: IntArray,
+    op_round: IntArray,
+    op_phase: IntArray,
+    dep_counts: IntArray,
+    dep_local: IntArray,
+    sync_rounds: bool,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """Messages and edges with numpy: (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from).
+
+    The same result as ``sim_build_edges`` of csrc/sim_core.cpp (the tests compare them).
+    """
+    num_ops = op_kind.size
+    comm = op_kind <= _RECV_REDUCE
+    bad_peer = comm & ((op_peer < 0) | (op_peer >= n) | (op_peer == op_rank))
+    if bad_peer.any():
+        i = int(np.argmax(bad_peer))
+        raise ScheduleError(
+            f"rank {op_rank[i]} op {i - offsets[op_rank[i]]} has peer {op_peer[i]}, not another rank of 0..{n - 1}"
+        )
     # --- messages: k-th send a->b with k-th receive on b from a ---
     send_ops = np.flatnonzero(op_kind == _SEND)
     recv_ops = np.flatnonzero((op_kind == _RECV) | (op_kind == _RECV_REDUCE))
@@ -245,8 +316,6 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
             f"sends and receives do not pair up ({send_ops.size} sends, {recv_ops.size} receives); "
             "run stragglerkit.schedules.check() on the schedule for the details"
         )
-    if not np.array_equal(op_weight[send_ops], op_weight[recv_ops]):
-        raise ScheduleError("a send and its matching receive move different chunk ranges; run check() for details")
     num_messages = int(send_ops.size)
     local_ops = np.flatnonzero(op_kind >= _REDUCE)
     num_tasks = num_messages + int(local_ops.size)
@@ -255,15 +324,10 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
     op_task[recv_ops] = np.arange(num_messages)
     op_task[local_ops] = np.arange(num_messages, num_tasks)
 
-    task_src = np.concatenate([op_rank[send_ops], op_rank[local_ops]])
-    task_dst = np.concatenate([op_rank[recv_ops], op_rank[local_ops]])
-    task_op = np.concatenate([send_ops, local_ops])
-    task_weight = op_weight[task_op]
-
     # --- edges ---
     dep_of = np.repeat(np.arange(num_ops, dtype=np.int64), dep_counts)
     dep_global = offsets[op_rank[dep_of]] + dep_local
-    if dep_local.size and (np.any(dep_local < 0) or np.any(dep_global >= np.arange(num_ops)[dep_of])):
+    if dep_local.size and (np.any(dep_local < 0) or np.any(dep_global >= dep_of)):
         raise ScheduleError("an op depends on an op that is not an earlier op of its rank; run check() for details")
     srcs = [op_task[dep_global]]
     dsts = [op_task[dep_of]]
@@ -290,27 +354,7 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
     edge_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
     np.cumsum(np.bincount(edge_src, minlength=num_tasks), out=edge_ptr[1:])
 
-    return TaskGraph(
-        world_size=n,
-        num_messages=num_messages,
-        num_tasks=num_tasks,
-        op_rank=op_rank,
-        op_kind=op_kind,
-        op_weight=op_weight,
-        op_phase=op_phase,
-        op_task=op_task,
-        rank_offsets=offsets,
-        phases=phase_names,
-        total_weight=total,
-        task_src=task_src,
-        task_dst=task_dst,
-        task_weight=task_weight,
-        task_op=task_op,
-        recv_op=recv_ops,
-        edge_ptr=edge_ptr,
-        edge_dst=edge_dst[order],
-        edge_from_op=edge_from[order],
-    )
+    return send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst[order], edge_from[order]
 
 
 def _round_edges(
