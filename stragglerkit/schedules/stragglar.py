@@ -37,14 +37,17 @@ is cut into ``n-1`` equal chunks ``c_0 .. c_{n-2}``):
 
   - Rounds ``1 .. K-1`` seed chunks as in Phase 1 (chain ``r-1 -> r-1+K``, other holders, newest
     chunk first, to chunk-less ranks beyond ``2(K-1)`` while any are left).
-  - Later rounds: an edge joins two free ranks when one holds a chunk the other lacks; its weight
-    counts the useful directions (2 if both gain, 1 if one does) times ``n²`` plus the indices of
-    the chunks that would move, so that among the best matchings the one moving the newest (least
-    spread) chunks wins. The matching has maximum cardinality first. Each matched rank sends the
-    newest chunk its partner lacks. A rank ``a`` about to pair with the straggler
-    (``r < a < r+K``) is only matched with ranks holding nothing newer than ``c_{a-K}``, the
-    critical-window rule above. The rounds are at most ``n + ceil(log2 n) - 1``, i.e. within one
-    round of the lower bound ``n + ceil(log2 n) - 2`` (docs/stragglar.md has the table).
+  - Later rounds: an edge joins two free ranks when one holds a chunk the other lacks. Its weight
+    is ``(n+1)·d + y``: ``d`` counts the useful directions (2 if both gain, 1 if one does, the
+    weights of appendix C) and ``y`` counts those whose chunk is *young*, reduced within the last
+    ``K`` rounds and so still inside its doubling window; among the matchings with the most useful
+    directions the one that keeps the young chunks doubling wins. The matching has maximum
+    cardinality first. Each matched rank sends the newest chunk its partner lacks. A rank ``a``
+    about to pair with the straggler (``r < a < r+K``) is only matched with ranks holding nothing
+    newer than ``c_{a-K}``: the critical-window rule above.
+  - Lower bound: ``c_{n-2}`` is fully reduced in round ``n-2`` on two ranks and at best doubles per
+    round, so every schedule of this form needs ``n + ceil(log2 n) - 2`` rounds. This rule meets it
+    for every even n up to 64 (docs/stragglar.md has the table and the reference's counts).
 
 Cost: ``R`` rounds of one chunk (``s/(n-1)`` bytes) each after the pre-phase,
 ``R·alpha + R/(n-1)·s·beta`` with ``R = n + log2(n) - 2`` for powers of two (stragglar.txt Table 1).
@@ -74,8 +77,6 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
-
-import networkx as nx
 
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
@@ -251,27 +252,34 @@ def _seed_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
     return moves
 
 
+def _window_allows(rank: int, partner_newest: int, r: int, big_k: int) -> bool:
+    """A rank about to pair with the straggler (``r < rank < r+K``) only meets ranks holding nothing
+    newer than ``c_{rank-K}``: whatever it receives has then spread fully before its own turn."""
+    return not r < rank < r + big_k or partner_newest <= rank - big_k
+
+
 def _weighted_matching_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
+    import networkx as nx  # only this path needs it; keeps `import stragglerkit.schedules` light
+
     straggler = n - 1
     free = [g for g in range(n - 1) if g != r]
     if r >= n - 1:
         free.append(straggler)
     newest = [h.bit_length() - 1 for h in have]
-    scale = n * n  # exceeds any matching's sum of chunk indices: the direction count decides first
+    young = r - big_k  # chunks newer than this are still inside their doubling window
+    scale = n + 1  # exceeds any matching's total bonus: the number of useful directions decides first
     graph = nx.Graph()
     graph.add_nodes_from(free)
+    guard = r < n - 1  # the critical window only matters while straggler pairings remain
     for i, u in enumerate(free):
-        u_guarded = r < u < r + big_k
         for v in free[i + 1 :]:
-            if r < n - 1 and (
-                (u_guarded and newest[v] > u - big_k) or (r < v < r + big_k and newest[u] > v - big_k)
-            ):
+            if guard and not (_window_allows(u, newest[v], r, big_k) and _window_allows(v, newest[u], r, big_k)):
                 continue
             to_v = (have[u] & ~have[v]).bit_length() - 1  # newest chunk u can give v, -1 if none
             to_u = (have[v] & ~have[u]).bit_length() - 1
             directions = (to_v >= 0) + (to_u >= 0)
             if directions:
-                graph.add_edge(u, v, weight=directions * scale + max(to_v, 0) + max(to_u, 0))
+                graph.add_edge(u, v, weight=directions * scale + (to_v > young) + (to_u > young))
     moves: Round = []
     for u, v in sorted(tuple(sorted(pair)) for pair in nx.max_weight_matching(graph, maxcardinality=True)):
         for sender, receiver in ((u, v), (v, u)):
@@ -332,9 +340,7 @@ def _lower(n: int, plan: list[Round]) -> Schedule:
         for sender, receiver, chunk in moves:
             emitter.send(sender, receiver, chunk, rnd)
             emitter.overwrite(receiver, sender, chunk, rnd)
-    return builder.build(
-        "stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)}
-    )
+    return builder.build("stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)})
 
 
 class _Emitter:
