@@ -352,26 +352,30 @@ class _Emitter:
     the ops already present (the pre-phase, built without automatic tracking) by the same rules.
     """
 
-    __slots__ = ("ops", "readers", "scratch_user", "writer")
+    __slots__ = ("ops", "readers", "scratch_user", "spans", "writer")
 
     def __init__(self, ops: list[list[Op]], num_chunks: int) -> None:
         self.ops = ops
+        self.spans = [(chunk, chunk + 1) for chunk in range(num_chunks)]  # shared: fewer objects to track
         self.writer: list[list[int]] = [[-1] * num_chunks for _ in ops]
         self.readers: list[list[list[int]]] = [[[] for _ in range(num_chunks)] for _ in ops]
         self.scratch_user = [-1] * len(ops)
+        send = OpKind.SEND
         for rank, rank_ops in enumerate(ops):
+            writer, readers = self.writer[rank], self.readers[rank]
             for index, op in enumerate(rank_ops):
-                if op.scratch is not None or op.num_chunks != 1:
+                chunk, stop = op.chunks
+                if op.scratch is not None or stop != chunk + 1:
                     raise ValueError(f"pre-phase op {op.describe()} is not a single-chunk buffer op")
-                chunk = op.chunks[0]
-                if op.kind is OpKind.SEND:
-                    deps = self._read_deps(rank, chunk)
-                    self.readers[rank][chunk].append(index)
+                last = writer[chunk]
+                if op.kind is send:
+                    deps: tuple[int, ...] = (last,) if last >= 0 else ()
+                    readers[chunk].append(index)
                 else:
                     deps = self._write_deps(rank, chunk)
-                    self.writer[rank][chunk] = index
-                    self.readers[rank][chunk] = []
-                if deps and set(deps) != set(op.depends):
+                    writer[chunk] = index
+                    readers[chunk] = []
+                if deps and deps != op.depends:
                     deps = tuple(sorted({*deps, *op.depends}))
                     rank_ops[index] = Op(op.kind, op.chunks, op.peer, None, deps, op.round, op.phase)
 
@@ -392,20 +396,24 @@ class _Emitter:
         return len(rank_ops) - 1
 
     def send(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        deps = self._read_deps(rank, chunk)
-        index = self._append(rank, Op(OpKind.SEND, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
-        self.readers[rank][chunk].append(index)
+        last = self.writer[rank][chunk]
+        rank_ops = self.ops[rank]
+        self.readers[rank][chunk].append(len(rank_ops))
+        rank_ops.append(
+            Op(OpKind.SEND, self.spans[chunk], peer, None, (last,) if last >= 0 else (), rnd, MATCHING_PHASE)
+        )
 
     def overwrite(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
         """Receive ``chunk`` from ``peer`` straight into the buffer (the rank lacks it)."""
         deps = self._write_deps(rank, chunk)
-        index = self._append(rank, Op(OpKind.RECV, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
-        self.writer[rank][chunk] = index
+        rank_ops = self.ops[rank]
+        self.writer[rank][chunk] = len(rank_ops)
         self.readers[rank][chunk] = []
+        rank_ops.append(Op(OpKind.RECV, self.spans[chunk], peer, None, deps, rnd, MATCHING_PHASE))
 
     def swap(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
         """Send ``chunk`` to ``peer``, receive its copy into scratch 0 and add it in."""
-        span = (chunk, chunk + 1)
+        span = self.spans[chunk]
         self.send(rank, peer, chunk, rnd)
         recv_deps = {*self._read_deps(rank, chunk)}
         if self.scratch_user[rank] >= 0:
