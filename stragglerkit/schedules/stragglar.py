@@ -107,11 +107,8 @@ def _check_world_size(world_size: int) -> None:
     from stragglerkit.schedules.registry import Situation, applicable  # the registry imports generators lazily
 
     others = [name for name in applicable(Situation(world_size=world_size)) if name != "stragglar"]
-    hint = f"use {', '.join(others)} instead" if others else "no AllReduce algorithm applies to fewer than 2 ranks"
-    raise NotApplicableError(
-        f"StragglAR needs an even world size of at least 4 (n-1 equal chunks, one straggler partner per "
-        f"round), got world_size={world_size}; {hint}"
-    )
+    hint = f"algorithms that apply: {', '.join(others)}" if others else "no AllReduce applies to fewer than 2 ranks"
+    raise NotApplicableError(f"StragglAR needs an even world size of at least 4, got world_size={world_size}; {hint}")
 
 
 def stragglar_plan(world_size: int) -> list[Round]:
