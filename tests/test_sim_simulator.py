@@ -207,3 +207,42 @@ def test_deadlock_is_reported() -> None:
     b.send(1, 0, (0, 1), depends=[0])
     with pytest.raises(ScheduleError, match="deadlock"):
         simulate(b.build("deadlock"), 1.0, Network.uniform(2, alpha=0.0, bandwidth=1.0))
+
+
+PAPER_SPEEDUP_OVER_RING = {4: 1.13, 8: 1.36, 16: 1.57, 256: 1.94}  # stragglar.txt §4.3, Fig. 6(b)
+
+
+@pytest.mark.parametrize("n", sorted(PAPER_SPEEDUP_OVER_RING))
+def test_stragglar_reproduces_the_papers_speedup_over_ring(n: int) -> None:
+    stragglar_module = pytest.importorskip("stragglerkit.schedules.stragglar")
+    sched = stragglar_module.stragglar(n)
+    net = Network.uniform(n, alpha=ALPHA, bandwidth=BW)
+    straggler = int(sched.params["straggler"])
+    delay = auto_delay(sched, GIB, net)
+    # the pre-phase is a ring reduce-scatter among the n-1 punctual ranks on n-1 chunks
+    assert delay == pytest.approx((n - 2) * (ALPHA + GIB / (n - 1) / BW), rel=1e-9)
+    arrivals = np.zeros(n)
+    arrivals[straggler] = delay
+    sar = simulate(sched, GIB, net, arrivals=arrivals)
+    baseline = simulate(ring(n), GIB, net, arrivals=arrivals)
+    assert sar.engine == "contention-free"
+    rounds = n + int(math.log2(n)) - 2
+    assert sar.time_from_last_arrival == pytest.approx(rounds * (ALPHA + GIB / (n - 1) / BW), rel=1e-9)
+    speedup = baseline.time_from_last_arrival / sar.time_from_last_arrival
+    assert speedup == pytest.approx(PAPER_SPEEDUP_OVER_RING[n], rel=0.02)
+
+
+@pytest.mark.parametrize("n", [4, 6, 10])
+def test_stragglar_events_engine_and_dataflow(n: int) -> None:
+    stragglar_module = pytest.importorskip("stragglerkit.schedules.stragglar")
+    sched = stragglar_module.stragglar(n)
+    net = Network.uniform(n, alpha=ALPHA, bandwidth=BW)
+    arrivals = np.zeros(n)
+    arrivals[n - 1] = auto_delay(sched, GIB, net)
+    fast = simulate(sched, GIB, net, arrivals=arrivals)
+    slow = simulate(sched, GIB, net, arrivals=arrivals, engine="events")
+    assert slow.completion == pytest.approx(fast.completion, rel=1e-9)
+    # without rounds in order the straggler posts all its swaps at once and they share its NIC
+    dataflow = simulate(sched, GIB, net, arrivals=arrivals, sync_rounds=False)
+    assert dataflow.engine == "events"
+    assert dataflow.time_from_last_arrival > fast.time_from_last_arrival
