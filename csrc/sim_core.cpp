@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -335,7 +336,50 @@ py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, c
 
 namespace stragglerkit {
 
+// Earliest completion of every task when nothing competes for bandwidth (graph.longest_path):
+// done[t] = max(release[t], max over edges u->t of done[u] + edge_extra) + duration[t], in
+// topological order (Kahn's algorithm). Returns (done, number of tasks processed); fewer than all
+// means the constraints have a cycle and the caller reports the deadlock.
+py::tuple sim_longest_path(const IntArray& edge_ptr_in, const IntArray& edge_dst_in,
+                           const py::array_t<double, py::array::c_style | py::array::forcecast>& edge_extra_in,
+                           const py::array_t<double, py::array::c_style | py::array::forcecast>& release_in,
+                           const py::array_t<double, py::array::c_style | py::array::forcecast>& duration_in) {
+  const int64_t num_tasks = release_in.size();
+  if (edge_ptr_in.size() != num_tasks + 1 || duration_in.size() != num_tasks ||
+      edge_extra_in.size() != edge_dst_in.size()) {
+    throw py::value_error("sim_longest_path: array sizes do not match");
+  }
+  const int64_t* ptr = edge_ptr_in.data();
+  const int64_t* dst = edge_dst_in.data();
+  const double* extra = edge_extra_in.data();
+  const double* duration = duration_in.data();
+  std::vector<double> ready(release_in.data(), release_in.data() + num_tasks);
+  std::vector<int64_t> pending(num_tasks, 0);
+  for (int64_t e = 0; e < edge_dst_in.size(); ++e) ++pending[dst[e]];
+  std::vector<int64_t> queue;
+  queue.reserve(num_tasks);
+  for (int64_t t = 0; t < num_tasks; ++t) {
+    if (pending[t] == 0) queue.push_back(t);
+  }
+  py::array_t<double> done_out(num_tasks);
+  double* done = done_out.mutable_data();
+  std::fill(done, done + num_tasks, std::numeric_limits<double>::quiet_NaN());
+  for (size_t head = 0; head < queue.size(); ++head) {
+    const int64_t t = queue[head];
+    const double finish = ready[t] + duration[t];
+    done[t] = finish;
+    for (int64_t e = ptr[t]; e < ptr[t + 1]; ++e) {
+      const int64_t child = dst[e];
+      const double when = finish + extra[e];
+      if (when > ready[child]) ready[child] = when;
+      if (--pending[child] == 0) queue.push_back(child);
+    }
+  }
+  return py::make_tuple(done_out, static_cast<int64_t>(queue.size()));
+}
+
 void register_simulator(py::module_& m) {
+  m.def("sim_longest_path", &sim_longest_path, "earliest task completion times over the task graph");
   m.def("sim_extract_ops", &sim_extract_ops, "flatten a Schedule's op lists into int64 arrays");
   m.def("sim_build_edges", &sim_build_edges, "messages and execution edges of a flattened schedule");
 }

@@ -86,3 +86,24 @@ def test_native_and_numpy_graphs_are_identical(sched, sync_rounds: bool) -> None
     for name in ("op_task", "task_src", "task_dst", "task_op", "recv_op", "edge_ptr", "edge_dst", "edge_from_op"):
         assert np.array_equal(getattr(native, name), getattr(python, name)), name
     assert (native.num_messages, native.num_tasks) == (python.num_messages, python.num_tasks)
+
+
+@pytest.mark.skipif(not _native_available(), reason="stragglerkit._C is not built with the simulator reader")
+@pytest.mark.parametrize("sched", [ring(6), rhd(5), direct(7)], ids=["ring", "rhd", "direct"])
+def test_native_and_numpy_longest_paths_agree(sched) -> None:  # type: ignore[no-untyped-def]
+    from stragglerkit.sim.graph import longest_path
+
+    g = build_task_graph(sched)
+    rng = np.random.default_rng(1)
+    release = rng.uniform(0, 1, g.num_tasks)
+    duration = rng.uniform(0, 1, g.num_tasks)
+    extra = rng.uniform(0, 1, g.op_kind.size)
+    import stragglerkit.sim.graph as graph_module
+
+    old = graph_module._NATIVE_MIN_OPS
+    graph_module._NATIVE_MIN_OPS = 0
+    try:
+        native = longest_path(g, release, duration, extra, native=True)
+    finally:
+        graph_module._NATIVE_MIN_OPS = old
+    assert np.array_equal(native, longest_path(g, release, duration, extra, native=False))

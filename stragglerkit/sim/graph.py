@@ -385,12 +385,15 @@ def _round_edges(
     return sel[first + within], sel[np.repeat(members, counts)]
 
 
-def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray) -> FloatArray:
+def longest_path(
+    graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray, native: bool = True
+) -> FloatArray:
     """Earliest completion time of every task when nothing competes for bandwidth.
 
     ``done[t] = max(release[t], max over edges u->t of (done[u] + extra)) + duration[t]``, where
     ``extra`` is ``op_extra`` of the edge's op (the receive-side reduction of a ``recv_reduce``).
-    Processed level by level (Kahn's algorithm on whole frontiers with numpy). Raises
+    Kahn's algorithm: in C++ (``sim_longest_path``) when ``stragglerkit._C`` is built and the graph
+    is large (``native``), else level by level on whole frontiers with numpy. Raises
     :class:`ScheduleError` when the constraints form a cycle (the schedule would deadlock).
 
     Example::
@@ -399,6 +402,28 @@ def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op
     """
     num_tasks = graph.num_tasks
     edge_extra = np.where(graph.edge_from_op >= 0, op_extra[np.maximum(graph.edge_from_op, 0)], 0.0)
+    module = _native_module(num_tasks) if native else None
+    if module is not None and hasattr(module, "sim_longest_path"):
+        done, processed = module.sim_longest_path(graph.edge_ptr, graph.edge_dst, edge_extra, release, duration)
+    else:
+        done, processed = _longest_path_numpy(graph, edge_extra, release, duration)
+    if processed < num_tasks:
+        stuck = np.flatnonzero(np.isnan(done))[:3]
+        where = ", ".join(
+            f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck
+        )
+        raise ScheduleError(
+            f"deadlock: {num_tasks - processed} of {num_tasks} messages/ops can never start under the execution "
+            f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"
+        )
+    return done
+
+
+def _longest_path_numpy(
+    graph: TaskGraph, edge_extra: FloatArray, release: FloatArray, duration: FloatArray
+) -> tuple[FloatArray, int]:
+    """Level by level (Kahn's algorithm on whole frontiers); returns (done, tasks processed)."""
+    num_tasks = graph.num_tasks
     indeg = np.bincount(graph.edge_dst, minlength=num_tasks).astype(np.int64)
     ready = release.astype(np.float64, copy=True)
     done = np.full(num_tasks, np.nan)
@@ -421,13 +446,4 @@ def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op
         uniq, hits = np.unique(targets, return_counts=True)
         indeg[uniq] -= hits
         frontier = uniq[indeg[uniq] == 0]
-    if processed < num_tasks:
-        stuck = np.flatnonzero(np.isnan(done))[:3]
-        where = ", ".join(
-            f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck
-        )
-        raise ScheduleError(
-            f"deadlock: {num_tasks - processed} of {num_tasks} messages/ops can never start under the execution "
-            f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"
-        )
-    return done
+    return done, processed
