@@ -265,71 +265,69 @@ py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, c
   }
   for (size_t j = 0; j < local_ops.size(); ++j) op_task[local_ops[j]] = num_messages + static_cast<int64_t>(j);
 
-  std::vector<int64_t> e_src, e_dst, e_from;
-  e_src.reserve(static_cast<size_t>(num_ops) * 3);
-  e_dst.reserve(static_cast<size_t>(num_ops) * 3);
-  e_from.reserve(static_cast<size_t>(num_ops) * 3);
-  auto add = [&](int64_t from_task, int64_t to_task, int64_t from_op) {
-    if (from_task == to_task) return;
-    e_src.push_back(from_task);
-    e_dst.push_back(to_task);
-    e_from.push_back(from_op);
-  };
-  // data dependencies
-  int64_t at = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-      for (int64_t j = 0; j < dep_count[i]; ++j, ++at) {
-        const int64_t d = deps[at];
-        if (d < 0 || d >= i - offsets[r]) {
-          throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i - offsets[r]) +
-                                " depends on op " + std::to_string(d) + ", which is not an earlier op of its rank");
-        }
-        add(op_task[offsets[r] + d], op_task[i], offsets[r] + d);
-      }
-    }
-  }
-  if (at != deps_in.size()) throw py::value_error("sim_build_edges: dependency counts do not match the list");
-  // one connection per ordered pair: message m waits for the previous message on its pair
-  for (int64_t m = 1; m < num_messages; ++m) {
-    if (sends[m].first == sends[m - 1].first) add(m - 1, m, -1);
-  }
-  // rounds in order: every comm op of a round group waits for every comm op of the previous group
-  if (sync_rounds) {
-    std::vector<int64_t> previous, current;
+  // Every edge is generated twice by `for_each_edge`: once to count the edges of each source task,
+  // once to write them into their CSR slots (no intermediate edge lists for millions of edges).
+  auto for_each_edge = [&](auto&& emit) {
+    auto add = [&](int64_t from_task, int64_t to_task, int64_t from_op) {
+      if (from_task != to_task) emit(from_task, to_task, from_op);
+    };
+    // data dependencies
+    int64_t at = 0;
     for (int64_t r = 0; r < n; ++r) {
-      previous.clear();
-      current.clear();
-      int64_t cur_phase = -1, cur_round = -1;
       for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-        if (kind[i] > 2 || round[i] < 0) continue;
-        if (current.empty() || phase[i] != cur_phase || round[i] != cur_round) {
-          if (!current.empty()) previous.swap(current);
-          current.clear();
-          cur_phase = phase[i];
-          cur_round = round[i];
+        for (int64_t j = 0; j < dep_count[i]; ++j, ++at) {
+          const int64_t d = deps[at];
+          if (d < 0 || d >= i - offsets[r]) {
+            throw py::value_error("rank " + std::to_string(r) + " op " + std::to_string(i - offsets[r]) +
+                                  " depends on op " + std::to_string(d) + ", which is not an earlier op of its rank");
+          }
+          add(op_task[offsets[r] + d], op_task[i], offsets[r] + d);
         }
-        for (int64_t p : previous) add(op_task[p], op_task[i], p);
-        current.push_back(i);
       }
     }
-  }
-  // CSR by source task, keeping the order above within each source
-  std::vector<int64_t> edge_ptr(num_tasks + 1, 0);
-  for (int64_t s : e_src) ++edge_ptr[s + 1];
+    if (at != deps_in.size()) throw py::value_error("sim_build_edges: dependency counts do not match the list");
+    // one connection per ordered pair: message m waits for the previous message on its pair
+    for (int64_t m = 1; m < num_messages; ++m) {
+      if (sends[m].first == sends[m - 1].first) add(m - 1, m, -1);
+    }
+    // rounds in order: every comm op of a round group waits for every comm op of the previous group
+    if (sync_rounds) {
+      std::vector<int64_t> previous, current;
+      for (int64_t r = 0; r < n; ++r) {
+        previous.clear();
+        current.clear();
+        int64_t cur_phase = -1, cur_round = -1;
+        for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+          if (kind[i] > 2 || round[i] < 0) continue;
+          if (current.empty() || phase[i] != cur_phase || round[i] != cur_round) {
+            if (!current.empty()) previous.swap(current);
+            current.clear();
+            cur_phase = phase[i];
+            cur_round = round[i];
+          }
+          for (int64_t p : previous) add(op_task[p], op_task[i], p);
+          current.push_back(i);
+        }
+      }
+    }
+  };
+  py::array_t<int64_t> edge_ptr_out(num_tasks + 1);
+  int64_t* edge_ptr = edge_ptr_out.mutable_data();
+  std::fill(edge_ptr, edge_ptr + num_tasks + 1, 0);
+  for_each_edge([&](int64_t src, int64_t, int64_t) { ++edge_ptr[src + 1]; });
   for (int64_t t = 0; t < num_tasks; ++t) edge_ptr[t + 1] += edge_ptr[t];
-  std::vector<int64_t> fill(edge_ptr.begin(), edge_ptr.end() - 1);
-  py::array_t<int64_t> edge_dst(static_cast<py::ssize_t>(e_src.size()));
-  py::array_t<int64_t> edge_from(static_cast<py::ssize_t>(e_src.size()));
+  const int64_t num_edges = edge_ptr[num_tasks];
+  py::array_t<int64_t> edge_dst(num_edges), edge_from(num_edges);
   int64_t* dst_out = edge_dst.mutable_data();
   int64_t* from_out = edge_from.mutable_data();
-  for (size_t e = 0; e < e_src.size(); ++e) {
-    const int64_t slot = fill[e_src[e]]++;
-    dst_out[slot] = e_dst[e];
-    from_out[slot] = e_from[e];
-  }
+  std::vector<int64_t> fill(edge_ptr, edge_ptr + num_tasks);  // next free slot of each source, in order
+  for_each_edge([&](int64_t src, int64_t dst, int64_t from_op) {
+    const int64_t slot = fill[src]++;
+    dst_out[slot] = dst;
+    from_out[slot] = from_op;
+  });
   return py::make_tuple(to_array(send_ops), to_array(recv_ops), to_array(local_ops), to_array(op_task),
-                        to_array(edge_ptr), edge_dst, edge_from);
+                        edge_ptr_out, edge_dst, edge_from);
 }
 
 }  // namespace stragglerkit
