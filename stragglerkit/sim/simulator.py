@@ -282,8 +282,10 @@ def auto_delay(
 
     Example::
 
-        delay = auto_delay(stragglar(8), 2**30, Network.uniform(8, alpha=3e-6, bandwidth=450e9))
-        res = simulate(stragglar(8), 2**30, net, arrivals=[0.0] * 7 + [delay])
+        from stragglerkit.schedules.stragglar import stragglar
+        sched, net = stragglar(8), Network.uniform(8, alpha=3e-6, bandwidth=450e9)
+        delay = auto_delay(sched, 2**30, net)       # the straggler is rank 7 (sched.params["straggler"])
+        res = simulate(sched, 2**30, net, arrivals=[0.0] * 7 + [delay])
     """
     n = schedule.world_size
     if straggler is None:
