@@ -309,9 +309,10 @@ def stragglar(world_size: int) -> Schedule:
 def _collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a schedule is built.
 
-    A schedule for n = 256 is about 260,000 small immutable ops; allocating them makes the collector
-    rescan every live object again and again, which costs about 40% of the build time, and none of
-    them can form a reference cycle. The previous collector state is restored afterwards.
+    A schedule for n = 256 is about 260,000 small immutable ops, none of which can be part of a
+    reference cycle. With the collector running, their allocation triggers collections that rescan
+    the growing set of live objects again and again; paused, it passes over them once, later. The
+    previous collector state is restored afterwards.
     """
     was_enabled = gc.isenabled()
     gc.disable()
