@@ -89,6 +89,14 @@ def test_rank_r_pairs_with_the_straggler_in_round_r(n: int) -> None:
         assert all(receiver != straggler for _, receiver in rounds[r])
 
 
+@pytest.mark.parametrize("n", [4, 6, 16, 18])
+def test_every_matching_op_is_round_tagged(n: int) -> None:
+    # the checker's one-send-one-receive-per-round rule only sees round-tagged ops
+    ops = [op for _, _, op in built(n).iter_ops() if op.phase == MATCHING_PHASE]
+    assert ops and all(op.round is not None for op in ops)
+    assert {op.round for op in ops} == set(range(len(stragglar_plan(n))))
+
+
 @pytest.mark.parametrize("n", [4, 8, 16, 32])
 def test_straggler_only_sends_the_last_chunk_after_its_pairings(n: int) -> None:
     plan = stragglar_plan(n)
