@@ -207,7 +207,7 @@ py::array_t<int64_t> to_array(const std::vector<int64_t>& values) {
 // The execution constraints of the task graph (graph.py builds the same with numpy when the
 // extension is missing, and the tests compare the two). Inputs are the per-op arrays of
 // sim_extract_ops; op kinds are coded 0 send, 1 recv, 2 recv_reduce, 3 reduce, 4 copy.
-// Returns (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from_op).
+// Returns (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from_op, one_flow_per_nic).
 py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, const IntArray& peer_in,
                           const IntArray& round_in, const IntArray& phase_in, const IntArray& dep_count_in,
                           const IntArray& deps_in, bool sync_rounds) {
@@ -311,6 +311,32 @@ py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, c
       }
     }
   };
+  // With rounds in order, a rank whose every send and receive is round-tagged, at most one of each
+  // per round, never has two flows on one NIC direction: the caller may skip the sharing check.
+  bool one_flow_per_nic = sync_rounds;
+  for (int64_t r = 0; r < n && one_flow_per_nic; ++r) {
+    int64_t cur_phase = -1, cur_round = -1, group_sends = 0, group_recvs = 0;
+    bool started = false;
+    for (int64_t i = offsets[r]; i < offsets[r + 1] && one_flow_per_nic; ++i) {
+      if (kind[i] > 2) continue;
+      if (round[i] < 0) {
+        one_flow_per_nic = false;
+        break;
+      }
+      if (!started || phase[i] != cur_phase || round[i] != cur_round) {
+        started = true;
+        cur_phase = phase[i];
+        cur_round = round[i];
+        group_sends = group_recvs = 0;
+      }
+      if (kind[i] == 0) {
+        ++group_sends;
+      } else {
+        ++group_recvs;
+      }
+      if (group_sends > 1 || group_recvs > 1) one_flow_per_nic = false;
+    }
+  }
   py::array_t<int64_t> edge_ptr_out(num_tasks + 1);
   int64_t* edge_ptr = edge_ptr_out.mutable_data();
   std::fill(edge_ptr, edge_ptr + num_tasks + 1, 0);
@@ -327,7 +353,7 @@ py::tuple sim_build_edges(const IntArray& offsets_in, const IntArray& kind_in, c
     from_out[slot] = from_op;
   });
   return py::make_tuple(to_array(send_ops), to_array(recv_ops), to_array(local_ops), to_array(op_task),
-                        edge_ptr_out, edge_dst, edge_from);
+                        edge_ptr_out, edge_dst, edge_from, one_flow_per_nic);
 }
 
 }  // namespace stragglerkit

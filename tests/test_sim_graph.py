@@ -83,7 +83,17 @@ def test_native_and_numpy_graphs_are_identical(sched, sync_rounds: bool) -> None
     finally:
         graph_module._NATIVE_MIN_OPS = old
     python = build_task_graph(sched, sync_rounds=sync_rounds, native=False)
-    for name in ("op_task", "task_src", "task_dst", "task_op", "recv_op", "edge_ptr", "edge_dst", "edge_from_op"):
+    for name in (
+        "op_task",
+        "task_src",
+        "task_dst",
+        "task_op",
+        "recv_op",
+        "edge_ptr",
+        "edge_dst",
+        "edge_from_op",
+        "one_flow_per_nic",
+    ):
         assert np.array_equal(getattr(native, name), getattr(python, name)), name
     assert (native.num_messages, native.num_tasks) == (python.num_messages, python.num_tasks)
 
@@ -107,3 +117,14 @@ def test_native_and_numpy_longest_paths_agree(sched) -> None:  # type: ignore[no
     finally:
         graph_module._NATIVE_MIN_OPS = old
     assert np.array_equal(native, longest_path(g, release, duration, extra, native=False))
+
+
+def test_one_flow_per_nic_flag() -> None:
+    assert build_task_graph(ring(5)).one_flow_per_nic
+    assert build_task_graph(direct(6)).one_flow_per_nic
+    assert not build_task_graph(ring(5), sync_rounds=False).one_flow_per_nic
+    b = ScheduleBuilder(3, 2)
+    for s in range(2):
+        b.send(s, 2, (s, s + 1), round=0)
+        b.recv(2, s, (s, s + 1), scratch=s, round=0)  # two receives in one round: an incast
+    assert not build_task_graph(b.build("incast")).one_flow_per_nic

@@ -100,6 +100,9 @@ class TaskGraph:
     edge_dst: IntArray
     edge_from_op: IntArray
     """The op whose completion the edge waits for (-1: the transfer end of the source message)."""
+    one_flow_per_nic: bool
+    """True when the rules guarantee that no NIC direction ever carries two flows at once: rounds run
+    in order and every send and receive is round-tagged, at most one of each per rank and round."""
 
     def op_reduced_bytes(self, size_bytes: float) -> FloatArray:
         """Bytes reduced by each op (``reduce`` and ``recv_reduce``)."""
@@ -247,7 +250,7 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
         edges = _edges_numpy(
             n, offsets, op_rank, op_kind, op_peer, op_round, op_phase, dep_counts, dep_local, sync_rounds
         )
-    send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from = edges
+    send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from, one_flow_per_nic = edges
     if not np.array_equal(op_weight[send_ops], op_weight[recv_ops]):
         raise ScheduleError("a send and its matching receive move different chunk ranges; run check() for details")
     num_messages = int(send_ops.size)
@@ -275,6 +278,7 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = T
         edge_ptr=edge_ptr,
         edge_dst=edge_dst,
         edge_from_op=edge_from,
+        one_flow_per_nic=bool(one_flow_per_nic),
     )
 
 
@@ -289,8 +293,9 @@ def _edges_numpy(
     dep_counts: IntArray,
     dep_local: IntArray,
     sync_rounds: bool,
-) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]:
-    """Messages and edges with numpy: (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from).
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, bool]:
+    """Messages and edges with numpy: (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from,
+    one_flow_per_nic).
 
     The same result as ``sim_build_edges`` of csrc/sim_core.cpp (the tests compare them).
     """
@@ -354,7 +359,27 @@ def _edges_numpy(
     edge_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
     np.cumsum(np.bincount(edge_src, minlength=num_tasks), out=edge_ptr[1:])
 
-    return send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst[order], edge_from[order]
+    one_flow = sync_rounds and _one_flow_per_nic(op_kind, op_rank, op_round, op_phase)
+    return send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst[order], edge_from[order], one_flow
+
+
+def _one_flow_per_nic(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray) -> bool:
+    """Every send/receive round-tagged, at most one send and one receive per rank and round group."""
+    comm = op_kind <= _RECV_REDUCE
+    if (op_round[comm] < 0).any():
+        return False
+    sel = np.flatnonzero(comm)
+    if sel.size == 0:
+        return True
+    rank = op_rank[sel]
+    key = op_phase[sel] * (int(op_round.max()) + 1) + op_round[sel]
+    new_group = np.ones(sel.size, dtype=bool)
+    new_group[1:] = (key[1:] != key[:-1]) | (rank[1:] != rank[:-1])
+    starts = np.flatnonzero(new_group)
+    is_send = (op_kind[sel] == _SEND).astype(np.int64)
+    sends = np.add.reduceat(is_send, starts)
+    recvs = np.add.reduceat(1 - is_send, starts)
+    return bool(sends.max() <= 1 and recvs.max() <= 1)
 
 
 def _round_edges(
