@@ -357,34 +357,35 @@ class _ChunkBuilder(ScheduleBuilder):
         self.slot_use: list[dict[int, int]] = [{} for _ in range(world_size)]
         self.spans = [(chunk, chunk + 1) for chunk in range(num_chunks)]  # shared: fewer objects
 
-    def _chunk(self, chunks: tuple[int, int]) -> int:
-        if chunks[1] != chunks[0] + 1:
+    def _write(
+        self,
+        rank: int,
+        kind: OpKind,
+        chunks: tuple[int, int],
+        peer: int | None,
+        scratch: int | None,
+        depends: Sequence[int],
+        round: int | None,
+        phase: str,
+    ) -> int:
+        """Append an op that writes ``chunks``: after its last write and the reads since."""
+        chunk = chunks[0]
+        if chunks[1] != chunk + 1:
             raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
-        return chunks[0]
-
-    def _after_write(self, rank: int, chunk: int, extra: Sequence[int]) -> tuple[int, ...]:
-        last = self.last_write[rank][chunk]
-        readers = self.reads[rank][chunk]
-        if not readers and not extra:
-            return (last,) if last >= 0 else ()
-        deps = {*readers, *extra}
-        if last >= 0:
-            deps.add(last)
-        return tuple(sorted(deps))
-
-    def _append_read(self, rank: int, op: Op, chunk: int) -> int:
+        last_write, reads = self.last_write[rank], self.reads[rank]
+        last, readers = last_write[chunk], reads[chunk]
+        if readers or depends:
+            deps = {*readers, *depends}
+            if last >= 0:
+                deps.add(last)
+            after: tuple[int, ...] = tuple(sorted(deps))
+        else:
+            after = (last,) if last >= 0 else ()
         rank_ops = self.ops[rank]
         index = len(rank_ops)
-        rank_ops.append(op)
-        self.reads[rank][chunk].append(index)
-        return index
-
-    def _append_write(self, rank: int, op: Op, chunk: int) -> int:
-        rank_ops = self.ops[rank]
-        index = len(rank_ops)
-        rank_ops.append(op)
-        self.last_write[rank][chunk] = index
-        self.reads[rank][chunk] = []
+        rank_ops.append(Op(kind, chunks, peer, scratch, after, round, phase))
+        last_write[chunk] = index
+        reads[chunk] = []
         return index
 
     def send(
@@ -396,12 +397,18 @@ class _ChunkBuilder(ScheduleBuilder):
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        chunk = self._chunk(chunks)
+        chunk = chunks[0]
+        if chunks[1] != chunk + 1:
+            raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
         last = self.last_write[rank][chunk]
-        deps = (last,) if last >= 0 else ()
+        after = (last,) if last >= 0 else ()
         if depends:
-            deps = tuple(sorted({*deps, *depends}))
-        return self._append_read(rank, Op(OpKind.SEND, chunks, peer, None, deps, round, phase), chunk)
+            after = tuple(sorted({*after, *depends}))
+        rank_ops = self.ops[rank]
+        index = len(rank_ops)
+        rank_ops.append(Op(OpKind.SEND, chunks, peer, None, after, round, phase))
+        self.reads[rank][chunk].append(index)
+        return index
 
     def recv(
         self,
@@ -413,17 +420,16 @@ class _ChunkBuilder(ScheduleBuilder):
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        chunk = self._chunk(chunks)
-        if scratch is None:  # overwrites the chunk
-            deps = self._after_write(rank, chunk, depends)
-            return self._append_write(rank, Op(OpKind.RECV, chunks, peer, None, deps, round, phase), chunk)
-        last = self.last_write[rank][chunk]
-        slot_deps = {*depends, self.slot_use[rank].get(scratch, -1), last} - {-1}
-        op = Op(OpKind.RECV, chunks, peer, scratch, tuple(sorted(slot_deps)), round, phase)
+        if scratch is None:  # straight into the buffer: overwrites the chunk
+            return self._write(rank, OpKind.RECV, chunks, peer, None, depends, round, phase)
+        # into a scratch slot: after the chunk's last write (as the builder) and the slot's last use
+        last = self.last_write[rank][chunks[0]]
+        after = {*depends, self.slot_use[rank].get(scratch, -1), last} - {-1}
         rank_ops = self.ops[rank]
-        rank_ops.append(op)
-        self.slot_use[rank][scratch] = len(rank_ops) - 1
-        return len(rank_ops) - 1
+        index = len(rank_ops)
+        rank_ops.append(Op(OpKind.RECV, chunks, peer, scratch, tuple(sorted(after)), round, phase))
+        self.slot_use[rank][scratch] = index
+        return index
 
     def recv_reduce(
         self,
@@ -434,9 +440,7 @@ class _ChunkBuilder(ScheduleBuilder):
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        chunk = self._chunk(chunks)
-        deps = self._after_write(rank, chunk, depends)
-        return self._append_write(rank, Op(OpKind.RECV_REDUCE, chunks, peer, None, deps, round, phase), chunk)
+        return self._write(rank, OpKind.RECV_REDUCE, chunks, peer, None, depends, round, phase)
 
     def reduce(
         self,
@@ -447,9 +451,9 @@ class _ChunkBuilder(ScheduleBuilder):
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        chunk = self._chunk(chunks)
-        deps = self._after_write(rank, chunk, [*depends, self.slot_use[rank][scratch]])
-        index = self._append_write(rank, Op(OpKind.REDUCE, chunks, None, scratch, deps, round, phase), chunk)
+        index = self._write(
+            rank, OpKind.REDUCE, chunks, None, scratch, [*depends, self.slot_use[rank][scratch]], round, phase
+        )
         self.slot_use[rank][scratch] = index
         return index
 
