@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 from _env import command_line, machine_info, utc_now
-from stragglerkit.schedules.stragglar import stragglar
 
 from stragglerkit.schedules import rhd, ring
+from stragglerkit.schedules.stragglar import stragglar
 from stragglerkit.sim import CostModel, Network, auto_delay, simulate
 
 ALPHA, BANDWIDTH, SIZE = 3e-6, 450e9, 2**30
