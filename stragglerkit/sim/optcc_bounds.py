@@ -33,11 +33,11 @@ __all__ = [
     "optcc_multigpu_time",
     "optcc_single_time",
     "ring_degraded_time",
-    "theorem13_bound",
     "theorem1_bound",
     "theorem2_bound",
     "theorem3_bound",
     "theorem6_bound",
+    "theorem13_bound",
 ]
 
 
