@@ -1,0 +1,62 @@
+"""OptCC in the flow simulator (bandwidth only): closed forms, lower bounds, one flow per NIC direction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import pairwise
+
+import pytest
+
+from stragglerkit.schedules import ring
+from stragglerkit.schedules.optcc import optcc
+from stragglerkit.sim import optcc_bounds as ob
+from stragglerkit.sim.simulator import Flow, Network, simulate
+
+SIZE = 1.0  # bytes, with bandwidth 1 byte/s: times are in units of n
+
+
+def _simulate(p: int, slowdowns: dict[int, float], k: int) -> tuple[float, list[Flow]]:
+    result = simulate(optcc(p, slowdowns, segments=k), SIZE, Network.uniform(p, 0.0, 1.0, slowdowns), record_flows=True)
+    assert result.flows is not None
+    return result.makespan, result.flows
+
+
+def _assert_one_flow_per_nic_direction(flows: list[Flow]) -> None:
+    by_nic: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for flow in flows:
+        by_nic[("tx", flow.src)].append((flow.start, flow.end))
+        by_nic[("rx", flow.dst)].append((flow.start, flow.end))
+    for nic, spans in by_nic.items():
+        spans.sort()
+        for (_, end), (start, _) in pairwise(spans):
+            assert start >= end - 1e-12, f"{nic[0]} NIC of rank {nic[1]} carries two flows at once near t={start}"
+
+
+@pytest.mark.parametrize(
+    ("p", "slowdown"),
+    [(3, 2.0), (5, 2.0), (8, 3.0), (12, 4.0), (16, 2.0), (6, 1.14), (9, 1.33), (12, 1.5), (16, 8 / 7), (16, 1.5)],
+)
+def test_single_straggler_meets_the_closed_form_and_respects_the_bounds(p: int, slowdown: float) -> None:
+    k = 64
+    time, flows = _simulate(p, {p // 3: slowdown}, k)
+    closed = ob.optcc_single_time(p, slowdown, k)
+    assert time <= closed * 1.03, f"p={p} l={slowdown}: simulated {time:.4f} vs closed form {closed:.4f}"
+    assert time >= ob.theorem6_bound(p, slowdown) - 1e-9
+    assert time >= ob.theorem1_bound(p, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(flows)
+
+
+def test_optcc_beats_the_degraded_ring_and_stays_near_the_fault_free_one() -> None:
+    p, slowdown = 16, 8 / 7
+    time, _ = _simulate(p, {0: slowdown}, 64)
+    fault_free = simulate(ring(p), SIZE, Network.uniform(p, 0.0, 1.0)).makespan
+    degraded = simulate(ring(p), SIZE, Network.uniform(p, 0.0, 1.0, {0: slowdown})).makespan
+    assert fault_free == pytest.approx(ob.fault_free_time(p))
+    assert degraded == pytest.approx(ob.ring_degraded_time(p, [slowdown]))
+    assert time < degraded
+    assert time <= fault_free * 1.06
+
+
+def test_more_segments_approach_the_limit() -> None:
+    times = [_simulate(7, {2: 2.0}, k)[0] for k in (4, 16, 64)]
+    assert times[0] > times[1] > times[2] >= 2.0
