@@ -9,7 +9,7 @@ import pytest
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules import check
 from stragglerkit.schedules import optcc as optcc_module
-from stragglerkit.schedules.ir import OpKind, Schedule
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 from stragglerkit.schedules.optcc import optcc, optcc_plan, timetable_text
 from stragglerkit.schedules.registry import Situation, generate
 
@@ -78,11 +78,21 @@ def test_timetable_windows_respect_the_gap(p: int, slowdown: float) -> None:
             )
 
 
-def test_rank_ops_equal_the_whole_schedule() -> None:
-    plan = optcc_plan(7, {2: 1.5}, segments=5)
+@pytest.mark.parametrize(("p", "slowdown"), [(3, 1.5), (7, 1.5), (9, 3.0)])
+def test_direct_dependencies_equal_the_builders(p: int, slowdown: float) -> None:
+    """The lowering derives data dependencies itself; they must be what ScheduleBuilder derives."""
+    plan = optcc_plan(p, {2: slowdown}, segments=5)
     whole = plan.lower()
-    for rank in range(7):
+    builder = ScheduleBuilder(p, plan.num_chunks)
+    for rank in range(p):
         assert plan.rank_ops(rank) == whole.ops[rank]
+        last = {OpKind.SEND: None}
+        for op in whole.ops[rank]:
+            side = OpKind.SEND if op.kind is OpKind.SEND else OpKind.RECV
+            previous = last.get(side)
+            extra = () if previous is None else (previous,)
+            last[side] = builder.add(rank, Op(op.kind, op.chunks, op.peer, None, extra, None, op.phase))
+        assert builder.ops[rank] == whole.ops[rank]
 
 
 def test_docstring_example_is_the_real_timetable() -> None:

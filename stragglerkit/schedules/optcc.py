@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from stragglerkit.errors import NotApplicableError
-from stragglerkit.schedules.ir import Op, Schedule, ScheduleBuilder
+from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
 __all__ = ["Flow", "OptccPlan", "optcc", "optcc_plan", "timetable_text"]
 
@@ -133,12 +133,14 @@ class OptccPlan:
     """Relative size of one section."""
     fill_weight: int
     """Relative size of one fill chunk (0 when ``l >= 2``: no bubble filling)."""
+    q: int = 0
+    """Number of healthy ranks (``len(healthy)``; filled in when left 0)."""
+
+    def __post_init__(self) -> None:
+        if self.q == 0:
+            object.__setattr__(self, "q", len(self.healthy))
 
     # -- shape ---------------------------------------------------------------------------------
-    @property
-    def q(self) -> int:
-        return len(self.healthy)
-
     @property
     def num_fills(self) -> int:
         return self.segments if self.fill_weight else 0
@@ -246,35 +248,46 @@ class OptccPlan:
         return rank if rank < self.straggler else rank - 1
 
     # -- lowering ------------------------------------------------------------------------------
-    def add_rank_ops(self, builder: ScheduleBuilder, rank: int) -> None:
-        """Append ``rank``'s ops to ``builder``: one send/receive per flow, in timetable order.
+    def rank_ops(self, rank: int, chunk_ranges: list[tuple[int, int]] | None = None) -> list[Op]:
+        """The op list of one rank (what the executor of that rank runs): one op per flow.
 
         Each send depends on the rank's previous send and each receive on its previous receive, so
-        a NIC never carries two flows in one direction at once; data dependencies are added by the
-        builder.
+        a NIC never carries two flows in one direction at once; on top of that every op depends on
+        the last op that wrote its chunk and a receive on the sends that read the chunk since (the
+        same data dependencies :class:`ScheduleBuilder` derives, computed directly because this
+        runs for millions of ops). ``chunk_ranges`` lets :meth:`lower` share the range tuples.
         """
-        last_send: int | None = None
-        last_recv: int | None = None
-        for window in range(self.num_windows):
-            for flow in self.rank_flows(rank, window):
-                chunks = (flow.chunk, flow.chunk + 1)
-                if flow.src == rank:
-                    deps = () if last_send is None else (last_send,)
-                    last_send = builder.send(rank, flow.dst, chunks, depends=deps, phase=flow.stage)
-                else:
-                    deps = () if last_recv is None else (last_recv,)
-                    if flow.stage in _ADDING_STAGES:
-                        last_recv = builder.recv_reduce(rank, flow.src, chunks, depends=deps, phase=flow.stage)
-                    else:
-                        last_recv = builder.recv(rank, flow.src, chunks, depends=deps, phase=flow.stage)
-
-    def rank_ops(self, rank: int) -> list[Op]:
-        """The op list of one rank (what the executor of that rank runs)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is not a rank of 0..{self.world_size - 1}")
-        builder = ScheduleBuilder(self.world_size, self.num_chunks)
-        self.add_rank_ops(builder, rank)
-        return builder.ops[rank]
+        ranges = chunk_ranges if chunk_ranges is not None else [(c, c + 1) for c in range(self.num_chunks)]
+        ops: list[Op] = []
+        last_send = last_recv = -1
+        writer: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}
+        for window in range(self.num_windows):
+            for flow in self.rank_flows(rank, window):
+                chunk, index = flow.chunk, len(ops)
+                deps = []
+                wrote = writer.get(chunk)
+                if flow.src == rank:
+                    if last_send >= 0:
+                        deps.append(last_send)
+                    if wrote is not None and wrote != last_send:
+                        deps.append(wrote)
+                    readers.setdefault(chunk, []).append(index)
+                    ops.append(Op(OpKind.SEND, ranges[chunk], flow.dst, None, tuple(sorted(deps)), None, flow.stage))
+                    last_send = index
+                else:
+                    if last_recv >= 0:
+                        deps.append(last_recv)
+                    if wrote is not None and wrote != last_recv:
+                        deps.append(wrote)
+                    deps.extend(r for r in readers.pop(chunk, ()) if r not in deps)
+                    kind = OpKind.RECV_REDUCE if flow.stage in _ADDING_STAGES else OpKind.RECV
+                    ops.append(Op(kind, ranges[chunk], flow.src, None, tuple(sorted(deps)), None, flow.stage))
+                    writer[chunk] = index
+                    last_recv = index
+        return ops
 
     def params(self) -> dict[str, object]:
         return {
@@ -287,10 +300,16 @@ class OptccPlan:
 
     def lower(self) -> Schedule:
         """The whole schedule in the op IR (for the checker and the simulator)."""
-        builder = ScheduleBuilder(self.world_size, self.num_chunks)
-        for rank in range(self.world_size):
-            self.add_rank_ops(builder, rank)
-        return builder.build("optcc", chunk_sizes=self.chunk_sizes(), params=self.params())
+        ranges = [(c, c + 1) for c in range(self.num_chunks)]
+        ops = [self.rank_ops(rank, ranges) for rank in range(self.world_size)]
+        return Schedule(
+            algorithm="optcc",
+            world_size=self.world_size,
+            num_chunks=self.num_chunks,
+            ops=ops,
+            chunk_sizes=self.chunk_sizes(),
+            params=self.params(),
+        )
 
 
 _ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up"})
