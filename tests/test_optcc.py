@@ -33,6 +33,33 @@ def test_single_straggler_passes_the_checker(p: int, slowdown: float, k: int) ->
     assert sched.num_chunks == k * q + plan.num_fills
 
 
+# several stragglers: every m in 1..3, every l, every k, p from 5 to 64
+MULTI_CASES = [
+    (5, {0: 1.14, 3: 1.33}, 4),
+    (6, {1: 2.0, 4: 4.0}, 8),
+    (7, {0: 1.5, 1: 1.5, 2: 1.5}, 4),
+    (9, {2: 3.0, 5: 1.14, 8: 2.0}, 16),
+    (13, {12: 1.33, 0: 4.0}, 64),
+    (24, {3: 1.5, 7: 2.0, 20: 3.0}, 4),
+    (40, {0: 1.14, 39: 1.14}, 4),
+    (64, {10: 2.0, 30: 1.33, 50: 4.0}, 4),
+]
+
+
+@pytest.mark.parametrize(("p", "slowdowns", "k"), MULTI_CASES)
+def test_several_stragglers_pass_the_checker(p: int, slowdowns: dict[int, float], k: int) -> None:
+    sched = optcc(p, slowdowns, segments=k)
+    report = check(sched)
+    m, q = len(slowdowns), p - len(slowdowns)
+    # ring hops, the detour through the slowest straggler, and one exchange each way per other straggler
+    assert report.num_messages == k * q * (2 * (q - 1) + 2 + 2 * (m - 1))
+    assert sched.params["straggler"] == max(slowdowns, key=lambda r: (slowdowns[r], -r))
+    for rank in slowdowns:  # each straggler moves exactly the buffer out and the buffer in
+        sent = sum(1 for _, _, op in sched.iter_ops() if op.kind is OpKind.SEND and op.peer == rank)
+        received = sum(1 for r, _, op in sched.iter_ops() if r == rank and op.kind is OpKind.SEND)
+        assert sent == received == k * q
+
+
 @pytest.mark.parametrize("slowdown", SLOWDOWNS)
 @pytest.mark.parametrize("k", [1, 2, 3, 64])
 def test_every_slowdown_and_depth_on_a_small_ring(slowdown: float, k: int) -> None:
@@ -126,6 +153,8 @@ def test_registry_builds_optcc_for_the_degraded_rank() -> None:
         ((5, {7: 2.0}), ValueError, "not a rank"),
         ((5, {1: 0.5}), ValueError, "must be a finite number >= 1"),
         ((5, {1: float("nan")}), ValueError, "must be a finite number >= 1"),
+        ((6, {0: 2.0, 1: 2.0, 2: 2.0}), NotApplicableError, "more healthy ranks than degraded ones"),
+        ((6, {0: 2.0}, 64, 2), NotApplicableError, "multi-GPU-server"),
     ],
 )
 def test_bad_input_is_rejected_clearly(args: tuple, error: type, pattern: str) -> None:

@@ -46,6 +46,29 @@ def test_single_straggler_meets_the_closed_form_and_respects_the_bounds(p: int, 
     _assert_one_flow_per_nic_direction(flows)
 
 
+@pytest.mark.parametrize(
+    ("p", "slowdowns"),
+    [
+        (8, [1.5, 1.5]),
+        (12, [1.14, 1.33]),
+        (16, [2.0, 2.0]),
+        (16, [3.0, 1.5]),
+        (12, [4.0, 4.0]),
+        (16, [1.5, 1.5, 1.5]),
+        (20, [2.0, 1.33, 1.14]),
+    ],
+)
+def test_several_stragglers_meet_appendix_d_and_respect_theorem2(p: int, slowdowns: list[float]) -> None:
+    k = 64
+    degraded = {i * (p // len(slowdowns)): slowdown for i, slowdown in enumerate(slowdowns)}
+    time, flows = _simulate(p, degraded, k)
+    closed = ob.optcc_multi_time(p, slowdowns, k)
+    assert time <= closed * 1.03, f"p={p} l={slowdowns}: simulated {time:.4f} vs App. D.3 {closed:.4f}"
+    assert time >= ob.theorem2_bound(p, slowdowns) - 1e-9
+    assert time < ob.ring_degraded_time(p, slowdowns)
+    _assert_one_flow_per_nic_direction(flows)
+
+
 def test_optcc_beats_the_degraded_ring_and_stays_near_the_fault_free_one() -> None:
     p, slowdown = 16, 8 / 7
     time, _ = _simulate(p, {0: slowdown}, 64)

@@ -87,6 +87,7 @@ batch, ``b`` body; chunk ``σ·q + x`` is section ``x`` of segment ``σ``, chunk
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -125,14 +126,18 @@ class OptccPlan:
 
     world_size: int
     straggler: int
+    """The straggler on the upload/download detour (the slowest one)."""
     healthy: tuple[int, ...]
-    """Healthy ranks in ring order: ``healthy[j]`` is ``h_j``."""
+    """Healthy ranks in ring order (increasing): ``healthy[j]`` is ``h_j``."""
     slowdown: float
     segments: int
     section_weight: int
     """Relative size of one section."""
     fill_weight: int
     """Relative size of one fill chunk (0 when ``l >= 2``: no bubble filling)."""
+    attached: tuple[int, ...] = ()
+    """Further degraded ranks (App. D): each sends its own sections to their owners and gets every
+    global sum back from the rank that S returned it to, one exchange per window on a rotating edge."""
     q: int = 0
     """Number of healthy ranks (``len(healthy)``; filled in when left 0)."""
 
@@ -200,6 +205,46 @@ class OptccPlan:
         if fill is not None:
             yield Flow(window, s, downloader, fill, "fill_down")
 
+    # -- attached stragglers (App. D) ----------------------------------------------------------
+    def _attached_edge(self, index: int, window: int) -> int:
+        """Ring edge of attached straggler ``index`` in ``window``: it walks the ring backwards."""
+        return (1 + index * self.q // len(self.attached) - window) % self.q
+
+    def _attached_flows(self, index: int, window: int) -> Iterator[Flow]:
+        j = self._attached_edge(index, window)
+        rank, h = self.attached[index], self.healthy
+        raw = self._attached_raw(j, window)
+        if raw is not None:
+            yield Flow(window, rank, h[(j + 1) % self.q], raw, "attach_up")
+        final = self._attached_final(j, window)
+        if final is not None:
+            yield Flow(window, h[j], rank, final, "attach_down")
+
+    def _attached_raw(self, edge: int, window: int) -> int | None:
+        """Section whose owner ``h_{edge+1}`` uploads next, in the ``q`` windows after ``window``."""
+        upload = window + 1 + (edge - window) % self.q
+        return self.section_chunk(upload)
+
+    def _attached_final(self, edge: int, window: int) -> int | None:
+        """Section that S returned to ``h_edge`` last, in the ``q`` windows before ``window``."""
+        download = window - 1 - (window - edge) % self.q
+        return self.section_chunk(download - 1)
+
+    def _attached_sends(self, j: int, window: int) -> Iterator[Flow]:
+        for index, rank in enumerate(self.attached):
+            if self._attached_edge(index, window) == j:
+                final = self._attached_final(j, window)
+                if final is not None:
+                    yield Flow(window, self.healthy[j], rank, final, "attach_down")
+
+    def _attached_receives(self, j: int, window: int) -> Iterator[Flow]:
+        for index, rank in enumerate(self.attached):
+            edge = (j - 1) % self.q
+            if self._attached_edge(index, window) == edge:
+                raw = self._attached_raw(edge, window)
+                if raw is not None:
+                    yield Flow(window, rank, self.healthy[j], raw, "attach_up")
+
     def _healthy_flows(self, window: int, position: int) -> Iterator[Flow]:
         q, h = self.q, self.healthy
         me = h[(window + 1 + position) % q]
@@ -233,19 +278,27 @@ class OptccPlan:
         if rank == self.straggler:
             yield from self._straggler_flows(window)
             return
+        if rank in self.attached:
+            yield from self._attached_flows(self.attached.index(rank), window)
+            return
         j = self._ring_index(rank)
+        if self.attached:
+            yield from self._attached_sends(j, window)
+            yield from self._attached_receives(j, window)
         yield from self._healthy_flows(window, (j - window - 1) % self.q)
 
     def flows(self, window: int) -> Iterator[Flow]:
         """Every flow of ``window`` (each once, listed by its sender)."""
-        for rank in (self.straggler, *self.healthy):
+        for rank in (self.straggler, *self.attached, *self.healthy):
             for flow in self.rank_flows(rank, window):
                 if flow.src == rank:
                     yield flow
 
     def _ring_index(self, rank: int) -> int:
-        # healthy ranks are all ranks but the straggler, in increasing order
-        return rank if rank < self.straggler else rank - 1
+        j = bisect_left(self.healthy, rank)
+        if j == self.q or self.healthy[j] != rank:
+            raise ValueError(f"rank {rank} is not a healthy rank of this plan")
+        return j
 
     # -- lowering ------------------------------------------------------------------------------
     def rank_ops(self, rank: int, chunk_ranges: list[tuple[int, int]] | None = None) -> list[Op]:
@@ -292,6 +345,7 @@ class OptccPlan:
     def params(self) -> dict[str, object]:
         return {
             "straggler": self.straggler,
+            "attached": list(self.attached),
             "slowdown": self.slowdown,
             "segments": self.segments,
             "section_weight": self.section_weight,
@@ -312,7 +366,7 @@ class OptccPlan:
         )
 
 
-_ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up"})
+_ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up"})
 _STAGE_MARK = {
     "reduce_scatter": "r",
     "upload": "U",
@@ -320,6 +374,8 @@ _STAGE_MARK = {
     "allgather": "a",
     "fill_up": "F",
     "fill_down": "f",
+    "attach_up": "R",
+    "attach_down": "d",
 }
 
 
@@ -342,8 +398,11 @@ def timetable_text(plan: OptccPlan, windows: range) -> str:
             cells.setdefault((flow.src, window), []).append(label)
     width = max((len(" ".join(c)) for c in cells.values()), default=1)
     lines = [("window " + " ".join(f"{w:<{width}}" for w in windows)).rstrip()]
-    for rank in (plan.straggler, *plan.healthy):
-        name = f"S={rank}" if rank == plan.straggler else f"h{plan.healthy.index(rank)}={rank}"
+    for rank in (plan.straggler, *plan.attached, *plan.healthy):
+        if rank in plan.healthy:
+            name = f"h{plan.healthy.index(rank)}={rank}"
+        else:
+            name = f"S={rank}" if rank == plan.straggler else f"A={rank}"
         row = " ".join(f"{' '.join(cells.get((rank, w), ['-'])):<{width}}" for w in windows)
         lines.append(f"{name:<6} {row}".rstrip())
     return "\n".join(lines)
@@ -392,22 +451,31 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
         assert plan.fill_weight * 3 == plan.section_weight   # (2 - 1.5) / 1.5 = 1/3
     """
     degraded = _validate(world_size, slowdowns, segments, gpus_per_server)
-    if gpus_per_server != 1 or len(degraded) != 1:
+    if gpus_per_server != 1:
         raise NotApplicableError(
-            "this optcc builds the single-straggler, one-GPU-per-server pipeline; "
-            f"got {len(degraded)} degraded ranks and gpus_per_server={gpus_per_server}"
+            f"optcc does not build multi-GPU-server schedules (gpus_per_server={gpus_per_server}); "
+            "run it on one rank per server (the data-parallel group) or use ring"
         )
-    ((straggler, slowdown),) = degraded.items()
-    fill = _fill_ratio(slowdown)
-    healthy = tuple(r for r in range(world_size) if r != straggler)
+    q = world_size - len(degraded)
+    if q <= len(degraded) or (len(degraded) > 1 and q < 3):
+        raise NotApplicableError(
+            f"optcc needs more healthy ranks than degraded ones ({len(degraded)} of {world_size} are degraded); "
+            "use ring"
+        )
+    # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
+    order = sorted(degraded, key=lambda r: (-degraded[r], r))
+    straggler, attached = order[0], tuple(order[1:])
+    slowdown = degraded[straggler]
+    fill = _fill_ratio(slowdown) if not attached else Fraction(0)
     return OptccPlan(
         world_size=world_size,
         straggler=straggler,
-        healthy=healthy,
+        healthy=tuple(r for r in range(world_size) if r not in degraded),
         slowdown=slowdown,
         segments=segments,
         section_weight=fill.denominator,
         fill_weight=fill.numerator,
+        attached=attached,
     )
 
 

@@ -115,7 +115,9 @@ class CostModel:
         """
         c = self.config
         incast = max(terms.w - c.incast_threshold, 0.0)
-        return terms.A * c.alpha + terms.B * c.beta + terms.C * c.gamma + terms.D * c.delta + incast * terms.B * c.epsilon
+        return (
+            terms.A * c.alpha + terms.B * c.beta + terms.C * c.gamma + terms.D * c.delta + incast * terms.B * c.epsilon
+        )
 
 
 def cost_terms(
@@ -175,8 +177,9 @@ def _critical_path(graph: TaskGraph, size_bytes: float, hidden: tuple[str, ...],
             totals += task_terms[:, task]
             if edge_op >= 0:
                 totals += op_terms[:, edge_op]
-    incast = _incast_degree(graph.task_dst[:m][visible_task[:m]], done[:m][visible_task[:m]],
-                            duration[:m][visible_task[:m]])
+    incast = _incast_degree(
+        graph.task_dst[:m][visible_task[:m]], done[:m][visible_task[:m]], duration[:m][visible_task[:m]]
+    )
     return CostTerms(A=float(totals[0]), B=float(totals[1]), C=float(totals[2]), D=float(totals[3]), w=incast)
 
 
@@ -300,8 +303,9 @@ def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.
     solution, _ = nnls(scaled, np.ones(len(rows)))
     params = np.zeros(len(_PARAMS))
     params[used] = solution / norms
-    config = CostModel.Config(**{name: float(params[j]) for j, name in enumerate(_PARAMS)},
-                              incast_threshold=incast_threshold)
+    config = CostModel.Config(
+        **{name: float(params[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
+    )
     relative = design @ params / measured - 1.0
     return FitResult(
         config=config,

@@ -127,9 +127,9 @@ def _flatten_ops(sched: Schedule) -> tuple[list[object], IntArray]:
     return list(chain.from_iterable(sched.ops)), offsets
 
 
-def _extract_fields(sched: Schedule) -> tuple[
-    IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int
-]:
+def _extract_fields(
+    sched: Schedule,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int]:
     """Pull every op's fields into arrays with C-level iteration only (no per-op Python code)."""
     ops, offsets = _flatten_ops(sched)
     num_ops = len(ops)
@@ -159,7 +159,15 @@ def _extract_fields(sched: Schedule) -> tuple[
     dep_counts = np.fromiter(map(len, dep_lists), dtype=np.int64, count=num_ops)
     dep_local = np.fromiter(chain.from_iterable(dep_lists), dtype=np.int64, count=int(dep_counts.sum()))
     return (
-        offsets, op_kind, op_weight, op_peer, op_round, op_phase, list(phase_names), dep_counts, dep_local,
+        offsets,
+        op_kind,
+        op_weight,
+        op_peer,
+        op_round,
+        op_phase,
+        list(phase_names),
+        dep_counts,
+        dep_local,
         int(prefix[-1]),
     )
 
@@ -271,7 +279,9 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
     )
 
 
-def _round_edges(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray) -> tuple[IntArray, IntArray]:
+def _round_edges(
+    op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray
+) -> tuple[IntArray, IntArray]:
     """Edges from every comm op of a rank's previous round group to every comm op of the next one."""
     sel = np.flatnonzero((op_kind <= _RECV_REDUCE) & (op_round >= 0))
     if sel.size == 0:
@@ -297,9 +307,7 @@ def _round_edges(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_ph
     return sel[first + within], sel[np.repeat(members, counts)]
 
 
-def longest_path(
-    graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray
-) -> FloatArray:
+def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray) -> FloatArray:
     """Earliest completion time of every task when nothing competes for bandwidth.
 
     ``done[t] = max(release[t], max over edges u->t of (done[u] + extra)) + duration[t]``, where
@@ -337,7 +345,9 @@ def longest_path(
         frontier = uniq[indeg[uniq] == 0]
     if processed < num_tasks:
         stuck = np.flatnonzero(np.isnan(done))[:3]
-        where = ", ".join(f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck)
+        where = ", ".join(
+            f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck
+        )
         raise ScheduleError(
             f"deadlock: {num_tasks - processed} of {num_tasks} messages/ops can never start under the execution "
             f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"

@@ -231,8 +231,9 @@ def simulate_graph(
     tx_busy = np.bincount(src, weights=np.where(np.isfinite(done[:m]), transfer, 0.0), minlength=n)
     rx_busy = np.bincount(dst, weights=np.where(np.isfinite(done[:m]), transfer, 0.0), minlength=n)
     if engine == "events" or (engine == "auto" and _nic_shared(src, dst, xfer_start, done[:m], msg_bytes)):
-        done, xfer_start, tx_busy, rx_busy = _EventEngine(graph, msg_bytes, release, duration, recv_extra,
-                                                          network.alpha, tx, rx).run()
+        done, xfer_start, tx_busy, rx_busy = _EventEngine(
+            graph, msg_bytes, release, duration, recv_extra, network.alpha, tx, rx
+        ).run()
         used = "events"
 
     op_done = done[graph.op_task] + np.where(is_receive, recv_extra, 0.0)
@@ -350,8 +351,14 @@ def _flow_list(graph: TaskGraph, nbytes: FloatArray, start: FloatArray, end: Flo
     phase_of = graph.op_phase[graph.task_op[: graph.num_messages]]
     order = np.argsort(start, kind="stable")
     return [
-        Flow(int(graph.task_src[i]), int(graph.task_dst[i]), float(start[i]), float(end[i]), float(nbytes[i]),
-             graph.phases[phase_of[i]])
+        Flow(
+            int(graph.task_src[i]),
+            int(graph.task_dst[i]),
+            float(start[i]),
+            float(end[i]),
+            float(nbytes[i]),
+            graph.phases[phase_of[i]],
+        )
         for i in order
         if math.isfinite(end[i])
     ]
@@ -362,8 +369,17 @@ class _EventEngine:
 
     _START, _FLOW, _END, _DONE = range(4)
 
-    def __init__(self, graph: TaskGraph, msg_bytes: FloatArray, release: FloatArray, duration: FloatArray,
-                 recv_extra: FloatArray, alpha: float, tx: FloatArray, rx: FloatArray) -> None:
+    def __init__(
+        self,
+        graph: TaskGraph,
+        msg_bytes: FloatArray,
+        release: FloatArray,
+        duration: FloatArray,
+        recv_extra: FloatArray,
+        alpha: float,
+        tx: FloatArray,
+        rx: FloatArray,
+    ) -> None:
         self.n = graph.world_size
         self.m = graph.num_messages
         self.alpha = alpha
