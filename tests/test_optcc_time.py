@@ -9,6 +9,7 @@ import pytest
 
 from stragglerkit.schedules import ring
 from stragglerkit.schedules.optcc import optcc
+from stragglerkit.schedules.optcc_servers import nic_projection
 from stragglerkit.sim import optcc_bounds as ob
 from stragglerkit.sim.simulator import Flow, Network, simulate
 
@@ -83,3 +84,21 @@ def test_optcc_beats_the_degraded_ring_and_stays_near_the_fault_free_one() -> No
 def test_more_segments_approach_the_limit() -> None:
     times = [_simulate(7, {2: 2.0}, k)[0] for k in (4, 16, 64)]
     assert times[0] > times[1] > times[2] >= 2.0
+
+
+@pytest.mark.parametrize(
+    ("p", "g", "slowdown"),
+    [(16, 2, 2.0), (16, 4, 1.5), (24, 4, 3.0), (32, 8, 2.0), (32, 8, 1.14), (24, 2, 4.0), (16, 4, 1.33)],
+)
+def test_multi_gpu_nic_flows_meet_appendix_e(p: int, g: int, slowdown: float) -> None:
+    """NIC time with NVLink taken as free (the simulator models no NVLink; see nic_projection)."""
+    k = 64
+    degraded = {r: slowdown for r in range(g, 2 * g)}  # every GPU of server 1
+    sched = nic_projection(optcc(p, degraded, segments=k, gpus_per_server=g), g)
+    result = simulate(sched, SIZE, Network.uniform(p, 0.0, 1.0, degraded), record_flows=True)
+    assert result.flows is not None
+    closed = ob.optcc_multigpu_time(p, g, slowdown, k)
+    assert result.makespan <= closed * 1.05, f"p={p} g={g} l={slowdown}: {result.makespan:.4f} vs E.4 {closed:.4f}"
+    assert result.makespan >= ob.theorem13_bound(p, g, slowdown) - 1e-9
+    assert result.makespan >= ob.theorem3_bound(p, g, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(result.flows)

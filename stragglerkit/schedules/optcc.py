@@ -95,7 +95,7 @@ from fractions import Fraction
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
-__all__ = ["Flow", "OptccPlan", "optcc", "optcc_plan", "timetable_text"]
+__all__ = ["ADDING_STAGES", "Flow", "OptccPlan", "optcc", "optcc_plan", "timetable_text"]
 
 _MAX_WEIGHT_DENOMINATOR = 64
 
@@ -336,7 +336,7 @@ class OptccPlan:
                     if wrote is not None and wrote != last_recv:
                         deps.append(wrote)
                     deps.extend(r for r in readers.pop(chunk, ()) if r not in deps)
-                    kind = OpKind.RECV_REDUCE if flow.stage in _ADDING_STAGES else OpKind.RECV
+                    kind = OpKind.RECV_REDUCE if flow.stage in ADDING_STAGES else OpKind.RECV
                     ops.append(Op(kind, ranges[chunk], flow.src, None, tuple(sorted(deps)), None, flow.stage))
                     writer[chunk] = index
                     last_recv = index
@@ -366,7 +366,7 @@ class OptccPlan:
         )
 
 
-_ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up"})
+ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up"})
 _STAGE_MARK = {
     "reduce_scatter": "r",
     "upload": "U",
@@ -451,15 +451,21 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
         assert plan.fill_weight * 3 == plan.section_weight   # (2 - 1.5) / 1.5 = 1/3
     """
     degraded = _validate(world_size, slowdowns, segments, gpus_per_server)
-    if gpus_per_server != 1:
-        raise NotApplicableError(
-            f"optcc does not build multi-GPU-server schedules (gpus_per_server={gpus_per_server}); "
-            "run it on one rank per server (the data-parallel group) or use ring"
-        )
+    if gpus_per_server > 1:  # plan on the servers: a server is degraded if any of its GPUs is (PXN pools NICs)
+        servers: dict[int, float] = {}
+        for rank, slowdown in degraded.items():
+            servers[rank // gpus_per_server] = max(slowdown, servers.get(rank // gpus_per_server, 1.0))
+        if world_size // gpus_per_server < 3:
+            raise NotApplicableError(
+                f"optcc needs at least 3 servers, got {world_size // gpus_per_server} "
+                f"({world_size} ranks, {gpus_per_server} per server); use ring"
+            )
+        return optcc_plan(world_size // gpus_per_server, servers, segments)
     q = world_size - len(degraded)
     if q <= len(degraded) or (len(degraded) > 1 and q < 3):
         raise NotApplicableError(
-            f"optcc needs more healthy ranks than degraded ones ({len(degraded)} of {world_size} are degraded); "
+            f"optcc needs more healthy ranks (servers) than degraded ones ({len(degraded)} of {world_size} are "
+            "degraded); "
             "use ring"
         )
     # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
@@ -490,4 +496,9 @@ def optcc(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    return optcc_plan(world_size, slowdowns, segments, gpus_per_server).lower()
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server)
+    if gpus_per_server == 1:
+        return plan.lower()
+    from stragglerkit.schedules.optcc_servers import lower_servers
+
+    return lower_servers(plan, gpus_per_server)
