@@ -126,12 +126,12 @@ class Flow:
     chunk: int
     stage: str
     """``reduce_scatter`` (S1), ``upload`` (S2), ``download`` (S3), ``allgather`` (S4),
-    ``fill_up`` / ``fill_down`` (bubble filling)."""
+    ``fill_up`` / ``fill_down`` (bubble filling), ``attach_up`` / ``attach_down`` (other stragglers)."""
 
 
 @dataclass(slots=True, frozen=True)
 class OptccPlan:
-    """The closed-form OptCC pipeline for one straggler (see the module docstring).
+    """The closed-form OptCC pipeline: the generated schedule, before lowering (module docstring).
 
     Example::
 
