@@ -478,11 +478,10 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
             )
         return optcc_plan(world_size // gpus_per_server, servers, segments)
     q = world_size - len(degraded)
-    if q <= len(degraded) or (len(degraded) > 1 and q < 3):
+    if q < len(degraded):
         raise NotApplicableError(
-            f"optcc needs more healthy ranks (servers) than degraded ones ({len(degraded)} of {world_size} are "
-            "degraded); "
-            "use ring"
+            f"optcc needs at least as many healthy ranks (servers) as degraded ones ({len(degraded)} of "
+            f"{world_size} are degraded); use ring"
         )
     # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
     order = sorted(degraded, key=lambda r: (-degraded[r], r))
