@@ -461,6 +461,10 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
 def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
+    With ``gpus_per_server > 1`` the plan is built on the servers (its ranks are servers; a server
+    is degraded if any of its GPUs is, with the largest ``l`` named); :func:`optcc` lowers it to the
+    GPUs with :func:`~stragglerkit.schedules.optcc_servers.lower_servers`.
+
     Example::
 
         plan = optcc_plan(8, {5: 1.5}, segments=16)
