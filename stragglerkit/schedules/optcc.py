@@ -93,7 +93,7 @@ Generation cost. :func:`optcc_plan` computes the whole pipeline in closed form i
 ``(rank, window)`` to its flows in ``O(1)``. :meth:`OptccPlan.rank_ops` lowers one rank's ops
 (``O(kq)`` ops, what an executor needs) and :func:`optcc` lowers the whole schedule (``O(kq^2)``
 ops, for the checker and the simulator). For p = 1024, k = 64: plan ~0.03 ms, one window of one
-rank ~3 us, one rank's whole op list ~3 s (profiling/results/optcc_generation.json).
+rank ~3 us, one rank's whole op list ~2 s (profiling/results/optcc_generation.json).
 
 Nomenclature: ``q`` healthy ranks, ``k`` segments, ``σ`` segment, ``x`` section (= owner index on
 the ring), ``t`` window, ``u``/``d`` upload/download window, ``i`` lane (edge position), ``m``
