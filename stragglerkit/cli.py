@@ -239,15 +239,12 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float | None:
-    try:
-        from stragglerkit.sim import optcc_bounds
-    except ImportError:
-        return None
-    bound: float = optcc_bounds.lower_bound(
+def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float:
+    from stragglerkit.sim import optcc_bounds
+
+    return optcc_bounds.lower_bound(
         situation.world_size, situation.slowdowns, size_bytes / bandwidth, gpus_per_server=situation.gpus_per_server
     )
-    return bound
 
 
 def _print_simulation_table(rows: list[dict[str, Any]]) -> None:

@@ -76,6 +76,8 @@ def parse_size(text: str) -> int:
 def parse_time(text: str) -> float:
     """``"3us"`` -> 3e-6 seconds; ``"5ms"``, ``"0.2s"``, ``"100ns"``."""
     value, unit = _split(text, "time", "3us, 5ms or 0.2s")
+    if value == 0 and not unit:
+        return 0.0
     factor = _TIME_UNITS.get(unit.lower() if unit != "µs" else unit)
     if factor is None:
         raise ValueError(f"unknown time unit {unit!r} in {text!r}; use s, ms, us or ns")

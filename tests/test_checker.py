@@ -254,3 +254,16 @@ def test_relabel_keeps_schedule_correct() -> None:
     assert len(moved.ops[2]) == len(base.ops[5])
     with pytest.raises(ScheduleError, match="permutation"):
         base.relabel([0, 0, 1, 2, 3, 4])
+
+
+def test_registry_optcc_predicate_counts_servers() -> None:
+    from stragglerkit.schedules.registry import Situation, why_not
+
+    # 16 ranks, 8 per server: only 2 servers, so OptCC does not apply (it needs 3)
+    reason = why_not("optcc", Situation(world_size=16, slowdowns={3: 2.0}, gpus_per_server=8))
+    assert reason is not None and "at least 3 servers (2 here)" in reason
+    assert why_not("optcc", Situation(world_size=12, slowdowns={3: 2.0}, gpus_per_server=4)) is None
+    reason = why_not("optcc", Situation(world_size=12, slowdowns={0: 2.0, 5: 2.0}, gpus_per_server=4))
+    assert reason is not None and "2 of 3 are degraded" in reason
+    reason = why_not("optcc", Situation(world_size=4, slowdowns={}))
+    assert reason == "needs at least one degraded rank (slowdown l > 1)"

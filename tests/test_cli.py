@@ -86,3 +86,20 @@ def test_simulate_bad_delay(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--delay", "soon"])
     assert "--delay: cannot read 'soon'" in capsys.readouterr().err
+
+
+def test_simulate_degraded_rows_carry_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--algorithms", "ring,optcc", "--world-sizes", "8", "--size", "64MiB", "--alpha", "0"]
+    assert main([*argv, "--bandwidth", "1GB/s", "--degrade", "3:2", "--segments", "16", "--json", "-"]) == 0
+    rows = {row["algorithm"]: row for row in json.loads(capsys.readouterr().out)}
+    bound = rows["optcc"]["lower_bound_s"]
+    assert bound == pytest.approx(2 * 64 * 2**20 / 1e9)  # Theorem 1 at l = 2: max(2l(p-1)/(l(p-1)+1), l)·S/B = l·S/B
+    assert bound <= rows["optcc"]["time_s"] <= 1.1 * bound
+    assert rows["ring"]["time_s"] > 1.7 * rows["optcc"]["time_s"]
+    assert rows["optcc"]["delay_s"] == 0.0
+
+
+def test_schedule_optcc_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schedule", "optcc", "-n", "6", "--degrade", "2:1.5", "--segments", "4", "--summary-json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["checked"] is True and summary["algorithm"] == "optcc"

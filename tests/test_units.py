@@ -28,6 +28,7 @@ def test_times_and_bandwidths() -> None:
         (parse_size, "lots", "cannot read 'lots' as a size"),
         (parse_size, "0.5B", "not a whole number of bytes"),
         (parse_time, "3 fortnights", "cannot read|unknown time unit"),
+        (parse_time, "3", "unknown time unit .. in .3."),
         (parse_bandwidth, "450GB", "unknown bandwidth unit 'GB'"),
         (parse_bandwidth, "0GB/s", "must be positive"),
     ],

@@ -55,13 +55,18 @@ def _stragglar_applies(s: Situation) -> str | None:
 
 
 def _optcc_applies(s: Situation) -> str | None:
-    if s.world_size < 3:
-        return f"needs at least 3 ranks (world_size={s.world_size})"
-    degraded = {rank: slow for rank, slow in s.slowdowns.items() if slow > 1.0}
+    g = s.gpus_per_server
+    if g < 1 or s.world_size % g:
+        return f"needs gpus_per_server ({g}) to divide the world size ({s.world_size})"
+    servers = s.world_size // g
+    unit = "servers" if g > 1 else "ranks"
+    if servers < 3:
+        return f"needs at least 3 {unit} ({servers} here)"
+    degraded = {rank // g for rank, slow in s.slowdowns.items() if slow > 1.0}
     if not degraded:
         return "needs at least one degraded rank (slowdown l > 1)"
-    if len(degraded) * 2 > s.world_size:
-        return f"needs more healthy ranks than degraded ones ({len(degraded)} of {s.world_size} are degraded)"
+    if len(degraded) * 2 > servers:
+        return f"needs at least as many healthy {unit} as degraded ones ({len(degraded)} of {servers} are degraded)"
     return None
 
 

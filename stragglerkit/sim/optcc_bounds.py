@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "fault_free_time",
+    "lower_bound",
     "optcc_multi_time",
     "optcc_multigpu_time",
     "optcc_single_time",
@@ -124,3 +125,24 @@ def ring_degraded_time(p: int, slowdowns: Sequence[float], n: float = 1.0) -> fl
     """Plain ring when its slowest NIC runs ``max l`` times slower: every step waits for it."""
     _check(p, slowdowns)
     return 2.0 * (p - 1) / p * max(slowdowns, default=1.0) * n
+
+
+def lower_bound(p: int, slowdowns: dict[int, float], healthy_time: float, gpus_per_server: int = 1) -> float:
+    """The applicable lower bound in seconds, for a buffer a healthy NIC moves in ``healthy_time`` s.
+
+    One degraded rank: Theorem 1; several: Theorem 2; several GPUs per server: Theorem 3 with the
+    slowest server (more degraded servers can only raise the true bound). With no degraded rank
+    it is the fault-free ring time.
+
+    Example::
+
+        lower_bound(16, {3: 2.0}, healthy_time=2**30 / 12.5e9)
+    """
+    degraded = [slow for slow in slowdowns.values() if slow > 1.0]
+    if not degraded:
+        return fault_free_time(p, healthy_time, gpus_per_server) * gpus_per_server
+    if gpus_per_server > 1:
+        return theorem3_bound(p, gpus_per_server, max(degraded), healthy_time)
+    if len(degraded) == 1:
+        return theorem1_bound(p, degraded[0], healthy_time)
+    return theorem2_bound(p, degraded, healthy_time)
