@@ -55,6 +55,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("rank_map"), py::arg("labels"), py::arg("algorithm"), py::arg("logical_rank"), py::arg("plan_id"),
         py::arg("timeout_seconds"), py::arg("range_callback"),
         "Run one rank's lowered plan in place over a c10d ProcessGroup; returns the per-op timings.");
+  m.def(
+      "notify_local_failure",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& device, const std::string& algorithm) {
+        stragglerkit::notify_local_failure(group, c10::Device(device), algorithm);
+      },
+      py::arg("group"), py::arg("device"), py::arg("algorithm"), py::call_guard<py::gil_scoped_release>(),
+      "Tell the other ranks this rank's call failed on invalid arguments (they raise instead of waiting).");
   m.def("shutdown_listeners", &stragglerkit::shutdown_listeners, py::call_guard<py::gil_scoped_release>(),
         "Stop the abort listener threads (called at interpreter exit).");
 }

@@ -49,7 +49,7 @@ constexpr int kAbortTag = 1'839'100'002;
 constexpr int64_t kHeaderMagic = 0x53544b48445231;  // "STKHDR1"
 constexpr int64_t kAbortMagic = 0x53544b41425431;   // "STKABT1"
 
-enum AbortReason : int64_t { kReasonMismatch = 1, kReasonTimeout = 2, kReasonPeerFailure = 3, kReasonOther = 4 };
+enum AbortReason : int64_t { kReasonMismatch = 1, kReasonTimeout = 2, kReasonPeerFailure = 3, kReasonOther = 4, kReasonInvalid = 5 };
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -61,6 +61,7 @@ const char* reason_text(int64_t reason) {
     case kReasonMismatch: return "tensor or plan mismatch";
     case kReasonTimeout: return "timeout";
     case kReasonPeerFailure: return "peer failure";
+    case kReasonInvalid: return "invalid arguments";
     default: return "error";
   }
 }
@@ -183,10 +184,18 @@ class Run {
         scratch_(std::move(scratch)),
         timeout_(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0))),
         range_callback_(range_callback) {
-    ops_ = plan_.ops.data_ptr<int64_t>();
-    num_ops_ = plan_.ops.size(0);
+    if (plan_.ops.defined()) {
+      ops_ = plan_.ops.data_ptr<int64_t>();
+      num_ops_ = plan_.ops.size(0);
+    }
     element_size_ = buffer_.element_size();
     physical_rank_ = group_->getRank();
+  }
+
+  // Sends the abort note for a call that failed before it started (invalid arguments).
+  void announce_failure(int64_t call, const ExecFailure& failure) {
+    call_ = call;
+    broadcast_abort(failure);
   }
 
   torch::Tensor run(int64_t call) {
@@ -293,6 +302,11 @@ class Run {
       if (!done_[op]) {
         throw ExecFailure(context() + ": internal error: " + describe_op(op) + " never ran", kReasonOther, -1);
       }
+    }
+    // Peers whose ops all came out empty (tiny buffers) still validate, so a mismatch is reported.
+    const int64_t* peers = plan_.peers.data_ptr<int64_t>();
+    for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
+      validate_header(peers[k]);
     }
     for (auto& entry : header_sends_) {
       wait_for(entry.second, -1, entry.first);
@@ -622,6 +636,23 @@ torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
   std::lock_guard<std::mutex> lock(state->mu);
   state->active_call = -1;
   return timings;
+}
+
+void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
+                          const std::string& algorithm) {
+  GroupState* state = group_state(group, device);
+  int64_t call;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    call = ++state->calls;
+  }
+  if (!state->listens) return;
+  PlanTables plan;
+  plan.algorithm = algorithm;
+  auto buffer = torch::empty({0}, torch::dtype(torch::kFloat).device(device));
+  std::function<void(int64_t, bool)> no_callback;
+  Run run(state, plan, buffer, buffer, 2.0, no_callback);
+  run.announce_failure(call, ExecFailure("invalid arguments", kReasonInvalid, -1));
 }
 
 void shutdown_listeners() {

@@ -64,6 +64,11 @@ torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
                            torch::Tensor scratch, const PlanTables& plan, double timeout_seconds,
                            const std::function<void(int64_t, bool)>& range_callback);
 
+// Tells the other ranks that this rank's call failed before it started (invalid arguments), so that
+// they raise instead of waiting; keeps the group's call numbering in step.
+void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
+                          const std::string& algorithm);
+
 // Stops the abort listeners of every group (called at interpreter exit).
 void shutdown_listeners();
 
