@@ -128,8 +128,9 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
     bool received = false;
     try {
       received = work->wait();
-    } catch (const std::exception&) {
-      if (state->stopping.load()) return;
+    } catch (const std::exception& err) {
+      const std::string what = err.what();
+      if (state->stopping.load() || what.find("imed out") == std::string::npos) return;
       continue;  // the transport's default timeout: listen again
     }
     if (!received || state->stopping.load()) {
@@ -373,14 +374,24 @@ class Run {
     const int peer = static_cast<int>(physical(col(op, kColPeer)));
     start_ns_[op] = now_ns();
     std::vector<torch::Tensor> tensors;
-    if (kind == kSend) {
-      tensors.push_back(buffer_span(op));
-      works_[op] = group_->send(tensors, peer, kDataTag);
-    } else {
-      const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
-      tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
-      works_[op] = group_->recv(tensors, peer, kDataTag);
+    try {
+      if (kind == kSend) {
+        tensors.push_back(buffer_span(op));
+        works_[op] = group_->send(tensors, peer, kDataTag);
+      } else {
+        const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
+        tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
+        works_[op] = group_->recv(tensors, peer, kDataTag);
+      }
+    } catch (const std::exception& err) {
+      throw peer_failure(col(op, kColPeer), "could not start the " + describe_op(op), err.what());
     }
+  }
+
+  ExecFailure peer_failure(int64_t peer, const std::string& doing, const std::string& error) const {
+    return ExecFailure(context() + ": " + doing + " with " + rank_name(peer) + ": " + error +
+                           " (is rank " + std::to_string(physical(peer)) + " dead?)",
+                       kReasonPeerFailure, physical(peer));
   }
 
   void reduce_into_buffer(int64_t op) {
@@ -411,10 +422,14 @@ class Run {
     for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
       const int64_t peer = peers[k];
       std::vector<torch::Tensor> out{header};
-      header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
       auto incoming = torch::empty({kHeaderLength}, torch::dtype(torch::kInt64).device(buffer_.device()));
       std::vector<torch::Tensor> in{incoming};
-      header_recvs_[peer] = {group_->recv(in, static_cast<int>(physical(peer)), kHeaderTag), incoming};
+      try {
+        header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
+        header_recvs_[peer] = {group_->recv(in, static_cast<int>(physical(peer)), kHeaderTag), incoming};
+      } catch (const std::exception& err) {
+        throw peer_failure(peer, "could not start the header exchange", err.what());
+      }
     }
   }
 
