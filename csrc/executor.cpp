@@ -17,10 +17,13 @@
 //   StragglAR the punctual ranks run their pre-phase while the straggler is still away.
 //
 // Validation before data moves: on entry a rank posts an 8 x int64 header (call number, numel,
-// dtype, plan id) to every plan peer and a receive for each peer's header. Data ops with a peer
+// dtype, plan id) to every plan peer and a receive for each peer's header. Receives from a peer
 // are posted only after that peer's header has arrived and matched, which happens lazily, the
-// first time the wait order reaches an op with that peer; both sides of a pair compare the same
-// fields, so both detect a mismatch, before any data moves between them.
+// first time the wait order reaches an op with that peer. Sends are posted at once: the transports
+// move a message only once the receiver has posted its receive (gloo's pairs wait for the
+// receiver's ready notice; NCCL's send is a rendezvous), so no byte lands in a peer's memory before
+// that peer validated this rank's header, and the header round trip stays off the critical path.
+// Both sides of a pair compare the same fields, so both detect a mismatch.
 //
 // Faults (gloo): every group has an abort listener thread with one receive from any source posted
 // on a reserved tag. A rank that fails (header mismatch, timeout, dead peer) sends a small abort
@@ -274,13 +277,11 @@ class Run {
     for (int64_t position = 0; position < num_waited; ++position) {
       const int64_t op = order[position];
       const int64_t peer = col(op, kColPeer);
+      validate_header(peer);
       if (!works_[op]) {
-        validate_header(peer);
-        if (!works_[op]) {
-          throw ExecFailure(context() + ": internal error: " + describe_op(op) +
-                                " is not posted when its turn to complete came; the plan's wait order is broken",
-                            kReasonOther, peer);
-        }
+        throw ExecFailure(context() + ": internal error: " + describe_op(op) +
+                              " is not posted when its turn to complete came; the plan's wait order is broken",
+                          kReasonOther, peer);
       }
       enter_range(col(op, kColLabel));
       wait_for(works_[op], op, peer);
@@ -360,7 +361,7 @@ class Run {
       const int64_t prev = col(op, kColChanPrev);
       if (prev >= 0 && !works_[prev] && !done_[prev]) return;  // channel predecessor not posted yet
       const int64_t peer = col(op, kColPeer);
-      if (!header_ok_.count(peer)) {
+      if (col(op, kColKind) != kSend && !header_ok_.count(peer)) {
         deferred_[peer].push_back(op);
         return;
       }
@@ -513,7 +514,8 @@ class Run {
     out << context() << ": ";
     if (timed_out) {
       out << "timed out after " << timeout_.count() / 1000.0 << " s waiting for " << rank_name(peer) << " to complete "
-          << what << "; " << rank_name(peer) << " is stalled, dead, or never called all_reduce";
+          << what << "; " << rank_name(peer)
+          << " did not do its part in time: it is stalled or dead, did not call all_reduce, or waits for another rank";
     } else {
       out << rank_name(peer) << " failed during " << what << ": " << (error.empty() ? "wait() returned false" : error);
     }

@@ -69,7 +69,7 @@ def _dies_entry(rank: int, n: int, store_path: str, queue: Any) -> None:
 
 
 def test_dead_peer_raises_naming_it() -> None:
-    n = 4
+    n = 3
     ctx = mp.get_context("spawn")
     queue: multiprocessing.Queue[Any] = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,11 +82,11 @@ def test_dead_peer_raises_naming_it() -> None:
             p.join(timeout=20)
             if p.is_alive():
                 p.kill()
-    assert sorted(results) == [0, 1, 3]
+    assert sorted(results) == [0, 1]
     for rank, error in results.items():
         assert error.startswith("StragglerKitError"), (rank, error)
         assert "algorithm ring" in error and f"on rank {rank}" in error
-    for rank in (1, 3):
+    for rank in (0, 1):
         assert "rank 2" in results[rank], results[rank]
 
 
@@ -96,7 +96,9 @@ def test_stalled_peer_times_out_naming_it() -> None:
         error = results[rank]["error"]
         assert error.startswith("StragglerKitError") and "timed out after 2" in error, error
         assert "rank 2 (logical 2)" in error and "algorithm ring" in error
-    assert results[0]["error"].startswith("StragglerKitError") and "timeout" in results[0]["error"]
+    # rank 0 either timed out itself (waiting for rank 1 or 3, which wait for rank 2) or was told
+    assert results[0]["error"].startswith("StragglerKitError")
+    assert "timed out" in results[0]["error"] or "(timeout involving rank" in results[0]["error"]
     # the stalled rank learns on arrival that the call was aborted, without waiting for its own timeout
     assert "aborted because rank" in results[2]["error"] and results[2]["seconds"] < 1.5, results[2]
     assert results[0]["seconds"] < 10.0
