@@ -169,7 +169,7 @@ class AllReduceHandle:
             if error is None:
                 self.future.set_result(tensor)
             else:
-                self.future.set_exception(error)
+                self.future.set_exception(error)  # type: ignore[arg-type]
 
         done.add_done_callback(finish)
 

@@ -30,7 +30,7 @@ def native():  # type: ignore[no-untyped-def]
     global _native
     if _native is None:
         try:
-            from stragglerkit import _C
+            from stragglerkit import _C  # type: ignore[attr-defined]
         except ImportError as err:
             raise StragglerKitError(
                 "stragglerkit's native extension is not built: run `python setup.py build_ext --inplace` "
