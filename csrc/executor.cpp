@@ -564,8 +564,9 @@ class Run {
       } catch (const std::exception&) {
       }
     }
-    // Give the notes a moment to leave; a dead peer's note may never go.
-    const auto grace = std::min(timeout_, std::chrono::milliseconds(2000));
+    // Give the notes a moment to leave (a peer's listener starts with its first call); a dead
+    // peer's note may never go.
+    const auto grace = std::min(std::max(timeout_, std::chrono::milliseconds(2000)), std::chrono::milliseconds(10000));
     for (auto& work : sends) {
       try {
         work->wait(grace);
