@@ -228,8 +228,9 @@ def simulate_graph(
     done = longest_path(graph, release, duration, recv_extra)
     xfer_start = done[:m] - transfer
     used = "contention-free"
-    tx_busy = np.bincount(src, weights=np.where(np.isfinite(done[:m]), transfer, 0.0), minlength=n)
-    rx_busy = np.bincount(dst, weights=np.where(np.isfinite(done[:m]), transfer, 0.0), minlength=n)
+    happened = np.where(np.isfinite(done[:m]), transfer, 0.0)
+    tx_busy = np.bincount(src, weights=happened, minlength=n).astype(np.float64)
+    rx_busy = np.bincount(dst, weights=happened, minlength=n).astype(np.float64)
     if engine == "events" or (engine == "auto" and _nic_shared(src, dst, xfer_start, done[:m], msg_bytes)):
         done, xfer_start, tx_busy, rx_busy = _EventEngine(
             graph, msg_bytes, release, duration, recv_extra, network.alpha, tx, rx
@@ -292,8 +293,8 @@ def auto_delay(
     graph = build_task_graph(schedule, sync_rounds=sync_rounds)
     if phase not in graph.phases:
         raise ValueError(
-            f"schedule {schedule.algorithm!r} has no phase {phase!r} (its phases: {', '.join(graph.phases) or 'none'}); "
-            "pass the pre-phase it runs before the straggler arrives"
+            f"schedule {schedule.algorithm!r} has no phase {phase!r} "
+            f"(its phases: {', '.join(graph.phases) or 'none'}); name the phase run before the straggler arrives"
         )
     arrivals = np.zeros(n)
     arrivals[straggler] = math.inf
