@@ -1,0 +1,51 @@
+"""Bad input on real gloo groups: a clear error on every rank, before data moves, nobody hangs."""
+
+from __future__ import annotations
+
+import fault_bodies
+from _dist import run_group
+
+
+def test_bad_arguments_on_every_rank_then_recovery() -> None:
+    results = run_group(3, fault_bodies.bad_arguments_everywhere)
+    for out in results.values():
+        assert out["non_contiguous"].startswith("ValueError") and "contiguous" in out["non_contiguous"]
+        assert out["sparse"].startswith("ValueError") and "dense" in out["sparse"]
+        assert out["dtype"].startswith("ValueError") and "int8" in out["dtype"]
+        assert out["complex"].startswith("ValueError") and "complex64" in out["complex"]
+        assert out["op"].startswith("ValueError") and "'max'" in out["op"]
+        assert out["avg_int"].startswith("ValueError") and "floating" in out["avg_int"]
+        assert out["algorithm"].startswith("ValueError") and "butterfly" in out["algorithm"]
+        assert out["straggler"].startswith("ValueError") and "straggler" in out["straggler"]
+        assert out["good"] == "ok" and out["good_value"], out
+
+
+def test_one_rank_with_bad_arguments_stops_the_others() -> None:
+    results = run_group(3, fault_bodies.one_rank_bad_arguments)
+    assert results[1].startswith("ValueError") and "contiguous" in results[1]
+    for rank in (0, 2):
+        assert results[rank].startswith("StragglerKitError"), results[rank]
+        assert "rank 1 failed (invalid arguments" in results[rank], results[rank]
+        assert f"on rank {rank}" in results[rank]
+
+
+def test_size_mismatch_is_caught_on_every_rank_before_data_moves() -> None:
+    results = run_group(4, fault_bodies.size_mismatch)
+    for rank, out in results.items():
+        assert out["error"].startswith("StragglerKitError"), (rank, out)
+        assert "algorithm ring" in out["error"]
+    for rank, out in results.items():
+        assert "mismatch" in out["error"], (rank, out)
+    for rank in (1, 3):  # ring neighbours of rank 2: found it themselves or were told by rank 2
+        assert "rank 2" in results[rank]["error"]
+    detailed = [out["error"] for out in results.values() if "mismatch detected before any data moved" in out["error"]]
+    assert detailed and all("1000 elements of Float" in e and "1001 elements" in e for e in detailed), detailed
+    assert results[2]["unchanged"], "the mismatched rank's tensor was written"
+
+
+def test_dtype_mismatch_is_caught_on_every_rank() -> None:
+    results = run_group(3, fault_bodies.dtype_mismatch)
+    for rank, out in results.items():
+        assert out["error"].startswith("StragglerKitError") and "mismatch" in out["error"], (rank, out)
+    assert "Double" in results[0]["error"] and "Float" in results[0]["error"]
+    assert results[0]["unchanged"]
