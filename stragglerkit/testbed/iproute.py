@@ -1,0 +1,146 @@
+"""Thin wrappers over iproute2 (`ip`, `tc`) for the emulated cluster, and clean-up of leftovers.
+
+Everything here is bounded: every command has a time limit (COMMAND_TIMEOUT), every wait for a
+process to end has one (PROCESS_GRACE), and loops run over finite lists.
+
+Namespace names follow ``{prefix}{pid}-{k}-{role}``: the prefix marks them as ours, the pid says
+which process created them, so leftovers of a crashed run can be told from a cluster that another
+process is using right now.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+
+from stragglerkit.errors import StragglerKitError
+
+__all__ = [
+    "COMMAND_TIMEOUT",
+    "DEFAULT_PREFIX",
+    "PROCESS_GRACE",
+    "TestbedError",
+    "command",
+    "delete_namespace",
+    "find_leftovers",
+    "list_namespaces",
+    "process_alive",
+    "remove_leftovers",
+    "tbf_arguments",
+]
+
+DEFAULT_PREFIX = "sk-"
+COMMAND_TIMEOUT = 10.0
+"""Seconds any single ip/tc command may take."""
+PROCESS_GRACE = 2.0
+"""Seconds a process gets between SIGTERM and SIGKILL at tear-down."""
+
+
+class TestbedError(StragglerKitError):
+    """The emulated cluster could not be built, used or torn down."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+def command(argv: Sequence[str], *, check: bool = True, timeout: float = COMMAND_TIMEOUT) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from exc
+    if check and done.returncode != 0:
+        raise TestbedError(f"`{' '.join(argv)}` failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def list_namespaces() -> list[str]:
+    """Names of all network namespaces (``ip netns list``)."""
+    out = command(["ip", "netns", "list"])
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _namespace_owner(name: str, prefix: str) -> int | None:
+    match = re.match(re.escape(prefix) + r"(\d+)-\d+-", name)
+    return int(match.group(1)) if match else None
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False) -> list[str]:
+    """Namespaces named with ``prefix`` whose creating process is gone (all of them if include_live).
+
+    A name with the prefix that does not follow the ``{prefix}{pid}-{k}-{role}`` pattern counts as
+    a leftover too: this module never creates such names, and the prefix marks them as ours.
+    """
+    leftovers = []
+    for name in list_namespaces():
+        if not name.startswith(prefix):
+            continue
+        owner = _namespace_owner(name, prefix)
+        if include_live or owner is None or not process_alive(owner):
+            leftovers.append(name)
+    return leftovers
+
+
+def _kill_namespace_processes(namespace: str) -> None:
+    """Ends the processes still running inside one of our namespaces (they were started there by us)."""
+    out = command(["ip", "netns", "pids", namespace], check=False)
+    pids = [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in pids if process_alive(p)]
+        for pid in alive:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + PROCESS_GRACE
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            alive = [p for p in alive if process_alive(p)]
+        if not alive:
+            return
+
+
+def delete_namespace(namespace: str) -> None:
+    _kill_namespace_processes(namespace)
+    command(["ip", "netns", "delete", namespace], check=False)
+
+
+def remove_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False) -> list[str]:
+    """Deletes the namespaces that :func:`find_leftovers` finds; returns their names.
+
+    Deleting a namespace deletes the veth ends and the bridge inside it. ``include_live=True``
+    also removes clusters whose creating process still runs (use only when nothing else uses the
+    prefix).
+    """
+    leftovers = find_leftovers(prefix, include_live=include_live)
+    for name in leftovers:
+        delete_namespace(name)
+    remaining = set(list_namespaces()) & set(leftovers)
+    if remaining:
+        raise TestbedError(f"could not delete namespaces {sorted(remaining)}; delete them with `ip netns delete NAME`")
+    return leftovers
+
+
+def tbf_arguments(rate: float) -> list[str]:
+    """tbf parameters for ``rate`` bytes/s.
+
+    The bucket holds at least 96 KiB so that a 64 KiB GSO frame passes whole: a smaller bucket
+    makes tbf cut every frame into MTU-sized packets, which costs enough CPU to become the
+    bottleneck at 1 Gbit/s on a small machine. 96 KiB at 1 Gbit/s is 0.8 ms of line rate.
+    The queue holds 20 ms of traffic (at least 256 KiB).
+    """
+    burst = max(96 * 1024, int(rate * 0.0005))
+    limit = max(256 * 1024, int(rate * 0.02))
+    return ["rate", f"{int(rate)}bps", "burst", str(burst), "limit", str(limit)]

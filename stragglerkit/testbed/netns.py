@@ -1,0 +1,615 @@
+"""An emulated cluster on one machine: one network namespace per host, real shaped NICs.
+
+How it works
+------------
+For a cluster of n hosts with prefix ``sk-`` created by process PID (instance k of that process)::
+
+      namespace sk-PID-k-h0             namespace sk-PID-k-br                namespace sk-PID-k-h1
+    ┌──────────────────────┐   ┌──────────────────────────────────┐   ┌──────────────────────┐
+    │ sknic 198.18.0.1/24  │───│ h0 ─┐                        ┌─ h1 │───│ sknic 198.18.0.2/24  │
+    │ egress: tbf (send)   │veth│ tbf │   skbr 198.18.0.254  │ tbf │veth│ egress: tbf (send)   │
+    └──────────────────────┘   │(recv)└──── bridge ──────────┘(recv)│   └──────────────────────┘
+                               └──────────────────────────────────┘
+
+- Every host is a namespace with one veth interface (``Config.interface``, default ``sknic``)
+  whose peer end is a port of one bridge. The bridge lives in a namespace of its own, so nothing
+  in the root namespace's networking is touched: no interface, route or address is added there.
+- Addresses come from ``Config.network`` (default 198.18.0.0/24), which must lie inside
+  198.18.0.0/15, the range reserved for benchmarking networks (RFC 2544). Host i gets the
+  (i+1)-th address; the bridge namespace holds the last usable address (the *probe endpoint*).
+  The namespaces have no default route, so traffic can reach only these addresses, and no IPv6
+  link-local addresses (``addrgenmode none``), so the links carry IPv4 to these addresses only.
+- Each host's link is shaped in both directions with a token bucket (``tc qdisc ... tbf``):
+  on the host's end of the veth (what the host sends) and on the bridge's end (what the host
+  receives). A degraded host (slowdown l) gets bandwidth / l in both directions.
+- Added latency needs the ``netem`` queueing discipline (kernel module sch_netem); when it is
+  present, half of ``Config.latency`` is added on each of the two shapers a packet crosses, so
+  host-to-host one-way latency is ``Config.latency``. Without sch_netem a non-zero latency is
+  refused with a message saying so.
+- The shaping is verified with short TCP transfers (probe.py, bounded in bytes and time) between
+  each host and the probe endpoint, one direction at a time, so every measurement sees exactly
+  one shaper. The tbf rate counts whole Ethernet frames, so the expected TCP payload rate is
+  ``bandwidth * (mtu - 52) / (mtu + 14)`` (IPv4 + TCP with timestamps, Ethernet header); the
+  measured payload rate is compared with that.
+
+Clean-up
+--------
+Namespaces are named ``{prefix}{pid}-{k}-{role}``. Leaving the context manager (normally, on an
+exception, on Ctrl-C or on SIGTERM, for which handlers are installed while the cluster is up)
+kills the processes started in the namespaces and deletes the namespaces, which deletes the veth
+pairs and the bridge inside them. A run that was killed outright (SIGKILL, power loss) leaves
+namespaces behind; the next cluster started with the same prefix finds them by name and deletes
+those whose creating process no longer exists (:func:`remove_leftovers`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from stragglerkit.testbed.iproute import (
+    COMMAND_TIMEOUT,
+    DEFAULT_PREFIX,
+    PROCESS_GRACE,
+    TestbedError,
+    command,
+    delete_namespace,
+    find_leftovers,
+    list_namespaces,
+    remove_leftovers,
+    tbf_arguments,
+)
+from stragglerkit.testbed.shaping import LinkRate, ShapingError, ShapingReport
+
+__all__ = [
+    "BENCHMARK_NETWORK",
+    "DEFAULT_PREFIX",
+    "EmulatedCluster",
+    "LinkRate",
+    "ShapingError",
+    "ShapingReport",
+    "TestbedError",
+    "find_leftovers",
+    "list_namespaces",
+    "remove_leftovers",
+]
+
+BENCHMARK_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
+PROBE_SCRIPT = Path(__file__).with_name("probe.py")
+
+_BRIDGE = "skbr"
+_MAX_MEASURE_ATTEMPTS = 3
+_instances = itertools.count()
+
+
+def _wait_for_line(process: subprocess.Popen[str], timeout: float) -> str:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    if not ready:
+        raise TestbedError(f"probe `{' '.join(map(str, process.args))}` printed nothing within {timeout:g} s")  # type: ignore[arg-type]
+    return process.stdout.readline().strip()
+
+
+class EmulatedCluster:
+    """N emulated hosts with shaped NICs; a context manager that always tears them down.
+
+    Example::
+
+        ok, reason = EmulatedCluster.available()
+        if not ok:
+            raise SystemExit(reason)          # or fall back to loopback
+        config = EmulatedCluster.Config(hosts=4, bandwidth=parse_bandwidth("1Gbit"), slowdowns={3: 2.0})
+        with EmulatedCluster(config) as cluster:
+            print(cluster.shaping.describe())  # measured at start-up; ShapingError if off
+            procs = [cluster.popen(h, [sys.executable, "train.py"], env=cluster.torch_env(h, port=29500))
+                     for h in range(cluster.hosts)]
+            for p in procs:
+                p.wait(timeout=600)
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        hosts: int = 4
+        """Number of hosts (one namespace each); one rank per host in a benchmark."""
+        bandwidth: float = 125e6
+        """Each host's NIC rate in bytes/s (whole Ethernet frames), both directions. 1 Gbit/s = 125e6."""
+        slowdowns: dict[int, float] = field(default_factory=dict)
+        """Degraded hosts: {host: l} gives that host bandwidth / l (l >= 1) in both directions."""
+        latency: float = 0.0
+        """Added one-way host-to-host latency in seconds (needs sch_netem; 0 adds none)."""
+        prefix: str = DEFAULT_PREFIX
+        """Start of every namespace name; leftovers with this prefix are removed at start."""
+        network: str = "198.18.0.0/24"
+        """Address block for the hosts; must lie inside 198.18.0.0/15."""
+        interface: str = "sknic"
+        """Name of each host's interface (set GLOO_SOCKET_IFNAME to it)."""
+        mtu: int = 1500
+        """MTU of the emulated links."""
+        verify: bool = True
+        """Measure every shaped link at start and raise ShapingError if one is off."""
+        tolerance: float = 0.15
+        """Largest accepted relative difference between measured and expected payload rate."""
+        measure_seconds: float = 0.03
+        """Target duration of one verification transfer (bytes are bounded to 1-8 MiB)."""
+
+    @staticmethod
+    def available() -> tuple[bool, str]:
+        """Whether this process can build an emulated cluster, and if not, what is missing."""
+        if sys.platform != "linux":
+            return False, f"the emulated cluster needs Linux network namespaces; this is {sys.platform}"
+        missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+        if missing:
+            return False, (
+                f"{' and '.join(missing)} not found: install iproute2 (`apt-get install iproute2`); "
+                "or benchmark over loopback instead"
+            )
+        if os.geteuid() != 0:
+            return False, (
+                "creating network namespaces needs root (euid is "
+                f"{os.geteuid()}): run as root (e.g. with sudo) or benchmark over loopback instead"
+            )
+        return True, "root and iproute2 present"
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config if config is not None else EmulatedCluster.Config()
+        self._validate()
+        network = ipaddress.IPv4Network(self.config.network)
+        usable = list(itertools.islice(network.hosts(), self.config.hosts))
+        self._addresses = [str(a) for a in usable]
+        self._probe_address = str(network.broadcast_address - 1)
+        self._prefix_len = network.prefixlen
+        self._tag = f"{self.config.prefix}{os.getpid()}-{next(_instances)}"
+        self._slowdowns = {h: float(self.config.slowdowns.get(h, 1.0)) for h in range(self.config.hosts)}
+        self._processes: list[subprocess.Popen[Any]] = []
+        self._created: list[str] = []
+        self._active = False
+        self._saved_handlers: dict[int, Any] = {}
+        self.shaping: ShapingReport | None = None
+        """The last verification's measurements (set at start when Config.verify)."""
+        self.removed_leftovers: list[str] = []
+        """Namespaces of crashed earlier runs removed at start."""
+
+    def _validate(self) -> None:
+        c = self.config
+        if not isinstance(c.hosts, int) or c.hosts < 2:
+            raise ValueError(f"hosts must be an integer >= 2, got {c.hosts!r}")
+        if not c.bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive bytes/s (1 Gbit/s = 125e6), got {c.bandwidth!r}")
+        for host, slowdown in c.slowdowns.items():
+            self._check_host(host)
+            self._check_slowdown(slowdown)
+        if c.latency < 0:
+            raise ValueError(f"latency must be >= 0 seconds, got {c.latency!r}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.]*-", c.prefix):
+            raise ValueError(f"prefix must be letters/digits ending in '-', e.g. 'sk-', got {c.prefix!r}")
+        try:
+            network = ipaddress.IPv4Network(c.network)
+        except ValueError as exc:
+            raise ValueError(f"network {c.network!r} is not an IPv4 network like 198.18.0.0/24: {exc}") from exc
+        if not network.subnet_of(BENCHMARK_NETWORK):
+            raise ValueError(f"network {c.network} is outside 198.18.0.0/15; use e.g. 198.18.0.0/24")
+        if network.num_addresses - 3 < c.hosts:
+            raise ValueError(f"network {c.network} has room for {network.num_addresses - 3} hosts, {c.hosts} asked")
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,14}", c.interface):
+            raise ValueError(f"interface must be 1-15 lower-case letters/digits, got {c.interface!r}")
+        if not 576 <= c.mtu <= 65535:
+            raise ValueError(f"mtu must be in 576..65535, got {c.mtu}")
+        if not 0 < c.tolerance < 1:
+            raise ValueError(f"tolerance must be in (0, 1), got {c.tolerance}")
+
+    def _check_host(self, host: int) -> None:
+        if not isinstance(host, int) or not 0 <= host < self.config.hosts:
+            raise ValueError(f"host must be an integer in 0..{self.config.hosts - 1}, got {host!r}")
+
+    @staticmethod
+    def _check_slowdown(slowdown: float) -> None:
+        if not slowdown >= 1.0:
+            raise ValueError(
+                f"slowdown l must be >= 1 (the host gets bandwidth / l), got {slowdown!r}; "
+                "to make every host faster raise Config.bandwidth"
+            )
+
+    # ----------------------------------------------------------------- names and addresses
+
+    @property
+    def hosts(self) -> int:
+        return self.config.hosts
+
+    @property
+    def interface(self) -> str:
+        """The host interface name inside every host namespace (for GLOO_SOCKET_IFNAME)."""
+        return self.config.interface
+
+    def namespace(self, host: int) -> str:
+        self._check_host(host)
+        return f"{self._tag}-h{host}"
+
+    @property
+    def bridge_namespace(self) -> str:
+        return f"{self._tag}-br"
+
+    def address(self, host: int) -> str:
+        self._check_host(host)
+        return self._addresses[host]
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
+    @property
+    def probe_address(self) -> str:
+        """Address of the bridge namespace, the far end of every verification transfer."""
+        return self._probe_address
+
+    def slowdown(self, host: int) -> float:
+        self._check_host(host)
+        return self._slowdowns[host]
+
+    def link_rate(self, host: int) -> float:
+        """The configured shaper rate of ``host`` in bytes/s (bandwidth / slowdown)."""
+        return self.config.bandwidth / self.slowdown(host)
+
+    def expected_payload_rate(self, host: int) -> float:
+        """TCP payload bytes/s that the shaper of ``host`` lets through (headers take the rest)."""
+        mtu = self.config.mtu
+        return self.link_rate(host) * (mtu - 52) / (mtu + 14)
+
+    def torch_env(self, host: int, *, port: int = 29500, world_size: int | None = None) -> dict[str, str]:
+        """Environment for one torch.distributed rank per host (rank = host) with gloo on the host NIC."""
+        self._check_host(host)
+        return {
+            "MASTER_ADDR": self.address(0),
+            "MASTER_PORT": str(port),
+            "RANK": str(host),
+            "WORLD_SIZE": str(world_size if world_size is not None else self.hosts),
+            "GLOO_SOCKET_IFNAME": self.interface,
+        }
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> EmulatedCluster:
+        self._install_signal_handlers()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Removes leftovers, builds and shapes the cluster, and verifies it (Config.verify)."""
+        ok, reason = EmulatedCluster.available()
+        if not ok:
+            raise TestbedError(reason)
+        if self._active:
+            raise TestbedError("the cluster is already started")
+        self._active = True
+        self.removed_leftovers = remove_leftovers(self.config.prefix)
+        self._build()
+        if self.config.verify:
+            self.verify()
+
+    def close(self) -> None:
+        """Ends the processes started in the cluster and deletes every namespace; safe to call twice."""
+        blocked = self._block_signals()
+        try:
+            self._stop_processes()
+            for namespace in reversed(self._created):
+                delete_namespace(namespace)
+            self._created.clear()
+            self._active = False
+        finally:
+            self._restore_signals(blocked)
+            self._restore_signal_handlers()
+
+    def _build(self) -> None:
+        br = self.bridge_namespace
+        self._add_namespace(br)
+        command(["ip", "-n", br, "link", "set", "lo", "up"])
+        command(["ip", "-n", br, "link", "add", _BRIDGE, "type", "bridge"])
+        command(["ip", "-n", br, "link", "set", _BRIDGE, "addrgenmode", "none"])
+        command(["ip", "-n", br, "link", "set", _BRIDGE, "mtu", str(self.config.mtu), "up"])
+        command(["ip", "-n", br, "addr", "add", f"{self._probe_address}/{self._prefix_len}", "dev", _BRIDGE])
+        if self.config.latency > 0:
+            self._require_netem()
+        for host in range(self.hosts):
+            ns, port = self.namespace(host), f"h{host}"
+            self._add_namespace(ns)
+            command(["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", self.interface, "netns", ns])
+            for namespace, device in ((br, port), (ns, self.interface)):
+                command(["ip", "-n", namespace, "link", "set", device, "addrgenmode", "none"])
+            command(["ip", "-n", br, "link", "set", port, "mtu", str(self.config.mtu), "master", _BRIDGE, "up"])
+            command(["ip", "-n", ns, "link", "set", "lo", "up"])
+            command(["ip", "-n", ns, "link", "set", self.interface, "mtu", str(self.config.mtu), "up"])
+            command(["ip", "-n", ns, "addr", "add", f"{self.address(host)}/{self._prefix_len}", "dev", self.interface])
+            self._shape(host, replace=False)
+
+    def _add_namespace(self, namespace: str) -> None:
+        command(["ip", "netns", "add", namespace])
+        self._created.append(namespace)
+
+    def _require_netem(self) -> None:
+        probe = ["tc", "-n", self.bridge_namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+        if done.returncode != 0:
+            raise TestbedError(
+                f"added latency needs the netem queueing discipline, which this kernel lacks ({done.stderr.strip()}); "
+                "load it with `modprobe sch_netem` (kernel option CONFIG_NET_SCH_NETEM) or set latency=0"
+            )
+        command(["tc", "-n", self.bridge_namespace, "qdisc", "del", "dev", "lo", "root"])
+
+    def _shapers(self, host: int) -> list[tuple[str, str]]:
+        """(namespace, device) of the two shapers of ``host``: its send side and its receive side."""
+        return [(self.namespace(host), self.interface), (self.bridge_namespace, f"h{host}")]
+
+    def _shape(self, host: int, *, replace: bool) -> None:
+        tbf = tbf_arguments(self.link_rate(host))
+        verb = "replace" if replace else "add"
+        for ns, dev in self._shapers(host):
+            if self.config.latency > 0:
+                half = f"{self.config.latency / 2 * 1e6:.0f}us"
+                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay", half])
+                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "parent", "1:1", "handle", "10:", "tbf", *tbf])
+            else:
+                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "10:", "tbf", *tbf])
+
+    def set_slowdown(self, host: int, slowdown: float, *, verify: bool = False) -> tuple[LinkRate, LinkRate] | None:
+        """Reshapes ``host``'s link to bandwidth / slowdown in both directions (1 restores it).
+
+        With ``verify`` the link is measured afterwards and ShapingError raised if it is off;
+        returns the (send, recv) measurements then, else None.
+        """
+        self._check_host(host)
+        self._check_slowdown(slowdown)
+        self._require_active()
+        self._slowdowns[host] = float(slowdown)
+        self._shape(host, replace=True)
+        if not verify:
+            return None
+        report = self.verify(hosts=[host])
+        return report.rate(host, "send"), report.rate(host, "recv")
+
+    def _require_active(self) -> None:
+        if not self._active:
+            raise TestbedError("the cluster is not running; use it inside `with EmulatedCluster(config) as cluster:`")
+
+    # ----------------------------------------------------------------- signals
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; the caller must close()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)  # unwinds through __exit__, which tears the cluster down
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._saved_handlers.items():
+            signal.signal(sig, handler)
+        self._saved_handlers.clear()
+
+    @staticmethod
+    def _block_signals() -> set[int | signal.Signals] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+
+    @staticmethod
+    def _restore_signals(previous: set[int | signal.Signals] | None) -> None:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    # ----------------------------------------------------------------- processes
+
+    def _exec_argv(self, host: int, argv: Sequence[str]) -> list[str]:
+        if isinstance(argv, str | bytes) or not argv:
+            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        return ["ip", "netns", "exec", self.namespace(host), *map(str, argv)]
+
+    @staticmethod
+    def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(os.environ)
+        if env:
+            merged.update({k: str(v) for k, v in env.items()})
+        return merged
+
+    def popen(
+        self, host: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen[Any]:
+        """Starts ``argv`` inside ``host``'s namespace; ``env`` is added to the current environment.
+
+        The process is ended (SIGTERM, then SIGKILL) when the cluster closes, if still running.
+        Other keyword arguments go to subprocess.Popen.
+        """
+        self._require_active()
+        process = subprocess.Popen(self._exec_argv(host, argv), env=self._environment(env), **kwargs)
+        self._processes.append(process)
+        return process
+
+    def run(
+        self,
+        host: int,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+        check: bool = True,
+        **kwargs: Any,
+    ) -> subprocess.CompletedProcess[Any]:
+        """Runs ``argv`` inside ``host``'s namespace to completion (killed after ``timeout`` s)."""
+        self._require_active()
+        return subprocess.run(
+            self._exec_argv(host, argv), env=self._environment(env), timeout=timeout, check=check, **kwargs
+        )
+
+    def _stop_processes(self) -> None:
+        running = [p for p in self._processes if p.poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + PROCESS_GRACE
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=PROCESS_GRACE)
+        self._processes.clear()
+
+    def _in_namespace(self, namespace: str, argv: Sequence[str]) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self._processes.append(process)
+        return process
+
+    def _probe(self, mode: str, *args: object) -> list[str]:
+        return [sys.executable, "-I", "-S", str(PROBE_SCRIPT), mode, *map(str, args)]
+
+    def _pair(
+        self,
+        server_ns: str,
+        server: list[str],
+        client_ns: str,
+        client_for_port: Callable[[int], list[str]],
+        timeout: float,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Runs a probe server, then its client once the server listens; returns (server, client) results."""
+        server_proc = self._in_namespace(server_ns, server)
+        client_proc: subprocess.Popen[str] | None = None
+        try:
+            ready = _wait_for_line(server_proc, timeout)
+            if not ready.startswith("READY "):
+                server_proc.kill()
+                _, err = server_proc.communicate(timeout=PROCESS_GRACE)
+                raise TestbedError(f"probe server {server[4:]} did not start: {ready!r} {err.strip()}")
+            client = client_for_port(int(ready.split()[1]))
+            client_proc = self._in_namespace(client_ns, client)
+            results = []
+            for proc, argv in ((server_proc, server), (client_proc, client)):
+                out, err = proc.communicate(timeout=timeout)
+                if proc.returncode != 0:
+                    raise TestbedError(f"probe {argv[4:]} failed (exit {proc.returncode}): {err.strip()}")
+                results.append(json.loads(out.strip().splitlines()[-1]))
+            return results[0], results[1]
+        except subprocess.TimeoutExpired as exc:
+            raise TestbedError(
+                f"probe between {server_ns} and {client_ns} did not finish within {timeout:g} s"
+            ) from exc
+        finally:
+            for proc in [p for p in (client_proc, server_proc) if p is not None]:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=PROCESS_GRACE)
+            self._processes = [p for p in self._processes if p is not client_proc and p is not server_proc]
+
+    def ping(self, source: int, target: int, *, rounds: int = 10, size: int = 64, timeout: float = 10.0) -> list[float]:
+        """Round-trip times in seconds of ``rounds`` TCP messages from ``source`` to ``target``.
+
+        Raises TestbedError if an echoed message differs from what was sent.
+        """
+        self._check_host(source)
+        self._check_host(target)
+        self._require_active()
+        if not 1 <= rounds <= 10_000 or not 1 <= size <= 1 << 20:
+            raise ValueError(f"rounds must be in 1..10000 and size in 1..1MiB, got {rounds}, {size}")
+        address = self.address(target)
+        server = self._probe("echo", address, 0, rounds, size, timeout)
+        _, client = self._pair(
+            self.namespace(target),
+            server,
+            self.namespace(source),
+            lambda port: self._probe("ping", address, port, rounds, size, timeout),
+            timeout + 5,
+        )
+        if not client["intact"]:
+            raise TestbedError(f"host {target} echoed different bytes than host {source} sent")
+        return [float(t) for t in client["rtts"]]
+
+    # ----------------------------------------------------------------- verification
+
+    def _transfer(self, host: int, direction: str, nbytes: int, skip: int, timeout: float) -> float:
+        if direction == "send":
+            server_ns, client_ns, address = self.bridge_namespace, self.namespace(host), self._probe_address
+        else:
+            server_ns, client_ns, address = self.namespace(host), self.bridge_namespace, self.address(host)
+        server = self._probe("recv", address, 0, nbytes, skip, timeout)
+        received, _ = self._pair(
+            server_ns,
+            server,
+            client_ns,
+            lambda port: self._probe("send", address, port, nbytes, timeout),
+            timeout + 5,
+        )
+        return float(received["rate"])
+
+    def measure_link(self, host: int, direction: str) -> LinkRate:
+        """Measures one direction of ``host``'s link with up to three bounded TCP transfers."""
+        self._check_host(host)
+        if direction not in ("send", "recv"):
+            raise ValueError(f"direction must be 'send' or 'recv', got {direction!r}")
+        self._require_active()
+        expected = self.expected_payload_rate(host)
+        skip = 256 * 1024  # past the bucket's initial burst and TCP slow start
+        nbytes = skip + min(8 << 20, max(1 << 20, int(expected * self.config.measure_seconds)))
+        timeout = max(5.0, 20 * nbytes / expected)
+        attempts: list[float] = []
+        for _ in range(_MAX_MEASURE_ATTEMPTS):
+            attempts.append(self._transfer(host, direction, nbytes, skip, timeout))
+            if abs(attempts[-1] / expected - 1) <= self.config.tolerance:
+                break
+        # A transfer that another process slowed down (CPU contention) is retried; if none is within
+        # tolerance the median is the figure reported.
+        good = [a for a in attempts if abs(a / expected - 1) <= self.config.tolerance]
+        measured = good[0] if good else sorted(attempts)[len(attempts) // 2]
+        return LinkRate(host, direction, self.link_rate(host), expected, measured, tuple(attempts))
+
+    def measure(self, hosts: Sequence[int] | None = None) -> ShapingReport:
+        """Measures both directions of each host's link (all hosts by default); raises nothing."""
+        chosen = list(range(self.hosts)) if hosts is None else list(hosts)
+        links = tuple(self.measure_link(h, d) for h in chosen for d in ("send", "recv"))
+        return ShapingReport(links, self.config.tolerance)
+
+    def verify(self, hosts: Sequence[int] | None = None) -> ShapingReport:
+        """Like measure(), but raises ShapingError when a link is more than the tolerance off.
+
+        The report is also kept in ``self.shaping`` so that a benchmark can record it.
+        """
+        report = self.measure(hosts)
+        self.shaping = report
+        if not report.ok:
+            slow = any(link.relative_error < -report.tolerance for link in report.links)
+            cause = (
+                "a link measured slower than shaped, so something else (usually the CPU) limits the rate; "
+                "lower Config.bandwidth or free CPU cores"
+                if slow
+                else "a link measured faster than shaped, so the shaping is not in effect"
+            )
+            raise ShapingError(
+                f"the emulated links are not shaped as configured (tolerance {report.tolerance:.0%}): {cause}; "
+                f"a benchmark on them would not measure what it claims.\n{report.describe()}",
+                report,
+            )
+        return report
