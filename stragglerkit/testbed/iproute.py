@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from stragglerkit.errors import StragglerKitError
 
@@ -68,13 +69,18 @@ def _namespace_owner(name: str, prefix: str) -> int | None:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which has ended but not been reaped, does not count)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def find_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False) -> list[str]:
