@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -235,7 +234,7 @@ def test_nic_degradation_reshapes_and_restores() -> None:
     with pytest.raises(ValueError, match="does not exist"):
         NicDegradation({7: 2.0}).apply(cluster)  # type: ignore[arg-type]
     for bad in ("3", "3:0.5", "x:2", "1:2,1:3"):
-        with pytest.raises(ValueError, match="degraded|slowdown"):
+        with pytest.raises(ValueError, match=r"degraded|slowdown"):
             NicDegradation.parse(bad)
 
 
