@@ -228,11 +228,11 @@ def test_nic_degradation_reshapes_and_restores() -> None:
     degradation = NicDegradation.parse("3:2, 1:1.5")
     assert degradation.slowdowns == {3: 2.0, 1: 1.5}
     cluster = _FakeCluster(4)
-    with degradation.applied(cluster):  # type: ignore[arg-type]
+    with degradation.applied(cluster):
         assert cluster.current == {0: 1.0, 1: 1.5, 2: 1.0, 3: 2.0}
     assert cluster.current == {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
     with pytest.raises(ValueError, match="does not exist"):
-        NicDegradation({7: 2.0}).apply(cluster)  # type: ignore[arg-type]
+        NicDegradation({7: 2.0}).apply(cluster)
     for bad in ("3", "3:0.5", "x:2", "1:2,1:3"):
         with pytest.raises(ValueError, match=r"degraded|slowdown"):
             NicDegradation.parse(bad)
@@ -261,7 +261,7 @@ def test_shaping_is_effective_in_both_directions(make_cluster: Callable[..., Emu
         report = cluster.shaping
         assert report is not None and report.ok, report.describe() if report else "no report"
         assert {(link.host, link.direction) for link in report.links} == {
-            (h, d) for h in (0, 1) for d in ("send", "recv")
+            (h, d) for h in (0, 1) for d in ("send", "recv", "ring")
         }
         for link in report.links:
             assert link.configured == rate

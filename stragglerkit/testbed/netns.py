@@ -46,19 +46,16 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
-import json
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -74,6 +71,7 @@ from stragglerkit.testbed.iproute import (
     remove_leftovers,
     tbf_arguments,
 )
+from stragglerkit.testbed.probing import Pair, ProbeRunner
 from stragglerkit.testbed.shaping import LinkRate, ShapingError, ShapingReport
 
 __all__ = [
@@ -90,19 +88,10 @@ __all__ = [
 ]
 
 BENCHMARK_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
-PROBE_SCRIPT = Path(__file__).with_name("probe.py")
 
 _BRIDGE = "skbr"
 _MAX_MEASURE_ATTEMPTS = 3
 _instances = itertools.count()
-
-
-def _wait_for_line(process: subprocess.Popen[str], timeout: float) -> str:
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    if not ready:
-        raise TestbedError(f"probe `{' '.join(map(str, process.args))}` printed nothing within {timeout:g} s")  # type: ignore[arg-type]
-    return process.stdout.readline().strip()
 
 
 class EmulatedCluster:
@@ -386,7 +375,7 @@ class EmulatedCluster:
         self._shape(host, replace=True)
         if not verify:
             return None
-        report = self.verify(hosts=[host])
+        report = self.verify(hosts=[host], ring=False)
         return report.rate(host, "send"), report.rate(host, "recv")
 
     def _require_active(self) -> None:
@@ -478,53 +467,6 @@ class EmulatedCluster:
                 process.wait(timeout=PROCESS_GRACE)
         self._processes.clear()
 
-    def _in_namespace(self, namespace: str, argv: Sequence[str]) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self._processes.append(process)
-        return process
-
-    def _probe(self, mode: str, *args: object) -> list[str]:
-        return [sys.executable, "-I", "-S", str(PROBE_SCRIPT), mode, *map(str, args)]
-
-    def _pair(
-        self,
-        server_ns: str,
-        server: list[str],
-        client_ns: str,
-        client_for_port: Callable[[int], list[str]],
-        timeout: float,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Runs a probe server, then its client once the server listens; returns (server, client) results."""
-        server_proc = self._in_namespace(server_ns, server)
-        client_proc: subprocess.Popen[str] | None = None
-        try:
-            ready = _wait_for_line(server_proc, timeout)
-            if not ready.startswith("READY "):
-                server_proc.kill()
-                _, err = server_proc.communicate(timeout=PROCESS_GRACE)
-                raise TestbedError(f"probe server {server[4:]} did not start: {ready!r} {err.strip()}")
-            client = client_for_port(int(ready.split()[1]))
-            client_proc = self._in_namespace(client_ns, client)
-            results = []
-            for proc, argv in ((server_proc, server), (client_proc, client)):
-                out, err = proc.communicate(timeout=timeout)
-                if proc.returncode != 0:
-                    raise TestbedError(f"probe {argv[4:]} failed (exit {proc.returncode}): {err.strip()}")
-                results.append(json.loads(out.strip().splitlines()[-1]))
-            return results[0], results[1]
-        except subprocess.TimeoutExpired as exc:
-            raise TestbedError(
-                f"probe between {server_ns} and {client_ns} did not finish within {timeout:g} s"
-            ) from exc
-        finally:
-            for proc in [p for p in (client_proc, server_proc) if p is not None]:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=PROCESS_GRACE)
-            self._processes = [p for p in self._processes if p is not client_proc and p is not server_proc]
-
     def ping(self, source: int, target: int, *, rounds: int = 10, size: int = 64, timeout: float = 10.0) -> list[float]:
         """Round-trip times in seconds of ``rounds`` TCP messages from ``source`` to ``target``.
 
@@ -535,69 +477,89 @@ class EmulatedCluster:
         self._require_active()
         if not 1 <= rounds <= 10_000 or not 1 <= size <= 1 << 20:
             raise ValueError(f"rounds must be in 1..10000 and size in 1..1MiB, got {rounds}, {size}")
-        address = self.address(target)
-        server = self._probe("echo", address, 0, rounds, size, timeout)
-        _, client = self._pair(
-            self.namespace(target),
-            server,
-            self.namespace(source),
-            lambda port: self._probe("ping", address, port, rounds, size, timeout),
-            timeout + 5,
-        )
-        if not client["intact"]:
+        pair = Pair(self.namespace(target), self.namespace(source), self.address(target))
+        result = ProbeRunner(self._processes).ping(pair, rounds, size, timeout)
+        if not result["intact"]:
             raise TestbedError(f"host {target} echoed different bytes than host {source} sent")
-        return [float(t) for t in client["rtts"]]
+        return [float(t) for t in result["rtts"]]
 
     # ----------------------------------------------------------------- verification
 
-    def _transfer(self, host: int, direction: str, nbytes: int, skip: int, timeout: float) -> float:
+    def _link_pair(self, host: int, direction: str) -> Pair:
+        """The transfer that crosses exactly one shaper: host to probe endpoint, or back."""
         if direction == "send":
-            server_ns, client_ns, address = self.bridge_namespace, self.namespace(host), self._probe_address
-        else:
-            server_ns, client_ns, address = self.namespace(host), self.bridge_namespace, self.address(host)
-        server = self._probe("recv", address, 0, nbytes, skip, timeout)
-        received, _ = self._pair(
-            server_ns,
-            server,
-            client_ns,
-            lambda port: self._probe("send", address, port, nbytes, timeout),
-            timeout + 5,
-        )
-        return float(received["rate"])
+            return Pair(self.bridge_namespace, self.namespace(host), self._probe_address)
+        if direction == "recv":
+            return Pair(self.namespace(host), self.bridge_namespace, self.address(host))
+        raise ValueError(f"direction must be 'send' or 'recv', got {direction!r}")
+
+    def _measure(self, pairs: list[Pair], expected: list[float]) -> list[tuple[float, tuple[float, ...]]]:
+        """Runs the transfers (together) up to three times, until every rate is within tolerance.
+
+        Another process can slow a transfer down (CPU contention), hence the retries. Returns per
+        pair the figure reported (the first attempt within tolerance, else the median) and all
+        attempts.
+        """
+        skip = 256 * 1024  # past the bucket's initial burst and TCP slow start
+        nbytes = skip + min(8 << 20, max(1 << 20, int(max(expected) * self.config.measure_seconds)))
+        timeout = max(5.0, 20 * nbytes / min(expected))
+        runner = ProbeRunner(self._processes)
+        attempts: list[list[float]] = [[] for _ in pairs]
+        for _ in range(_MAX_MEASURE_ATTEMPTS):
+            for rates, rate in zip(attempts, runner.transfer_rates(pairs, nbytes, skip, timeout)):
+                rates.append(rate)
+            if all(self._within(rates[-1], e) for rates, e in zip(attempts, expected)):
+                break
+        reported = []
+        for rates, e in zip(attempts, expected):
+            good = [r for r in rates if self._within(r, e)]
+            reported.append((good[0] if good else sorted(rates)[len(rates) // 2], tuple(rates)))
+        return reported
+
+    def _within(self, measured: float, expected: float) -> bool:
+        return abs(measured / expected - 1) <= self.config.tolerance
 
     def measure_link(self, host: int, direction: str) -> LinkRate:
-        """Measures one direction of ``host``'s link with up to three bounded TCP transfers."""
+        """Measures one direction of ``host``'s link alone ("send" or "recv")."""
         self._check_host(host)
-        if direction not in ("send", "recv"):
-            raise ValueError(f"direction must be 'send' or 'recv', got {direction!r}")
+        pair = self._link_pair(host, direction)
         self._require_active()
         expected = self.expected_payload_rate(host)
-        skip = 256 * 1024  # past the bucket's initial burst and TCP slow start
-        nbytes = skip + min(8 << 20, max(1 << 20, int(expected * self.config.measure_seconds)))
-        timeout = max(5.0, 20 * nbytes / expected)
-        attempts: list[float] = []
-        for _ in range(_MAX_MEASURE_ATTEMPTS):
-            attempts.append(self._transfer(host, direction, nbytes, skip, timeout))
-            if abs(attempts[-1] / expected - 1) <= self.config.tolerance:
-                break
-        # A transfer that another process slowed down (CPU contention) is retried; if none is within
-        # tolerance the median is the figure reported.
-        good = [a for a in attempts if abs(a / expected - 1) <= self.config.tolerance]
-        measured = good[0] if good else sorted(attempts)[len(attempts) // 2]
-        return LinkRate(host, direction, self.link_rate(host), expected, measured, tuple(attempts))
+        [(measured, attempts)] = self._measure([pair], [expected])
+        return LinkRate(host, direction, self.link_rate(host), expected, measured, attempts)
 
-    def measure(self, hosts: Sequence[int] | None = None) -> ShapingReport:
-        """Measures both directions of each host's link (all hosts by default); raises nothing."""
+    def measure_ring(self) -> tuple[LinkRate, ...]:
+        """Every host sends to the next one at the same time, as in a ring AllReduce.
+
+        Host i's flow crosses its send shaper and host i+1's receive shaper, so it should get the
+        smaller of the two rates. This is the load at which a small machine's CPU gives out first.
+        """
+        self._require_active()
+        n = self.hosts
+        pairs = [Pair(self.namespace((h + 1) % n), self.namespace(h), self.address((h + 1) % n)) for h in range(n)]
+        configured = [min(self.link_rate(h), self.link_rate((h + 1) % n)) for h in range(n)]
+        expected = [min(self.expected_payload_rate(h), self.expected_payload_rate((h + 1) % n)) for h in range(n)]
+        results = self._measure(pairs, expected)
+        return tuple(
+            LinkRate(h, "ring", configured[h], expected[h], measured, attempts)
+            for h, (measured, attempts) in enumerate(results)
+        )
+
+    def measure(self, hosts: Sequence[int] | None = None, *, ring: bool = True) -> ShapingReport:
+        """Measures both directions of each host's link alone (all hosts by default) and, with
+        ``ring``, all hosts sending at once (measure_ring); raises nothing."""
         chosen = list(range(self.hosts)) if hosts is None else list(hosts)
-        links = tuple(self.measure_link(h, d) for h in chosen for d in ("send", "recv"))
-        return ShapingReport(links, self.config.tolerance)
+        links = [self.measure_link(h, d) for h in chosen for d in ("send", "recv")]
+        if ring:
+            links.extend(self.measure_ring())
+        return ShapingReport(tuple(links), self.config.tolerance)
 
-    def verify(self, hosts: Sequence[int] | None = None) -> ShapingReport:
+    def verify(self, hosts: Sequence[int] | None = None, *, ring: bool = True) -> ShapingReport:
         """Like measure(), but raises ShapingError when a link is more than the tolerance off.
 
         The report is also kept in ``self.shaping`` so that a benchmark can record it.
         """
-        report = self.measure(hosts)
+        report = self.measure(hosts, ring=ring)
         self.shaping = report
         if not report.ok:
             slow = any(link.relative_error < -report.tolerance for link in report.links)

@@ -24,7 +24,8 @@ class LinkRate:
 
     host: int
     direction: str
-    """``"send"`` (host to probe endpoint) or ``"recv"`` (probe endpoint to host)."""
+    """``"send"`` (host to probe endpoint, alone), ``"recv"`` (probe endpoint to host, alone) or
+    ``"ring"`` (host to host + 1 while every host sends at once)."""
     configured: float
     """Shaper rate in bytes/s (whole frames), i.e. bandwidth / slowdown."""
     expected: float
@@ -75,8 +76,11 @@ class ShapingReport:
         for link in self.links:
             flag = "ok" if link.within(self.tolerance) else "OFF"
             tries = ", ".join(f"{a / 1e6:.1f}" for a in link.attempts)
+            what = f"host {link.host} {link.direction}" + (
+                " to next host, all at once" if link.direction == "ring" else ""
+            )
             lines.append(
-                f"host {link.host} {link.direction}: configured {link.configured * 8 / 1e6:.0f} Mbit/s, "
+                f"{what}: configured {link.configured * 8 / 1e6:.0f} Mbit/s, "
                 f"expected payload {link.expected / 1e6:.1f} MB/s, measured {link.measured / 1e6:.1f} MB/s "
                 f"({link.relative_error:+.1%}; attempts {tries} MB/s) {flag}"
             )
