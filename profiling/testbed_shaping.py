@@ -29,12 +29,14 @@ RESULTS = Path(__file__).resolve().parent / "results" / "testbed_shaping.json"
 
 
 def _machine() -> dict[str, object]:
+    # The load average matters here: the shapers are exact, but a busy CPU slows the transfers.
     return {
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "kernel": platform.release(),
+        "load_average_1_5_15min": os.getloadavg(),
     }
 
 
