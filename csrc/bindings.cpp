@@ -1,11 +1,67 @@
-// The one file that registers stragglerkit._C.
+// The one file that registers stragglerkit._C. Each component adds one block below.
 #include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "executor.h"
 
 namespace stragglerkit {
 void reduce_add_(torch::Tensor& dst, const torch::Tensor& src);
 }  // namespace stragglerkit
 
+namespace {
+
+// Wraps an optional Python callable (label, begin) into a C++ callback that takes the GIL.
+std::function<void(int64_t, bool)> range_callback_from(const py::object& callback) {
+  if (callback.is_none()) {
+    return {};
+  }
+  auto holder = std::make_shared<py::object>(callback);
+  return [holder](int64_t label, bool begin) {
+    py::gil_scoped_acquire gil;
+    (*holder)(label, begin);
+  };
+}
+
+torch::Tensor execute(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch::Tensor buffer,
+                      torch::Tensor scratch, torch::Tensor ops, torch::Tensor dep_count, torch::Tensor child_ptr,
+                      torch::Tensor child_idx, torch::Tensor wait_order, torch::Tensor peers, torch::Tensor rank_map,
+                      std::vector<std::string> labels, std::string algorithm, int64_t logical_rank, int64_t plan_id,
+                      double timeout_seconds, const py::object& range_callback) {
+  stragglerkit::PlanTables plan{ops,    dep_count, child_ptr,         child_idx, wait_order, peers, rank_map,
+                                labels, algorithm, logical_rank, plan_id};
+  auto callback = range_callback_from(range_callback);
+  py::gil_scoped_release no_gil;
+  auto timings = stragglerkit::execute_plan(group, std::move(buffer), std::move(scratch), plan, timeout_seconds,
+                                            callback);
+  if (callback) {
+    // Drop the Python reference with the GIL held.
+    py::gil_scoped_acquire gil;
+    callback = nullptr;
+  }
+  return timings;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "stragglerkit native core: plan executor and reductions";
-  m.def("reduce_add_", &stragglerkit::reduce_add_, "dst += src (contiguous CPU tensors, same dtype and size)");
+
+  // -- reductions --
+  m.def("reduce_add_", &stragglerkit::reduce_add_, "dst += src (contiguous tensors, same dtype, size and device)");
+
+  // -- executor --
+  m.def("execute", &execute, py::arg("group"), py::arg("buffer"), py::arg("scratch"), py::arg("ops"),
+        py::arg("dep_count"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("wait_order"), py::arg("peers"),
+        py::arg("rank_map"), py::arg("labels"), py::arg("algorithm"), py::arg("logical_rank"), py::arg("plan_id"),
+        py::arg("timeout_seconds"), py::arg("range_callback"),
+        "Run one rank's lowered plan in place over a c10d ProcessGroup; returns the per-op timings.");
+  m.def(
+      "notify_local_failure",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& device, const std::string& algorithm) {
+        stragglerkit::notify_local_failure(group, c10::Device(device), algorithm);
+      },
+      py::arg("group"), py::arg("device"), py::arg("algorithm"), py::call_guard<py::gil_scoped_release>(),
+      "Tell the other ranks this rank's call failed on invalid arguments (they raise instead of waiting).");
+  m.def("shutdown_listeners", &stragglerkit::shutdown_listeners, py::call_guard<py::gil_scoped_release>(),
+        "Stop the abort listener threads (called at interpreter exit).");
 }

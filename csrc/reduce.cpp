@@ -1,9 +1,21 @@
-// CPU reduction kernels: dst += src over contiguous tensors of the same dtype and size.
-// The executor (executor.cpp) calls these after a receive completes; Python validates the inputs
-// first, these checks only guard the C++ boundary.
-#include <torch/extension.h>
+// Reduction kernels: dst += src over `count` contiguous elements of one dtype.
+//
+// The executor (executor.cpp) calls reduce_add_span after a receive completes. On CPU the float and
+// integer loops run over restrict pointers, which the compiler vectorises at -O3; half types
+// (bfloat16, float16) convert each element to float, add and round once, exactly like ATen's add.
+// On CUDA the work goes to the kernel in reduce_cuda.cu, launched on the current stream, which is
+// the stream the receive's wait() synchronised (NCCL), so the reduction is ordered after the data.
+#include "executor.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
+
+#ifdef STRAGGLERKIT_CUDA
+#include <c10/cuda/CUDAStream.h>
+extern "C" int stragglerkit_cuda_reduce_add(void* dst, const void* src, int64_t count, int dtype_code, void* stream);
+#endif
 
 namespace stragglerkit {
 
@@ -11,38 +23,89 @@ namespace {
 
 template <typename T>
 void add_inplace(T* __restrict__ dst, const T* __restrict__ src, int64_t count) {
-  // Plain loop over restrict pointers: the compiler vectorises it (-O3).
   for (int64_t i = 0; i < count; ++i) {
     dst[i] += src[i];
   }
 }
 
+template <typename Half>
+void add_inplace_half(Half* __restrict__ dst, const Half* __restrict__ src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<Half>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+  }
+}
+
+void reduce_add_cpu(void* dst, const void* src, int64_t count, c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      add_inplace(static_cast<float*>(dst), static_cast<const float*>(src), count);
+      break;
+    case at::kDouble:
+      add_inplace(static_cast<double*>(dst), static_cast<const double*>(src), count);
+      break;
+    case at::kInt:
+      add_inplace(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
+      break;
+    case at::kLong:
+      add_inplace(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+      break;
+    case at::kBFloat16:
+      add_inplace_half(static_cast<c10::BFloat16*>(dst), static_cast<const c10::BFloat16*>(src), count);
+      break;
+    case at::kHalf:
+      add_inplace_half(static_cast<c10::Half*>(dst), static_cast<const c10::Half*>(src), count);
+      break;
+    default:
+      TORCH_CHECK(false, "stragglerkit: no reduction for dtype ", dtype,
+                  "; supported: float32, float64, bfloat16, float16, int32, int64");
+  }
+}
+
+#ifdef STRAGGLERKIT_CUDA
+int cuda_dtype_code(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 0;
+    case at::kDouble: return 1;
+    case at::kHalf: return 2;
+    case at::kBFloat16: return 3;
+    case at::kInt: return 4;
+    case at::kLong: return 5;
+    default: return -1;
+  }
+}
+#endif
+
 }  // namespace
 
+void reduce_add_span(void* dst, const void* src, int64_t count, c10::ScalarType dtype, const c10::Device& device) {
+  if (count == 0) {
+    return;
+  }
+  if (device.is_cpu()) {
+    reduce_add_cpu(dst, src, count, dtype);
+    return;
+  }
+#ifdef STRAGGLERKIT_CUDA
+  if (device.is_cuda()) {
+    const int code = cuda_dtype_code(dtype);
+    TORCH_CHECK(code >= 0, "stragglerkit: no CUDA reduction for dtype ", dtype);
+    void* stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    const int err = stragglerkit_cuda_reduce_add(dst, src, count, code, stream);
+    TORCH_CHECK(err == 0, "stragglerkit: CUDA reduction kernel launch failed (cudaError ", err, ")");
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "stragglerkit: no reduction for device ", device,
+              " in this build (CUDA tensors need stragglerkit built against a CUDA torch)");
+}
+
 void reduce_add_(torch::Tensor& dst, const torch::Tensor& src) {
-  TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "reduce_add_: CPU tensors expected");
+  TORCH_CHECK(dst.device() == src.device(), "reduce_add_: tensors on different devices");
   TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "reduce_add_: tensors must be contiguous");
   TORCH_CHECK(dst.scalar_type() == src.scalar_type(), "reduce_add_: dtype mismatch: ", dst.scalar_type(),
               " vs ", src.scalar_type());
   TORCH_CHECK(dst.numel() == src.numel(), "reduce_add_: size mismatch: ", dst.numel(), " vs ", src.numel());
-  const int64_t count = dst.numel();
-  switch (dst.scalar_type()) {
-    case at::kFloat:
-      add_inplace(dst.data_ptr<float>(), src.data_ptr<float>(), count);
-      break;
-    case at::kDouble:
-      add_inplace(dst.data_ptr<double>(), src.data_ptr<double>(), count);
-      break;
-    case at::kInt:
-      add_inplace(dst.data_ptr<int32_t>(), src.data_ptr<int32_t>(), count);
-      break;
-    case at::kLong:
-      add_inplace(dst.data_ptr<int64_t>(), src.data_ptr<int64_t>(), count);
-      break;
-    default:
-      // bfloat16 / float16: ATen's kernel rounds once per element, same as NCCL/gloo.
-      dst.add_(src);
-  }
+  reduce_add_span(dst.data_ptr(), src.data_ptr(), dst.numel(), dst.scalar_type(), dst.device());
 }
 
 }  // namespace stragglerkit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stragglerkit.errors import NotApplicableError, ScheduleError, StragglerKitError
+from stragglerkit.runtime.api import all_reduce, all_reduce_async
 
-__all__ = ["NotApplicableError", "ScheduleError", "StragglerKitError", "__version__"]
+__all__ = ["NotApplicableError", "ScheduleError", "StragglerKitError", "__version__", "all_reduce", "all_reduce_async"]
 __version__ = "0.1.0"

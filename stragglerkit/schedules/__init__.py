@@ -7,5 +7,6 @@ from stragglerkit.schedules.direct import direct
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 from stragglerkit.schedules.rhd import rhd
 from stragglerkit.schedules.ring import ring
+from stragglerkit.schedules.stragglar import stragglar
 
-__all__ = ["CheckReport", "Op", "OpKind", "Schedule", "ScheduleBuilder", "check", "direct", "rhd", "ring"]
+__all__ = ["CheckReport", "Op", "OpKind", "Schedule", "ScheduleBuilder", "check", "direct", "rhd", "ring", "stragglar"]

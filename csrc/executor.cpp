@@ -1,0 +1,671 @@
+// Plan interpreter: executes one rank's lowered, already checked AllReduce plan over a c10d group.
+//
+// Execution rules (the symbolic checker's model, stragglerkit/schedules/check.py):
+// * An op becomes *ready* when all its dependencies completed. Local ops (reduce, copy, empty ops)
+//   run at once; a send or receive is *posted* (non-blocking pg->send / pg->recv) as soon as it is
+//   ready, its predecessor on the same (peer, direction) channel has been posted -- messages of one
+//   pair match in program order -- and the peer's header has been validated (below). Everything
+//   that can be in flight is in flight.
+// * Completion is observed by blocking on works in `wait_order`: a global, deadlock-free order of
+//   the messages computed by plan.py (a simulated run in which a known straggler arrives last).
+//   Gloo works cannot be polled, so one blocking order is needed; because every rank waits in the
+//   same global order and posts eagerly, the wait on the k-th message returns once both sides
+//   have waited through messages 1..k-1 (induction on k). Transfers still progress in the
+//   background in any order. A recv_reduce adds the received scratch into the buffer right after
+//   its wait(), on the current stream (CUDA: the stream that wait() synchronised).
+// * Nothing involves the whole group: a rank only ever talks to the peers in its plan, so with
+//   StragglAR the punctual ranks run their pre-phase while the straggler is still away.
+//
+// Validation before data moves: on entry a rank posts an 8 x int64 header (call number, numel,
+// dtype, plan id) to every plan peer and a receive for each peer's header. Data ops with a peer
+// are posted only after that peer's header has arrived and matched, which happens lazily, the
+// first time the wait order reaches an op with that peer; both sides of a pair compare the same
+// fields, so both detect a mismatch, before any data moves between them.
+//
+// Faults (gloo): every group has an abort listener thread with one receive from any source posted
+// on a reserved tag. A rank that fails (header mismatch, timeout, dead peer) sends a small abort
+// note to every rank; a rank that receives one wakes its blocked wait (Work::abort) and raises,
+// so all ranks get an error that names the failing rank and its remote rank, and nobody waits for
+// a timeout. After an error the group's in-flight messages are undefined: the caller must treat
+// the tensor as lost and re-create the process group, as after an NCCL abort.
+#include "executor.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace stragglerkit {
+
+namespace {
+
+constexpr int kDataTag = 1'839'100'000;
+constexpr int kHeaderTag = 1'839'100'001;
+constexpr int kAbortTag = 1'839'100'002;
+constexpr int64_t kHeaderMagic = 0x53544b48445231;  // "STKHDR1"
+constexpr int64_t kAbortMagic = 0x53544b41425431;   // "STKABT1"
+
+enum AbortReason : int64_t { kReasonMismatch = 1, kReasonTimeout = 2, kReasonPeerFailure = 3, kReasonOther = 4, kReasonInvalid = 5 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* reason_text(int64_t reason) {
+  switch (reason) {
+    case kReasonMismatch: return "tensor or plan mismatch";
+    case kReasonTimeout: return "timeout";
+    case kReasonPeerFailure: return "peer failure";
+    case kReasonInvalid: return "invalid arguments";
+    default: return "error";
+  }
+}
+
+// An error raised on this rank; `reason` and `remote` travel in the abort note.
+struct ExecFailure : std::runtime_error {
+  ExecFailure(const std::string& what, int64_t reason_code, int64_t remote_rank)
+      : std::runtime_error(what), reason(reason_code), remote(remote_rank) {}
+  int64_t reason;
+  int64_t remote;
+};
+
+// An abort note received from another rank.
+struct AbortNote {
+  int64_t origin = -1;
+  int64_t reason = 0;
+  int64_t remote = -1;
+};
+
+// Per process group: call counter, abort listener, and a place to keep buffers that a failed call
+// may leave registered with the transport (never freed: the transport may still write to them).
+struct GroupState {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::mutex mu;
+  int64_t calls = 0;
+  int64_t active_call = -1;
+  std::map<int64_t, AbortNote> aborts;  // call number -> note
+  c10::intrusive_ptr<c10d::Work> blocked_on;
+  c10::intrusive_ptr<c10d::Work> listen_work;
+  std::thread listener;
+  std::atomic<bool> stopping{false};
+  bool listens = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> graveyard;
+  std::vector<torch::Tensor> kept_tensors;
+};
+
+std::mutex& registry_mutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+std::map<c10d::ProcessGroup*, GroupState*>& registry() {
+  // Leaked on purpose: the states own threads and transport buffers that must outlive exit.
+  static auto* groups = new std::map<c10d::ProcessGroup*, GroupState*>();
+  return *groups;
+}
+
+void listen_for_aborts(GroupState* state, c10::Device device) {
+  while (!state->stopping.load()) {
+    auto note = torch::zeros({kHeaderLength}, torch::dtype(torch::kInt64).device(device));
+    std::vector<torch::Tensor> tensors{note};
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = state->group->recvAnysource(tensors, kAbortTag);
+    } catch (const std::exception&) {
+      return;  // the group is gone or does not support it
+    }
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->listen_work = work;
+      state->graveyard.push_back(work);
+      state->kept_tensors.push_back(note);
+    }
+    bool received = false;
+    try {
+      received = work->wait();
+    } catch (const std::exception&) {
+      if (state->stopping.load()) return;
+      continue;  // the transport's default timeout: listen again
+    }
+    if (!received || state->stopping.load()) {
+      return;
+    }
+    auto host = note.cpu();
+    const int64_t* fields = host.data_ptr<int64_t>();
+    if (fields[0] != kAbortMagic) {
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(state->mu);
+    AbortNote abort_note{fields[2], fields[3], fields[4]};
+    state->aborts.emplace(fields[1], abort_note);
+    if (state->active_call == fields[1] && state->blocked_on) {
+      state->blocked_on->abort();
+    }
+  }
+}
+
+GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& groups = registry();
+  auto it = groups.find(group.get());
+  if (it != groups.end()) {
+    return it->second;
+  }
+  auto* state = new GroupState();
+  state->group = group;
+  // Receive-from-any is a gloo feature; NCCL reports faults through its own watchdog.
+  state->listens = group->getBackendName() == "gloo";
+  if (state->listens) {
+    state->listener = std::thread(listen_for_aborts, state, device);
+  }
+  groups.emplace(group.get(), state);
+  return state;
+}
+
+std::string describe_bytes(int64_t count, int64_t element_size) {
+  std::ostringstream out;
+  out << count * element_size << " bytes";
+  return out.str();
+}
+
+class Run {
+ public:
+  Run(GroupState* state, const PlanTables& plan, torch::Tensor buffer, torch::Tensor scratch, double timeout_seconds,
+      const std::function<void(int64_t, bool)>& range_callback)
+      : state_(state),
+        group_(state->group),
+        plan_(plan),
+        buffer_(std::move(buffer)),
+        scratch_(std::move(scratch)),
+        timeout_(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0))),
+        range_callback_(range_callback) {
+    if (plan_.ops.defined()) {
+      ops_ = plan_.ops.data_ptr<int64_t>();
+      num_ops_ = plan_.ops.size(0);
+    }
+    element_size_ = buffer_.element_size();
+    physical_rank_ = group_->getRank();
+  }
+
+  // Sends the abort note for a call that failed before it started (invalid arguments).
+  void announce_failure(int64_t call, const ExecFailure& failure) {
+    call_ = call;
+    broadcast_abort(failure);
+  }
+
+  torch::Tensor run(int64_t call) {
+    call_ = call;
+    const int64_t num_waited = plan_.wait_order.numel();
+    timings_ = torch::empty({num_waited, 6}, torch::kInt64);
+    try {
+      execute();
+    } catch (const ExecFailure& failure) {
+      fail(failure);
+    } catch (const std::exception& err) {
+      fail(ExecFailure(context() + ": " + err.what(), kReasonOther, -1));
+    }
+    close_range();
+    return timings_;
+  }
+
+ private:
+  // ---- tables -------------------------------------------------------------------------------
+  int64_t col(int64_t op, OpColumn column) const { return ops_[op * kNumOpColumns + column]; }
+  int64_t physical(int64_t logical) const { return plan_.rank_map.data_ptr<int64_t>()[logical]; }
+
+  std::string context() const {
+    std::ostringstream out;
+    out << "stragglerkit all_reduce (algorithm " << plan_.algorithm << ", call #" << call_ << ") on rank "
+        << physical_rank_ << " (logical " << plan_.logical_rank << ")";
+    return out.str();
+  }
+
+  std::string rank_name(int64_t logical) const {
+    std::ostringstream out;
+    out << "rank " << physical(logical) << " (logical " << logical << ")";
+    return out.str();
+  }
+
+  std::string describe_op(int64_t op) const {
+    std::ostringstream out;
+    const int64_t kind = col(op, kColKind);
+    const char* verb = kind == kSend ? "send" : kind == kRecv ? "receive" : kind == kRecvReduce ? "receive-reduce" : "op";
+    out << verb << " of " << describe_bytes(col(op, kColCount), element_size_) << " (elements "
+        << col(op, kColOffset) << ".." << col(op, kColOffset) + col(op, kColCount) << ")";
+    const int64_t label = col(op, kColLabel);
+    if (label >= 0 && label < static_cast<int64_t>(plan_.labels.size())) {
+      out << " in " << plan_.labels[label];
+    }
+    out << " (op " << op << ")";
+    return out.str();
+  }
+
+  torch::Tensor buffer_span(int64_t op) const {
+    return buffer_.narrow(0, col(op, kColOffset), col(op, kColCount));
+  }
+  torch::Tensor scratch_span(int64_t op) const {
+    return scratch_.narrow(0, col(op, kColScratch), col(op, kColCount));
+  }
+
+  // ---- main loop -----------------------------------------------------------------------------
+  void execute() {
+    check_not_aborted(-1);
+    post_headers();
+    pending_.assign(plan_.dep_count.data_ptr<int64_t>(), plan_.dep_count.data_ptr<int64_t>() + num_ops_);
+    ready_.assign(num_ops_, false);
+    done_.assign(num_ops_, false);
+    works_.assign(num_ops_, c10::intrusive_ptr<c10d::Work>());
+    start_ns_.assign(num_ops_, 0);
+    for (int64_t op = 0; op < num_ops_; ++op) {
+      if (pending_[op] == 0) {
+        worklist_.push_back(op);
+      }
+    }
+    drain();
+    const int64_t* order = plan_.wait_order.data_ptr<int64_t>();
+    const int64_t num_waited = plan_.wait_order.numel();
+    auto* timing = timings_.data_ptr<int64_t>();
+    for (int64_t position = 0; position < num_waited; ++position) {
+      const int64_t op = order[position];
+      const int64_t peer = col(op, kColPeer);
+      if (!works_[op]) {
+        validate_header(peer);
+        if (!works_[op]) {
+          throw ExecFailure(context() + ": internal error: " + describe_op(op) +
+                                " is not posted when its turn to complete came; the plan's wait order is broken",
+                            kReasonOther, peer);
+        }
+      }
+      enter_range(col(op, kColLabel));
+      wait_for(works_[op], op, peer);
+      const int64_t end = now_ns();
+      int64_t* row = timing + position * 6;
+      row[0] = op;
+      row[1] = physical(peer);
+      row[2] = col(op, kColCount) * element_size_;
+      row[3] = col(op, kColKind);
+      row[4] = start_ns_[op];
+      row[5] = end;
+      if (col(op, kColKind) == kRecvReduce) {
+        reduce_into_buffer(op);
+      }
+      works_[op].reset();
+      complete(op);
+      drain();
+    }
+    for (int64_t op = 0; op < num_ops_; ++op) {
+      if (!done_[op]) {
+        throw ExecFailure(context() + ": internal error: " + describe_op(op) + " never ran", kReasonOther, -1);
+      }
+    }
+    // Peers whose ops all came out empty (tiny buffers) still validate, so a mismatch is reported.
+    const int64_t* peers = plan_.peers.data_ptr<int64_t>();
+    for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
+      validate_header(peers[k]);
+    }
+    for (auto& entry : header_sends_) {
+      wait_for(entry.second, -1, entry.first);
+    }
+    header_sends_.clear();
+  }
+
+  void complete(int64_t op) {
+    done_[op] = true;
+    const int64_t* child_ptr = plan_.child_ptr.data_ptr<int64_t>();
+    const int64_t* child_idx = plan_.child_idx.data_ptr<int64_t>();
+    for (int64_t k = child_ptr[op]; k < child_ptr[op + 1]; ++k) {
+      const int64_t child = child_idx[k];
+      if (--pending_[child] == 0) {
+        worklist_.push_back(child);
+      }
+    }
+  }
+
+  // Runs local ops and posts comm ops that became ready, until nothing more can start.
+  void drain() {
+    while (!worklist_.empty()) {
+      const int64_t op = worklist_.front();
+      worklist_.pop_front();
+      switch (col(op, kColKind)) {
+        case kNoop:
+          complete(op);
+          break;
+        case kReduce:
+          with_reduce_range([&] {
+            reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
+                            buffer_.scalar_type(), buffer_.device());
+          });
+          complete(op);
+          break;
+        case kCopy:
+          buffer_span(op).copy_(scratch_span(op));
+          complete(op);
+          break;
+        default:
+          ready_[op] = true;
+          try_post(op);
+      }
+    }
+  }
+
+  void try_post(int64_t op) {
+    while (op >= 0) {
+      if (!ready_[op] || works_[op] || done_[op]) return;
+      const int64_t prev = col(op, kColChanPrev);
+      if (prev >= 0 && !works_[prev] && !done_[prev]) return;  // channel predecessor not posted yet
+      const int64_t peer = col(op, kColPeer);
+      if (!header_ok_.count(peer)) {
+        deferred_[peer].push_back(op);
+        return;
+      }
+      post(op);
+      op = col(op, kColChanNext);
+    }
+  }
+
+  void post(int64_t op) {
+    const int64_t kind = col(op, kColKind);
+    const int peer = static_cast<int>(physical(col(op, kColPeer)));
+    start_ns_[op] = now_ns();
+    std::vector<torch::Tensor> tensors;
+    if (kind == kSend) {
+      tensors.push_back(buffer_span(op));
+      works_[op] = group_->send(tensors, peer, kDataTag);
+    } else {
+      const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
+      tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
+      works_[op] = group_->recv(tensors, peer, kDataTag);
+    }
+  }
+
+  void reduce_into_buffer(int64_t op) {
+    with_reduce_range([&] {
+      reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
+                      buffer_.scalar_type(), buffer_.device());
+    });
+  }
+
+  // ---- headers -------------------------------------------------------------------------------
+  torch::Tensor make_header() const {
+    auto header = torch::empty({kHeaderLength}, torch::kInt64);
+    int64_t* h = header.data_ptr<int64_t>();
+    h[kHdrMagic] = kHeaderMagic;
+    h[kHdrCall] = call_;
+    h[kHdrNumel] = buffer_.numel();
+    h[kHdrDtype] = static_cast<int64_t>(buffer_.scalar_type());
+    h[kHdrPlanId] = plan_.plan_id;
+    h[kHdrWorld] = plan_.rank_map.numel();
+    h[kHdrLogical] = plan_.logical_rank;
+    h[kHdrSpare] = 0;
+    return header.to(buffer_.device());
+  }
+
+  void post_headers() {
+    auto header = make_header();
+    const int64_t* peers = plan_.peers.data_ptr<int64_t>();
+    for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
+      const int64_t peer = peers[k];
+      std::vector<torch::Tensor> out{header};
+      header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
+      auto incoming = torch::empty({kHeaderLength}, torch::dtype(torch::kInt64).device(buffer_.device()));
+      std::vector<torch::Tensor> in{incoming};
+      header_recvs_[peer] = {group_->recv(in, static_cast<int>(physical(peer)), kHeaderTag), incoming};
+    }
+  }
+
+  void validate_header(int64_t peer) {
+    if (header_ok_.count(peer)) return;
+    auto it = header_recvs_.find(peer);
+    if (it == header_recvs_.end()) {
+      throw ExecFailure(context() + ": internal error: no header exchange with " + rank_name(peer), kReasonOther,
+                        peer);
+    }
+    wait_for(it->second.first, -1, peer);
+    auto theirs = it->second.second.cpu();
+    auto mine = make_header().cpu();
+    const int64_t* t = theirs.data_ptr<int64_t>();
+    const int64_t* m = mine.data_ptr<int64_t>();
+    std::ostringstream problem;
+    if (t[kHdrMagic] != kHeaderMagic) {
+      problem << rank_name(peer) << " sent a malformed header (is it running the same stragglerkit version?)";
+    } else if (t[kHdrCall] != m[kHdrCall]) {
+      problem << "this is this rank's all_reduce call #" << m[kHdrCall] << " on the group but " << rank_name(peer)
+              << "'s call #" << t[kHdrCall] << ": every rank must make the same sequence of calls";
+    } else if (t[kHdrNumel] != m[kHdrNumel] || t[kHdrDtype] != m[kHdrDtype]) {
+      problem << "this rank's tensor has " << m[kHdrNumel] << " elements of "
+              << c10::toString(static_cast<c10::ScalarType>(m[kHdrDtype])) << " but " << rank_name(peer) << "'s has "
+              << t[kHdrNumel] << " elements of " << c10::toString(static_cast<c10::ScalarType>(t[kHdrDtype]))
+              << ": every rank must pass a tensor of the same size and dtype";
+    } else if (t[kHdrPlanId] != m[kHdrPlanId] || t[kHdrWorld] != m[kHdrWorld] || t[kHdrLogical] != peer) {
+      problem << rank_name(peer) << " runs a different plan (plan id " << t[kHdrPlanId] << " vs this rank's "
+              << m[kHdrPlanId]
+              << "): every rank must pass the same algorithm, op, straggler, slowdowns and rank mapping";
+    }
+    const std::string text = problem.str();
+    if (!text.empty()) {
+      throw ExecFailure(context() + ": mismatch detected before any data moved: " + text, kReasonMismatch, peer);
+    }
+    header_ok_.insert(peer);
+    auto deferred = std::move(deferred_[peer]);
+    deferred_.erase(peer);
+    for (int64_t op : deferred) {
+      try_post(op);
+    }
+  }
+
+  // ---- waiting, faults -------------------------------------------------------------------------
+  void check_not_aborted(int64_t op) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->aborts.find(call_);
+    if (it == state_->aborts.end()) return;
+    const AbortNote& note = it->second;
+    std::ostringstream out;
+    out << context() << ": aborted because rank " << note.origin << " failed (" << reason_text(note.reason);
+    if (note.remote >= 0) out << " involving rank " << note.remote;
+    out << "); see rank " << note.origin << "'s error for details";
+    if (op >= 0) out << ". This rank was waiting for the " << describe_op(op);
+    aborted_by_peer_ = true;
+    throw ExecFailure(out.str(), note.reason, note.origin);
+  }
+
+  void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t op, int64_t peer) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->blocked_on = work;
+    }
+    check_not_aborted(op);
+    bool completed = false;
+    std::string error;
+    try {
+      completed = work->wait(timeout_);
+    } catch (const std::exception& err) {
+      error = err.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->blocked_on.reset();
+    }
+    check_not_aborted(op);
+    if (completed && error.empty()) return;
+    const std::string what = op >= 0 ? "the " + describe_op(op) : std::string("its header exchange");
+    const bool timed_out = error.find("imed out") != std::string::npos || error.find("imeout") != std::string::npos;
+    std::ostringstream out;
+    out << context() << ": ";
+    if (timed_out) {
+      out << "timed out after " << timeout_.count() / 1000.0 << " s waiting for " << rank_name(peer) << " to complete "
+          << what << "; " << rank_name(peer) << " is stalled, dead, or never called all_reduce";
+    } else {
+      out << rank_name(peer) << " failed during " << what << ": " << (error.empty() ? "wait() returned false" : error);
+    }
+    throw ExecFailure(out.str(), timed_out ? kReasonTimeout : kReasonPeerFailure, physical(peer));
+  }
+
+  void fail(const ExecFailure& failure) {
+    close_range();
+    // Keep everything the transport may still touch alive for the life of the process.
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      for (auto& work : works_) {
+        if (work) state_->graveyard.push_back(work);
+      }
+      for (auto& entry : header_sends_) state_->graveyard.push_back(entry.second);
+      for (auto& entry : header_recvs_) {
+        state_->graveyard.push_back(entry.second.first);
+        state_->kept_tensors.push_back(entry.second.second);
+      }
+      state_->kept_tensors.push_back(scratch_);
+      state_->kept_tensors.push_back(buffer_);
+    }
+    if (!aborted_by_peer_ && state_->listens) {
+      broadcast_abort(failure);
+    }
+    throw std::runtime_error(failure.what());
+  }
+
+  void broadcast_abort(const ExecFailure& failure) {
+    auto note = torch::zeros({kHeaderLength}, torch::kInt64);
+    int64_t* n = note.data_ptr<int64_t>();
+    n[0] = kAbortMagic;
+    n[1] = call_;
+    n[2] = physical_rank_;
+    n[3] = failure.reason;
+    n[4] = failure.remote;
+    note = note.to(buffer_.device());
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    for (int rank = 0; rank < group_->getSize(); ++rank) {
+      if (rank == physical_rank_) continue;
+      std::vector<torch::Tensor> tensors{note};
+      try {
+        sends.push_back(group_->send(tensors, rank, kAbortTag));
+      } catch (const std::exception&) {
+      }
+    }
+    // Give the notes a moment to leave; a dead peer's note may never go.
+    const auto grace = std::min(timeout_, std::chrono::milliseconds(2000));
+    for (auto& work : sends) {
+      try {
+        work->wait(grace);
+      } catch (const std::exception&) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->kept_tensors.push_back(note);
+    for (auto& work : sends) state_->graveyard.push_back(work);
+  }
+
+  // ---- NVTX ranges (only when a callback is given) -------------------------------------------
+  void enter_range(int64_t label) {
+    if (!range_callback_ || label == current_label_) return;
+    close_range();
+    current_label_ = label;
+    range_callback_(label, true);
+  }
+  void close_range() {
+    if (range_callback_ && current_label_ >= 0) {
+      range_callback_(current_label_, false);
+    }
+    current_label_ = -1;
+  }
+  template <typename F>
+  void with_reduce_range(F&& body) {
+    if (range_callback_) range_callback_(-1, true);
+    body();
+    if (range_callback_) range_callback_(-1, false);
+  }
+
+  GroupState* state_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  const PlanTables& plan_;
+  torch::Tensor buffer_;
+  torch::Tensor scratch_;
+  std::chrono::milliseconds timeout_;
+  const std::function<void(int64_t, bool)>& range_callback_;
+  const int64_t* ops_ = nullptr;
+  int64_t num_ops_ = 0;
+  int64_t element_size_ = 1;
+  int physical_rank_ = 0;
+  int64_t call_ = 0;
+  bool aborted_by_peer_ = false;
+  int64_t current_label_ = -1;
+  torch::Tensor timings_;
+
+  std::vector<int64_t> pending_;
+  std::vector<bool> ready_;
+  std::vector<bool> done_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<int64_t> start_ns_;
+  std::deque<int64_t> worklist_;
+  std::set<int64_t> header_ok_;
+  std::map<int64_t, std::vector<int64_t>> deferred_;
+  std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Work>>> header_sends_;
+  std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> header_recvs_;
+};
+
+}  // namespace
+
+torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch::Tensor buffer,
+                           torch::Tensor scratch, const PlanTables& plan, double timeout_seconds,
+                           const std::function<void(int64_t, bool)>& range_callback) {
+  TORCH_CHECK(buffer.dim() == 1 && buffer.is_contiguous(), "stragglerkit: the executor takes a 1-D contiguous buffer");
+  TORCH_CHECK(scratch.scalar_type() == buffer.scalar_type() && scratch.device() == buffer.device(),
+              "stragglerkit: scratch must match the buffer's dtype and device");
+  TORCH_CHECK(plan.ops.dim() == 2 && plan.ops.size(1) == kNumOpColumns, "stragglerkit: malformed op table");
+  TORCH_CHECK(plan.rank_map.numel() == group->getSize(), "stragglerkit: the plan is for ", plan.rank_map.numel(),
+              " ranks but the group has ", group->getSize());
+  GroupState* state = group_state(group, buffer.device());
+  int64_t call;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    call = ++state->calls;
+    state->active_call = call;
+  }
+  Run run(state, plan, std::move(buffer), std::move(scratch), timeout_seconds, range_callback);
+  torch::Tensor timings;
+  try {
+    timings = run.run(call);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->active_call = -1;
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(state->mu);
+  state->active_call = -1;
+  return timings;
+}
+
+void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
+                          const std::string& algorithm) {
+  GroupState* state = group_state(group, device);
+  int64_t call;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    call = ++state->calls;
+  }
+  if (!state->listens) return;
+  PlanTables plan;
+  plan.algorithm = algorithm;
+  auto buffer = torch::empty({0}, torch::dtype(torch::kFloat).device(device));
+  std::function<void(int64_t, bool)> no_callback;
+  Run run(state, plan, buffer, buffer, 2.0, no_callback);
+  run.announce_failure(call, ExecFailure("invalid arguments", kReasonInvalid, -1));
+}
+
+void shutdown_listeners() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& entry : registry()) {
+    GroupState* state = entry.second;
+    state->stopping.store(true);
+    {
+      std::lock_guard<std::mutex> state_lock(state->mu);
+      if (state->listen_work) state->listen_work->abort();
+    }
+    if (state->listener.joinable()) state->listener.join();
+  }
+}
+
+}  // namespace stragglerkit

@@ -1,0 +1,383 @@
+"""``stragglerkit.all_reduce``: an in-place AllReduce that runs any checked schedule.
+
+Policy and validation live here; the C++ executor only runs a checked plan.
+
+* **Choosing.** ``algorithm="auto"`` follows a simple documented rule until the cost model takes
+  over: ``stragglar`` when a straggler is given and StragglAR applies, else ``optcc`` when
+  slowdowns are given and OptCC applies, else ``rhd`` for buckets with fewer elements than ranks
+  (latency-bound: fewest rounds), else ``ring``. An explicitly named algorithm that does not apply
+  (e.g. StragglAR with an odd world size) falls back to what ``auto`` picks for the situation, with
+  one :class:`FallbackWarning` per (algorithm, reason) saying which and why. Every plan works for
+  any bucket size, ``0`` and fewer elements than chunks included.
+* **Plans** are generated through :func:`stragglerkit.schedules.registry.generate`, proven by
+  :func:`stragglerkit.schedules.check`, lowered (:mod:`stragglerkit.runtime.plan`) and cached per
+  (algorithm, world size, numel, dtype, rank map, straggler, slowdowns, op).
+* **Validation** before anything moves: a dense, contiguous tensor of a supported dtype and a
+  supported op, checked locally (``ValueError``; the other ranks are told and raise
+  :class:`StragglerKitError` instead of waiting). Size or dtype differences *between* ranks are
+  caught by the executor's header exchange, on every rank, before data moves between the pair.
+* **Results** are bit-identical on every rank: each chunk is reduced along one tree and then
+  copied, and ``avg`` divides the finished sum once on every rank.
+
+Example::
+
+    import stragglerkit
+    stragglerkit.all_reduce(grad)                                  # ring
+    stragglerkit.all_reduce(grad, algorithm="stragglar", straggler=3)
+    handle = stragglerkit.all_reduce_async(grad, op="avg")
+    handle.wait()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from stragglerkit.errors import StragglerKitError
+from stragglerkit.report import nvtx
+from stragglerkit.runtime.executor import OpTimings, notify_local_failure, run_plan
+from stragglerkit.runtime.plan import RankPlan, lower, plan_id
+from stragglerkit.runtime.remap import RankMap
+from stragglerkit.schedules import check
+from stragglerkit.schedules.registry import Situation, generate, names, why_not
+
+__all__ = [
+    "OPS",
+    "SUPPORTED_DTYPES",
+    "AllReduceHandle",
+    "FallbackWarning",
+    "RunRecord",
+    "Runtime",
+    "all_reduce",
+    "all_reduce_async",
+    "choose_algorithm",
+    "runtime_for",
+]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+OPS = ("sum", "avg")
+
+
+class FallbackWarning(UserWarning):
+    """The requested algorithm does not apply; another one runs instead (said once per reason)."""
+
+
+@dataclass(slots=True, frozen=True)
+class RunRecord:
+    """What one call did."""
+
+    requested: str
+    algorithm: str
+    """The algorithm that ran (``"none"`` for a one-rank group)."""
+    timings: OpTimings
+    """Per-op timings of this rank (peer, bytes, post and completion times)."""
+
+
+def choose_algorithm(requested: str, situation: Situation, numel: int) -> tuple[str, str | None]:
+    """Return ``(algorithm, why_fallback)``; ``why_fallback`` is ``None`` when ``requested`` runs.
+
+    Example::
+
+        choose_algorithm("stragglar", Situation(world_size=5, straggler=1), 1000)
+        # -> ("ring", "stragglar does not apply: it needs an even world size ...; running ring instead")
+    """
+    if requested == "auto":
+        return _auto(situation, numel), None
+    if requested not in names():
+        raise ValueError(f"unknown algorithm {requested!r}; choose 'auto' or one of {', '.join(names())}")
+    reason = why_not(requested, situation)
+    if reason is None:
+        return requested, None
+    fallback = _auto(situation, numel)
+    return fallback, f"{requested} does not apply: it {reason}; running {fallback} instead"
+
+
+def _auto(situation: Situation, numel: int) -> str:
+    if situation.straggler is not None and why_not("stragglar", situation) is None:
+        return "stragglar"
+    if situation.slowdowns and why_not("optcc", situation) is None:
+        return "optcc"
+    if numel < situation.world_size:
+        return "rhd"
+    return "ring"
+
+
+def _validate_tensor(tensor: object, op: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout is not torch.strided:
+        raise ValueError(
+            f"all_reduce needs a dense tensor, got layout {tensor.layout}; convert it with tensor.to_dense()"
+        )
+    if not tensor.is_contiguous():
+        raise ValueError(
+            "all_reduce needs a contiguous tensor (it reduces in place); pass t = tensor.contiguous() and copy "
+            "the result back with tensor.copy_(t)"
+        )
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise ValueError(f"all_reduce does not support dtype {tensor.dtype}; supported: {supported}")
+    if op not in OPS:
+        raise ValueError(f"unsupported op {op!r}; stragglerkit.all_reduce supports {', '.join(OPS)}")
+    if op == "avg" and not tensor.is_floating_point():
+        raise ValueError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum' and divide")
+
+
+@dataclass(slots=True)
+class _CachedPlan:
+    plan: RankPlan
+    plan_id: int
+    scratch: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    def scratch_for(self, like: torch.Tensor) -> torch.Tensor:
+        scratch = self.scratch.get(like.device)
+        if scratch is None or scratch.dtype != like.dtype:
+            scratch = torch.empty(self.plan.scratch_numel, dtype=like.dtype, device=like.device)
+            self.scratch[like.device] = scratch
+        return scratch
+
+
+class AllReduceHandle:
+    """A pending :func:`all_reduce_async`: ``wait()`` returns the :class:`RunRecord` or raises;
+    ``future`` is a ``torch.futures.Future`` holding the tensor (for DDP comm hooks)."""
+
+    __slots__ = ("_done", "future")
+
+    def __init__(self, tensor: torch.Tensor, done: concurrent.futures.Future[RunRecord]) -> None:
+        self._done = done
+        self.future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+        def finish(result: concurrent.futures.Future[RunRecord]) -> None:
+            error = result.exception()
+            if error is None:
+                self.future.set_result(tensor)
+            else:
+                self.future.set_exception(error)
+
+        done.add_done_callback(finish)
+
+    def wait(self, timeout: float | None = None) -> RunRecord:
+        return self._done.result(timeout)
+
+    def is_completed(self) -> bool:
+        return self._done.done()
+
+
+class Runtime:
+    """Runs AllReduces on one process group with a plan cache, a rank map and an in-order queue.
+
+    Example::
+
+        rt = Runtime(group=None, timeout=60.0)
+        rt.all_reduce(tensor, algorithm="ring")
+    """
+
+    __slots__ = ("_cache", "_lock", "_pending", "_worker", "cache_size", "group", "rank_map", "timeout", "warned")
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        timeout: float = 300.0,
+        rank_map: Sequence[int] | None = None,
+        cache_size: int = 64,
+    ) -> None:
+        if not dist.is_initialized():
+            raise StragglerKitError("torch.distributed is not initialised: call dist.init_process_group first")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.group = group if group is not None else dist.distributed_c10d._get_default_group()
+        self.timeout = float(timeout)
+        self.rank_map = RankMap.from_sequence(rank_map, self.group.size())
+        self.cache_size = cache_size
+        self.warned: set[str] = set()
+        self._cache: OrderedDict[tuple[object, ...], _CachedPlan] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- public ---------------------------------------------------------------------------------
+    def set_rank_map(self, ranks: Sequence[int] | None) -> None:
+        """Use ``ranks[logical] = group rank`` from the next call on (all ranks must agree)."""
+        self.rank_map = RankMap.from_sequence(ranks, self.group.size())
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str = "auto",
+        op: str = "sum",
+        straggler: int | None = None,
+        slowdowns: Mapping[int, float] | None = None,
+    ) -> RunRecord:
+        """In-place AllReduce; see :func:`stragglerkit.all_reduce`."""
+        with self._lock:
+            queued = self._pending > 0
+        if queued:  # keep the call order of earlier asynchronous calls
+            return self.all_reduce_async(tensor, algorithm, op, straggler, slowdowns).wait()
+        return self._run(tensor, algorithm, op, straggler, slowdowns)
+
+    def all_reduce_async(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str = "auto",
+        op: str = "sum",
+        straggler: int | None = None,
+        slowdowns: Mapping[int, float] | None = None,
+    ) -> AllReduceHandle:
+        """Queue an in-place AllReduce; calls run one at a time in call order."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
+            self._pending += 1
+        done = self._worker.submit(self._run_queued, tensor, algorithm, op, straggler, slowdowns)
+        return AllReduceHandle(tensor, done)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _run_queued(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str,
+        op: str,
+        straggler: int | None,
+        slowdowns: Mapping[int, float] | None,
+    ) -> RunRecord:
+        try:
+            return self._run(tensor, algorithm, op, straggler, slowdowns)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def _situation(self, straggler: int | None, slowdowns: Mapping[int, float] | None) -> Situation:
+        n = self.group.size()
+        logical_straggler = None
+        if straggler is not None:
+            if not 0 <= straggler < n:
+                raise ValueError(f"straggler {straggler} is not a rank of this {n}-rank group")
+            logical_straggler = self.rank_map.logical(straggler)
+        logical_slowdowns: dict[int, float] = {}
+        for rank, slowdown in (slowdowns or {}).items():
+            if not 0 <= rank < n:
+                raise ValueError(f"slowdowns name rank {rank}, which is not a rank of this {n}-rank group")
+            if not slowdown >= 1.0:
+                raise ValueError(f"slowdown of rank {rank} must be >= 1 (1 = healthy), got {slowdown}")
+            logical_slowdowns[self.rank_map.logical(rank)] = float(slowdown)
+        return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
+
+    def _run(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str,
+        op: str,
+        straggler: int | None,
+        slowdowns: Mapping[int, float] | None,
+    ) -> RunRecord:
+        try:
+            _validate_tensor(tensor, op)
+            situation = self._situation(straggler, slowdowns)
+            chosen, why = choose_algorithm(algorithm, situation, tensor.numel())
+        except ValueError:
+            device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
+            if self.group.size() > 1:
+                notify_local_failure(self.group, device, algorithm)
+            raise
+        if why is not None and why not in self.warned:
+            self.warned.add(why)
+            warnings.warn(why, FallbackWarning, stacklevel=3)
+        n = self.group.size()
+        if n == 1:
+            return RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+        cached = self._plan(chosen, situation, tensor, op)
+        flat = tensor.view(-1)
+        with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
+            timings = run_plan(
+                self.group, flat, cached.scratch_for(flat), cached.plan, self.rank_map, cached.plan_id, self.timeout
+            )
+            if op == "avg":
+                tensor.div_(n)
+        return RunRecord(algorithm, chosen, timings)
+
+    def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str) -> _CachedPlan:
+        slowdowns = tuple(sorted(situation.slowdowns.items()))
+        key = (
+            algorithm,
+            situation.world_size,
+            tensor.numel(),
+            tensor.dtype,
+            self.rank_map.to_physical,
+            situation.straggler,
+            slowdowns,
+            op,
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        schedule = generate(algorithm, situation)
+        check(schedule)
+        plans = lower(schedule, tensor.numel(), tensor.element_size(), straggler=situation.straggler)
+        logical_rank = self.rank_map.logical(self.group.rank())
+        ident = f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}|{op}"
+        cached = _CachedPlan(plans[logical_rank], plan_id(ident))
+        self._cache[key] = cached
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return cached
+
+
+_RUNTIMES: dict[int, Runtime] = {}
+
+
+def runtime_for(group: dist.ProcessGroup | None = None) -> Runtime:
+    """The shared :class:`Runtime` of ``group`` (default: the default group)."""
+    resolved = group if group is not None else dist.distributed_c10d._get_default_group()
+    runtime = _RUNTIMES.get(id(resolved))
+    if runtime is None or runtime.group is not resolved:
+        runtime = Runtime(resolved)
+        _RUNTIMES[id(resolved)] = runtime
+    return runtime
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    algorithm: str = "auto",
+    group: dist.ProcessGroup | None = None,
+    op: str = "sum",
+    straggler: int | None = None,
+    slowdowns: Mapping[int, float] | None = None,
+) -> RunRecord:
+    """In-place AllReduce of ``tensor`` over ``group``, like ``torch.distributed.all_reduce``.
+
+    ``algorithm``: ``"auto"`` or a registered name (ring, rhd, direct, stragglar, optcc).
+    ``straggler``: group rank known to arrive late; ``slowdowns``: group rank -> NIC slowdown l.
+    Every rank must pass a tensor of the same size and dtype and the same arguments. Raises
+    ``ValueError`` on bad arguments and :class:`StragglerKitError` on faults (with rank context).
+
+    Example::
+
+        stragglerkit.all_reduce(grad, algorithm="stragglar", straggler=3, op="avg")
+    """
+    return runtime_for(group).all_reduce(tensor, algorithm, op, straggler, slowdowns)
+
+
+def all_reduce_async(
+    tensor: torch.Tensor,
+    algorithm: str = "auto",
+    group: dist.ProcessGroup | None = None,
+    op: str = "sum",
+    straggler: int | None = None,
+    slowdowns: Mapping[int, float] | None = None,
+) -> AllReduceHandle:
+    """Like :func:`all_reduce` but returns at once with an :class:`AllReduceHandle`.
+
+    Example::
+
+        handle = stragglerkit.all_reduce_async(bucket.buffer())
+        return handle.future          # from a DDP comm hook
+    """
+    return runtime_for(group).all_reduce_async(tensor, algorithm, op, straggler, slowdowns)

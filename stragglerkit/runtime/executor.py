@@ -1,0 +1,142 @@
+"""Python face of the C++ plan interpreter (stragglerkit._C).
+
+:func:`run_plan` hands one rank's :class:`~stragglerkit.runtime.plan.RankPlan` and its buffer to
+``_C.execute``, which posts the sends and receives over the group's c10d backend and reduces in
+place (csrc/executor.cpp explains the rules). C++ errors come back as :class:`StragglerKitError`
+with the local and remote rank in the message. Per-op timings come back as :class:`OpTimings`.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from stragglerkit.errors import StragglerKitError
+from stragglerkit.report import nvtx
+from stragglerkit.runtime.plan import LoweredKind, RankPlan
+from stragglerkit.runtime.remap import RankMap
+
+__all__ = ["OpTiming", "OpTimings", "native", "notify_local_failure", "run_plan"]
+
+_native = None
+
+
+def native():  # type: ignore[no-untyped-def]
+    """The compiled extension, with a clear error when it has not been built."""
+    global _native
+    if _native is None:
+        try:
+            from stragglerkit import _C
+        except ImportError as err:
+            raise StragglerKitError(
+                "stragglerkit's native extension is not built: run `python setup.py build_ext --inplace` "
+                f"(or `pip install -e .`) in the source tree ({err})"
+            ) from None
+        _native = _C
+        atexit.register(_C.shutdown_listeners)
+    return _native
+
+
+@dataclass(slots=True, frozen=True)
+class OpTiming:
+    """One completed send or receive: times are ``time.monotonic_ns()`` values."""
+
+    op: int
+    peer: int
+    """Physical (group) rank of the peer."""
+    nbytes: int
+    kind: str
+    start_ns: int
+    """When the op was posted."""
+    end_ns: int
+    """When this rank observed its completion."""
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+class OpTimings:
+    """Per-op timings of one run, kept as the executor's int64 table until asked for."""
+
+    __slots__ = ("table",)
+    COLUMNS = ("op", "peer", "nbytes", "kind", "start_ns", "end_ns")
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return int(self.table.shape[0])
+
+    def records(self) -> list[OpTiming]:
+        return [
+            OpTiming(op, peer, nbytes, LoweredKind(kind).name.lower(), start, end)
+            for op, peer, nbytes, kind, start, end in self.table.tolist()
+        ]
+
+    def span_ns(self) -> tuple[int, int]:
+        """(first post, last completion), or (0, 0) without messages."""
+        if len(self) == 0:
+            return (0, 0)
+        return int(self.table[:, 4].min()), int(self.table[:, 5].max())
+
+
+def _range_callback(labels: list[str]) -> Callable[[int, bool], None] | None:
+    if not nvtx.enabled():
+        return None
+    names = [f"stragglerkit/{label}" for label in labels]
+
+    def callback(label: int, begin: bool) -> None:
+        if begin:
+            nvtx.push("stragglerkit/reduction" if label < 0 else names[label])
+        else:
+            nvtx.pop()
+
+    return callback
+
+
+def run_plan(
+    group: dist.ProcessGroup,
+    buffer: torch.Tensor,
+    scratch: torch.Tensor,
+    plan: RankPlan,
+    rank_map: RankMap,
+    plan_id: int,
+    timeout_seconds: float,
+) -> OpTimings:
+    """Run ``plan`` in place on the 1-D contiguous ``buffer``; return the per-op timings."""
+    c = native()
+    try:
+        table = c.execute(
+            group,
+            buffer,
+            scratch,
+            plan.ops,
+            plan.dep_count,
+            plan.child_ptr,
+            plan.child_idx,
+            plan.wait_order,
+            plan.peers,
+            torch.tensor(rank_map.to_physical, dtype=torch.int64),
+            plan.labels,
+            plan.algorithm,
+            plan.logical_rank,
+            plan_id,
+            timeout_seconds,
+            _range_callback(plan.labels),
+        )
+    except RuntimeError as err:
+        raise StragglerKitError(str(err).split("\nException raised from")[0]) from None
+    return OpTimings(table)
+
+
+def notify_local_failure(group: dist.ProcessGroup, device: torch.device, algorithm: str) -> None:
+    """Tell the other ranks this rank's call failed on its arguments, so they raise instead of waiting."""
+    try:
+        native().notify_local_failure(group, str(device), algorithm)
+    except RuntimeError:
+        pass

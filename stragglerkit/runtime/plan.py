@@ -1,0 +1,391 @@
+"""Lowering: a checked schedule plus a real bucket becomes the flat tables the C++ executor runs.
+
+Steps (all in Python, once per cache key; the executor only interprets the result):
+
+1. **Chunk boundaries.** The schedule's relative chunk weights (``Schedule.chunk_weights()``) are
+   turned into element offsets for ``numel`` elements: ``bounds[c] = round(numel·W_c / W)`` where
+   ``W_c`` is the weight of chunks ``0..c-1``, rounded to a multiple of ``align`` elements (64 bytes)
+   when the bucket is large enough. With ``numel`` smaller than the chunk count (or 0) some chunks are
+   empty; ops over empty ranges become no-ops on both sides of every message, consistently.
+2. **Pieces.** For large buckets each chunk is cut into ``pieces`` sub-chunks and every op into
+   ``pieces`` ops (:func:`refine`), so that a reduction overlaps the next piece's transfer and a
+   forward can start before the whole chunk arrived. Data dependencies are re-derived at piece
+   granularity by :class:`ScheduleBuilder`; extra (non-data) dependencies of the schedule are kept
+   between all pieces. The refined schedule is checked again (:func:`check`).
+3. **Wait order.** :func:`message_order` simulates the run (messages move when both sides posted,
+   in program order per pair) with a known straggler's ops held back until nothing else can move,
+   and records the global order of messages. Every rank waits on its messages in that order; see
+   csrc/executor.cpp for why this is deadlock-free for any checked schedule.
+4. **Tables.** One rank's ops become an int64 table (``OP_COLUMNS``) with element offsets, scratch
+   offsets, channel links and labels, plus dependency counts and a CSR list of dependents.
+
+Scratch: a schedule's scratch slot ``s`` gets one region (its largest use); every ``recv_reduce``
+gets its own region, so reductions never wait for scratch to be free. Scratch therefore needs at
+most about one bucket per rank for the algorithms here; it is allocated once per cached plan.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+from stragglerkit.errors import ScheduleError
+from stragglerkit.schedules.check import check
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+
+__all__ = [
+    "OP_COLUMNS",
+    "LoweredKind",
+    "RankPlan",
+    "chunk_bounds",
+    "choose_pieces",
+    "lower",
+    "message_order",
+    "plan_id",
+    "refine",
+]
+
+OP_COLUMNS = ("kind", "peer", "offset", "count", "scratch", "label", "chan_prev", "chan_next")
+"""Columns of :attr:`RankPlan.ops` (csrc/executor.h: OpColumn)."""
+
+ALIGN_BYTES = 64
+PIECE_TARGET_BYTES = 1 << 20
+"""Pieces are cut so that a message is about this large (1 MiB) ..."""
+MAX_PIECES = 16
+"""... but a chunk is cut into at most this many pieces."""
+
+
+class LoweredKind(IntEnum):
+    """Op kinds of the lowered table (csrc/executor.h: LoweredKind)."""
+
+    SEND = 0
+    RECV = 1
+    RECV_REDUCE = 2
+    REDUCE = 3
+    COPY = 4
+    NOOP = 5
+
+
+_KIND = {
+    OpKind.SEND: LoweredKind.SEND,
+    OpKind.RECV: LoweredKind.RECV,
+    OpKind.RECV_REDUCE: LoweredKind.RECV_REDUCE,
+    OpKind.REDUCE: LoweredKind.REDUCE,
+    OpKind.COPY: LoweredKind.COPY,
+}
+
+
+@dataclass(slots=True)
+class RankPlan:
+    """One rank's lowered plan: what :func:`stragglerkit.runtime.executor.run_plan` hands to C++."""
+
+    algorithm: str
+    world_size: int
+    logical_rank: int
+    numel: int
+    ops: torch.Tensor
+    """int64 ``[num_ops, len(OP_COLUMNS)]``."""
+    dep_count: torch.Tensor
+    child_ptr: torch.Tensor
+    child_idx: torch.Tensor
+    wait_order: torch.Tensor
+    """Indices of this rank's non-empty comm ops in the global message order."""
+    peers: torch.Tensor
+    """Logical ranks this rank talks to in the schedule (header exchange), empty ops included."""
+    labels: list[str]
+    scratch_numel: int
+    pieces: int
+
+    def num_messages(self) -> int:
+        return int(self.wait_order.numel())
+
+
+def chunk_bounds(weights: Sequence[int], numel: int, align: int = 1) -> list[int]:
+    """Element offsets ``[0, ..., numel]`` of the chunks, proportional to ``weights``.
+
+    Example::
+
+        chunk_bounds([1, 1, 2], 8) == [0, 2, 4, 8]
+    """
+    total = sum(weights)
+    if total <= 0 or any(w <= 0 for w in weights):
+        raise ScheduleError(f"chunk weights must be positive, got {list(weights)}")
+    bounds = [0]
+    acc = 0
+    for weight in weights[:-1]:
+        acc += weight
+        cut = (numel * acc + total // 2) // total
+        if align > 1:
+            cut = min(numel, (cut + align // 2) // align * align)
+        bounds.append(max(cut, bounds[-1]))
+    bounds.append(numel)
+    return bounds
+
+
+def choose_pieces(schedule: Schedule, numel: int, element_size: int) -> int:
+    """How many pieces to cut each chunk into for a bucket of ``numel`` elements."""
+    smallest = min(schedule.chunk_weights())
+    chunk_bytes = numel * element_size * smallest // max(schedule.total_weight(), 1)
+    return max(1, min(MAX_PIECES, chunk_bytes // PIECE_TARGET_BYTES))
+
+
+def _label(op: Op) -> str:
+    if op.round is not None:
+        return f"{op.phase or 'round'} round {op.round}"
+    return op.phase or op.kind.value
+
+
+def _explicit_depends(schedule: Schedule) -> list[list[set[int]]]:
+    """Per op, the dependencies that are not data dependencies (kept between all pieces)."""
+    derived = ScheduleBuilder(schedule.world_size, schedule.num_chunks)
+    for rank, rank_ops in enumerate(schedule.ops):
+        for op in rank_ops:
+            derived.add(rank, Op(op.kind, op.chunks, op.peer, op.scratch, (), op.round, op.phase))
+    return [
+        [set(op.depends) - set(auto.depends) for op, auto in zip(rank_ops, derived.ops[rank])]
+        for rank, rank_ops in enumerate(schedule.ops)
+    ]
+
+
+def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
+    """Cut every chunk into ``pieces`` sub-chunks and every op into ``pieces`` ops.
+
+    Op ``i`` over chunks ``[a, b)`` becomes ops over sub-chunks ``[a·P + j·(b-a), a·P + (j+1)·(b-a))``
+    for ``j < P``, appended in program order. Round tags are dropped (a round now holds ``P``
+    messages per rank) and returned as labels instead. Returns the refined schedule and, per rank
+    and refined op, the label of its original op.
+    """
+    labels = [[_label(op) for op in rank_ops] for rank_ops in schedule.ops]
+    if pieces == 1:
+        plain = Schedule(
+            algorithm=schedule.algorithm,
+            world_size=schedule.world_size,
+            num_chunks=schedule.num_chunks,
+            ops=[[Op(o.kind, o.chunks, o.peer, o.scratch, o.depends, None, o.phase) for o in ops] for ops in schedule.ops],
+            params=dict(schedule.params),
+        )
+        return plain, labels
+    explicit = _explicit_depends(schedule)
+    builder = ScheduleBuilder(schedule.world_size, schedule.num_chunks * pieces)
+    refined_labels: list[list[str]] = [[] for _ in range(schedule.world_size)]
+    for rank, rank_ops in enumerate(schedule.ops):
+        new_index: list[list[int]] = []
+        for index, op in enumerate(rank_ops):
+            start, stop = op.chunks
+            width = stop - start
+            extra = tuple(sorted(k for dep in explicit[rank][index] for k in new_index[dep]))
+            indices = []
+            for j in range(pieces):
+                sub = (start * pieces + j * width, start * pieces + (j + 1) * width)
+                scratch = None if op.scratch is None else op.scratch * pieces + j
+                indices.append(builder.add(rank, Op(op.kind, sub, op.peer, scratch, extra, None, op.phase)))
+                refined_labels[rank].append(labels[rank][index])
+            new_index.append(indices)
+    return builder.build(schedule.algorithm, params=dict(schedule.params)), refined_labels
+
+
+def message_order(schedule: Schedule, empty: list[list[bool]], straggler: int | None = None) -> list[list[int]]:
+    """Per rank, its non-empty comm ops in the order their messages move in a simulated run.
+
+    Messages of one pair match in program order and move when both sides are ready; ``empty`` ops
+    complete at once on both sides. Ops of ``straggler`` run only when nothing else can, which is
+    the order in which a late rank's messages really happen.
+    """
+    n = schedule.world_size
+    pending = [[len(set(op.depends)) for op in ops] for ops in schedule.ops]
+    children: list[list[list[int]]] = [[[] for _ in ops] for ops in schedule.ops]
+    chan_sends: dict[tuple[int, int], list[int]] = {}
+    chan_recvs: dict[tuple[int, int], list[int]] = {}
+    for rank, ops in enumerate(schedule.ops):
+        for index, op in enumerate(ops):
+            for dep in set(op.depends):
+                children[rank][dep].append(index)
+            if op.is_comm and not empty[rank][index]:
+                assert op.peer is not None
+                key = (rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank)
+                (chan_sends if op.kind is OpKind.SEND else chan_recvs).setdefault(key, []).append(index)
+    moved = dict.fromkeys(set(chan_sends) | set(chan_recvs), 0)
+    ready_comm: set[tuple[int, int]] = set()
+    order: list[list[int]] = [[] for _ in range(n)]
+    done = 0
+    total = schedule.num_ops()
+    main: deque[tuple[int, int]] = deque()
+    late: deque[tuple[int, int]] = deque()
+
+    def enqueue(rank: int, index: int) -> None:
+        (late if rank == straggler else main).append((rank, index))
+
+    def complete(rank: int, index: int) -> None:
+        nonlocal done
+        done += 1
+        for child in children[rank][index]:
+            pending[rank][child] -= 1
+            if pending[rank][child] == 0:
+                enqueue(rank, child)
+
+    def move(channel: tuple[int, int]) -> None:
+        src, dst = channel
+        sends, recvs = chan_sends.get(channel, []), chan_recvs.get(channel, [])
+        k = moved[channel]
+        while k < len(sends) and k < len(recvs) and (src, sends[k]) in ready_comm and (dst, recvs[k]) in ready_comm:
+            order[src].append(sends[k])
+            order[dst].append(recvs[k])
+            complete(src, sends[k])
+            complete(dst, recvs[k])
+            k += 1
+        moved[channel] = k
+
+    for rank, ops in enumerate(schedule.ops):
+        for index in range(len(ops)):
+            if pending[rank][index] == 0:
+                enqueue(rank, index)
+    while main or late:
+        rank, index = main.popleft() if main else late.popleft()
+        op = schedule.ops[rank][index]
+        if not op.is_comm or empty[rank][index]:
+            complete(rank, index)
+            continue
+        assert op.peer is not None
+        ready_comm.add((rank, index))
+        move((rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank))
+    if done != total:
+        raise ScheduleError(
+            f"{schedule.algorithm}: the lowered plan deadlocks ({total - done} ops never run); "
+            "this is a bug in the lowering, please report it with the schedule JSON"
+        )
+    return order
+
+
+def plan_id(key: str) -> int:
+    """A stable 31-bit id of a plan key, exchanged in the header to catch mismatched calls."""
+    return zlib.crc32(key.encode())
+
+
+def _piece_bounds(bounds: list[int], pieces: int) -> list[int]:
+    out = [0]
+    for c in range(len(bounds) - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        for j in range(1, pieces + 1):
+            out.append(lo + (hi - lo) * j // pieces)
+    return out
+
+
+def lower(
+    schedule: Schedule,
+    numel: int,
+    element_size: int,
+    straggler: int | None = None,
+    pieces: int | None = None,
+) -> list[RankPlan]:
+    """Lower ``schedule`` for a bucket of ``numel`` elements; return every logical rank's plan.
+
+    ``straggler`` (logical) only affects the wait order. ``pieces`` defaults to
+    :func:`choose_pieces`. The refined schedule is re-checked when ``pieces > 1``.
+
+    Example::
+
+        plans = lower(ring(4), numel=1000, element_size=4)
+        assert plans[0].num_messages() == 6
+    """
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    if pieces is None:
+        pieces = choose_pieces(schedule, numel, element_size)
+    align = max(1, ALIGN_BYTES // element_size)
+    if numel < align * schedule.num_chunks * pieces * 4:
+        align = 1
+    bounds = _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
+    refined, labels = refine(schedule, pieces)
+    if pieces > 1:
+        check(refined)
+    empty = [[bounds[op.chunks[1]] == bounds[op.chunks[0]] for op in ops] for ops in refined.ops]
+    order = message_order(refined, empty, straggler)
+    return [
+        _lower_rank(schedule, refined, rank, bounds, empty[rank], order[rank], labels[rank], pieces, numel)
+        for rank in range(schedule.world_size)
+    ]
+
+
+def _lower_rank(
+    original: Schedule,
+    refined: Schedule,
+    rank: int,
+    bounds: list[int],
+    empty: list[bool],
+    order: list[int],
+    op_labels: list[str],
+    pieces: int,
+    numel: int,
+) -> RankPlan:
+    ops = refined.ops[rank]
+    label_index: dict[str, int] = {}
+    slot_size: dict[int, int] = {}
+    for index, op in enumerate(ops):
+        if op.scratch is not None and not empty[index]:
+            count = bounds[op.chunks[1]] - bounds[op.chunks[0]]
+            slot_size[op.scratch] = max(slot_size.get(op.scratch, 0), count)
+    slot_offset: dict[int, int] = {}
+    scratch_numel = 0
+    for slot in sorted(slot_size):
+        slot_offset[slot] = scratch_numel
+        scratch_numel += slot_size[slot]
+
+    table: list[list[int]] = []
+    last_on_channel: dict[tuple[int, bool], int] = {}
+    for index, op in enumerate(ops):
+        offset = bounds[op.chunks[0]]
+        count = bounds[op.chunks[1]] - offset
+        kind = LoweredKind.NOOP if empty[index] else _KIND[op.kind]
+        scratch = -1
+        if kind is LoweredKind.RECV_REDUCE:
+            scratch = scratch_numel
+            scratch_numel += count
+        elif op.scratch is not None and kind is not LoweredKind.NOOP:
+            scratch = slot_offset[op.scratch]
+        label = label_index.setdefault(op_labels[index], len(label_index))
+        row = [int(kind), -1 if op.peer is None else op.peer, offset, count, scratch, label, -1, -1]
+        if kind in (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE):
+            assert op.peer is not None
+            channel = (op.peer, kind is LoweredKind.SEND)
+            prev = last_on_channel.get(channel)
+            if prev is not None:
+                row[6] = prev
+                table[prev][7] = index
+            last_on_channel[channel] = index
+        table.append(row)
+
+    dep_count = [len(set(op.depends)) for op in ops]
+    children: list[list[int]] = [[] for _ in ops]
+    for index, op in enumerate(ops):
+        for dep in sorted(set(op.depends)):
+            children[dep].append(index)
+    child_ptr = [0]
+    child_idx: list[int] = []
+    for kids in children:
+        child_idx.extend(kids)
+        child_ptr.append(len(child_idx))
+    peers = sorted({op.peer for op in original.ops[rank] if op.peer is not None})
+
+    def ints(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64)
+
+    return RankPlan(
+        algorithm=original.algorithm,
+        world_size=original.world_size,
+        logical_rank=rank,
+        numel=numel,
+        ops=torch.tensor(table, dtype=torch.int64).reshape(len(table), len(OP_COLUMNS)),
+        dep_count=ints(dep_count),
+        child_ptr=ints(child_ptr),
+        child_idx=ints(child_idx),
+        wait_order=ints(order),
+        peers=ints(peers),
+        labels=sorted(label_index, key=label_index.__getitem__),
+        scratch_numel=scratch_numel,
+        pieces=pieces,
+    )

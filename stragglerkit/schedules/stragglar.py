@@ -1,0 +1,412 @@
+"""StragglAR: AllReduce around a persistent straggler (stragglar.txt §3, appendices B and C).
+
+How it works (n ranks, n even and at least 4; logical rank ``σ = n-1`` is the straggler; the buffer
+is cut into ``n-1`` equal chunks ``c_0 .. c_{n-2}``):
+
+* Pre-phase ``reduce_scatter``, while the straggler is still busy: the ``n-1`` punctual ranks run a
+  ring reduce-scatter among themselves, so punctual rank ``g`` holds ``c_g`` summed over all
+  punctual ranks ("partially reduced": everything but the straggler's contribution).
+* Phase ``matching``, once the straggler arrives, in rounds. In every round each rank sends at most
+  one chunk and receives at most one chunk, and ranks talk in pairs (a matching).
+
+  - Straggler pairing: in round ``r < n-1`` rank ``r`` and ``σ`` swap ``c_r`` and each adds what it
+    received (receive into scratch, then reduce). Both then hold ``c_r`` *fully reduced*. After
+    round ``n-2`` the straggler holds every chunk and joins the other ranks as a sender.
+  - Spreading: a fully reduced chunk that has not reached every rank yet is *active*. Every other
+    pair of the round copies active chunks to ranks that lack them (the receiver overwrites its
+    stale copy). The goal is that every active chunk doubles its number of holders every round.
+
+  Powers of two follow Algorithm 1 (``k = log2(n)``), which the proof of Appendix B makes exact:
+
+  - Phase 1, rounds ``1 .. k-1`` ("everyone gets a chunk"): rank ``r-1``, which just fully reduced
+    ``c_{r-1}``, sends it to rank ``r-1+k``; every other holder of an active chunk sends it to a rank
+    ``g > 2(k-1)`` that holds none yet. Ranks ``1 .. 2k-2`` stay free of other chunks, so each has
+    exactly the chunk it needs when its turn comes. Afterwards ``|A[c_j]| = 2^(k-1-j)``: every
+    punctual rank holds exactly one active chunk.
+  - Phase 2, rounds ``r >= k`` ("careful doubling"): ``P_r`` are the free ranks holding the oldest
+    active chunk ``c_{r-k}`` (its deadline is this round), ``Q_r`` the free ranks holding any other
+    active chunk (plus ``σ`` from round ``n-1`` on; it only ever sends ``c_{n-2}``, Remark 1).
+    ``|P_r| = |Q_r|``: each ``P``–``Q`` pair swaps active chunks, so ``c_{r-k}`` completes and every
+    other active chunk doubles. Ranks of the *critical window* ``r+1 .. r+k`` (the next straggler
+    partners) are paired first, each with the unpaired rank outside the window that holds the
+    oldest active chunk it lacks: a window rank thus only ever receives a chunk that expires before
+    its own straggler round, which keeps rank ``r`` in ``P_r`` (the invariant of Lemma 2).
+    Result: exactly ``n + log2(n) - 2`` rounds.
+
+  Other even n (appendix C) use a maximum-weight matching per round instead (``K = ceil(log2 n)``):
+
+  - Rounds ``1 .. K-1`` seed chunks as in Phase 1 (chain ``r-1 -> r-1+K``, other holders, newest
+    chunk first, to chunk-less ranks beyond ``2(K-1)`` while any are left).
+  - Later rounds: an edge joins two free ranks when one holds a chunk the other lacks; its weight
+    counts the useful directions (2 if both gain, 1 if one does) times ``n²`` plus the indices of
+    the chunks that would move, so that among the best matchings the one moving the newest (least
+    spread) chunks wins. The matching has maximum cardinality first. Each matched rank sends the
+    newest chunk its partner lacks. A rank ``a`` about to pair with the straggler
+    (``r < a < r+K``) is only matched with ranks holding nothing newer than ``c_{a-K}``, the
+    critical-window rule above. The rounds are at most ``n + ceil(log2 n) - 1``, i.e. within one
+    round of the lower bound ``n + ceil(log2 n) - 2`` (docs/stragglar.md has the table).
+
+Cost: ``R`` rounds of one chunk (``s/(n-1)`` bytes) each after the pre-phase,
+``R·alpha + R/(n-1)·s·beta`` with ``R = n + log2(n) - 2`` for powers of two (stragglar.txt Table 1).
+
+Nomenclature: ``σ``/``straggler`` is rank n-1; ``c_j`` is chunk j; a :class:`Transfer` is one
+chunk copied from ``sender`` to ``receiver`` in a round (the straggler swap is implied by the round
+number and not listed); ``holders`` is the paper's ``A`` (active chunk -> punctual ranks holding
+it); ``active[g]`` is punctual rank g's active chunk in the power-of-two algorithm.
+
+Worked example, n = 4 (``σ`` = 3; after the pre-phase rank g holds partial ``c_g``)::
+
+    round | straggler swap | other transfers            | fully reduced chunks after the round
+    ------+----------------+----------------------------+-------------------------------------
+      0   | 0 <-> σ : c0   | -                          | 0:c0      1:-       2:-       σ:c0
+      1   | 1 <-> σ : c1   | 0 -> 2 : c0                | 0:c0      1:c1      2:c0      σ:c0,c1
+      2   | 2 <-> σ : c2   | 0 -> 1 : c0, 1 -> 0 : c1   | 0:c0,c1   1:c0,c1   2:c0,c2   σ:all
+      3   | -              | 1 -> 2 : c1, 2 -> 1 : c2,  | all ranks hold c0, c1, c2
+          |                | σ -> 0 : c2                |
+
+Round 3 is Phase 2 with ``P_3 = {1, 0}`` (holders of ``c1``) and ``Q_3 = {2, σ}``; ``0``'s copy of
+``c1`` would be useless to ``σ``, so only ``σ -> 0`` moves on that pair. 4 rounds = n + log2(n) - 2.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import networkx as nx
+
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.ring import add_ring_reduce_scatter
+
+__all__ = ["MATCHING_PHASE", "PRE_PHASE", "Transfer", "stragglar", "stragglar_plan"]
+
+PRE_PHASE = "reduce_scatter"
+MATCHING_PHASE = "matching"
+
+
+class Transfer(NamedTuple):
+    """Fully reduced chunk ``chunk`` copied from ``sender`` to ``receiver`` in one round."""
+
+    sender: int
+    receiver: int
+    chunk: int
+
+
+Round = list[Transfer]
+
+
+def _check_world_size(world_size: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be an int, got {world_size!r}")
+    if world_size >= 4 and world_size % 2 == 0:
+        return
+    from stragglerkit.schedules.registry import Situation, applicable  # the registry imports generators lazily
+
+    others = [name for name in applicable(Situation(world_size=world_size)) if name != "stragglar"]
+    hint = f"use {', '.join(others)} instead" if others else "no AllReduce algorithm applies to fewer than 2 ranks"
+    raise NotApplicableError(
+        f"StragglAR needs an even world size of at least 4 (n-1 equal chunks, one straggler partner per "
+        f"round), got world_size={world_size}; {hint}"
+    )
+
+
+def stragglar_plan(world_size: int) -> list[Round]:
+    """The matching phase as data: ``plan[r]`` lists round r's transfers besides the straggler swap.
+
+    In round ``r < n-1`` rank ``r`` and the straggler ``n-1`` also swap chunk ``r``; that swap is not
+    listed. ``len(plan)`` is the number of rounds.
+
+    Example::
+
+        plan = stragglar_plan(4)
+        assert len(plan) == 4 and plan[1] == [Transfer(0, 2, 0)]
+    """
+    _check_world_size(world_size)
+    if world_size & (world_size - 1) == 0:
+        return _power_of_two_plan(world_size)
+    return _matching_plan(world_size)
+
+
+# -- powers of two: Algorithm 1 ----------------------------------------------------------------
+
+
+def _power_of_two_plan(n: int) -> list[Round]:
+    k = n.bit_length() - 1
+    straggler = n - 1
+    holders: dict[int, list[int]] = {}  # A; insertion order is chunk order, oldest first
+    active = [-1] * n
+    plan: list[Round] = []
+    for r in range(n + k - 2):
+        if r == 0:
+            moves: Round = []
+        elif r < k:
+            moves = _everyone_gets_a_chunk(r, k, n, holders, active)
+        else:
+            moves = _careful_doubling(r, k, n, holders, active)
+            del holders[r - k]  # c_{r-k} reached every rank this round
+        plan.append(moves)
+        for _, receiver, chunk in moves:
+            if receiver != straggler and chunk in holders:  # a still-active chunk doubled
+                holders[chunk].append(receiver)
+                active[receiver] = chunk
+        if r < n - 1:  # the straggler swap fully reduced c_r on rank r
+            holders[r] = [r]
+            active[r] = r
+    return plan
+
+
+def _everyone_gets_a_chunk(r: int, k: int, n: int, holders: dict[int, list[int]], active: list[int]) -> Round:
+    """Phase 1 round ``r`` (``1 <= r < k``)."""
+    moves = [Transfer(r - 1, r - 1 + k, r - 1)]
+    chunkless = [g for g in range(2 * k - 1, n - 1) if active[g] < 0]
+    receivers = iter(chunkless)  # Lemma 1: there are enough of them
+    for chunk, ranks in holders.items():
+        for holder in ranks:
+            if holder != r - 1:
+                moves.append(Transfer(holder, next(receivers), chunk))
+    return moves
+
+
+def _careful_doubling(r: int, k: int, n: int, holders: dict[int, list[int]], active: list[int]) -> Round:
+    """Phase 2 round ``r`` (``r >= k``): pair ``P_r`` with ``Q_r``, critical window first."""
+    straggler = n - 1
+    oldest = r - k
+    p_ranks = [g for g in holders[oldest] if g != r]
+    q_ranks = [g for chunk, ranks in holders.items() if chunk != oldest for g in ranks if g != r]
+    if r >= n - 1:
+        q_ranks.append(straggler)  # it holds everything and sends c_{n-2}, the newest chunk
+    partner = [-1] * n
+    window_end = r + k
+    next_p = next_q = 0
+    for g in range(r + 1, min(window_end, n - 2) + 1):
+        if partner[g] >= 0:
+            continue
+        # the unpaired rank outside the window with the oldest active chunk that g lacks
+        if active[g] == oldest:
+            while partner[q_ranks[next_q]] >= 0 or r < q_ranks[next_q] <= window_end:
+                next_q += 1
+            other = q_ranks[next_q]
+        else:
+            while partner[p_ranks[next_p]] >= 0 or r < p_ranks[next_p] <= window_end:
+                next_p += 1
+            other = p_ranks[next_p]
+        partner[g], partner[other] = other, g
+    moves: Round = []
+    rest_p = [g for g in p_ranks if partner[g] < 0]
+    rest_q = [g for g in q_ranks if partner[g] < 0]
+    for p, q in zip(rest_p, rest_q):
+        partner[p], partner[q] = q, p
+    for p in p_ranks:
+        q = partner[p]
+        if q != straggler:
+            moves.append(Transfer(p, q, oldest))
+        moves.append(Transfer(q, p, n - 2 if q == straggler else active[q]))
+    return moves
+
+
+# -- other even n: maximum-weight matching (appendix C) ----------------------------------------
+
+
+def _matching_plan(n: int) -> list[Round]:
+    big_k = (n - 1).bit_length()  # ceil(log2 n) for n that is not a power of two
+    straggler = n - 1
+    punctual = n - 1
+    everything = (1 << punctual) - 1
+    have = [0] * n  # bit j set: the rank holds c_j fully reduced
+    plan: list[Round] = []
+    r = 0
+    while r < n - 1 or any(have[g] != everything for g in range(punctual)):
+        if r == 0:
+            moves: Round = []
+        elif r < big_k:
+            moves = _seed_round(r, big_k, n, have)
+        else:
+            moves = _weighted_matching_round(r, big_k, n, have)
+            if not moves and r >= n - 1:
+                raise RuntimeError(f"StragglAR matching made no progress in round {r} for n={n}")
+        plan.append(moves)
+        for _, receiver, chunk in moves:
+            have[receiver] |= 1 << chunk
+        if r < n - 1:
+            have[r] |= 1 << r
+            have[straggler] |= 1 << r
+        r += 1
+    return plan
+
+
+def _seed_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
+    """Rounds ``1 .. K-1``: the Phase 1 rules, with as many chunk-less receivers as there are."""
+    chain_sender, chain_receiver = r - 1, r - 1 + big_k
+    moves = [Transfer(chain_sender, chain_receiver, r - 1)]
+    senders = sorted(
+        (g for g in range(n - 1) if have[g] and g not in (r, chain_sender)),
+        key=lambda g: (-have[g].bit_length(), g),
+    )
+    chunkless = [g for g in range(2 * big_k - 1, n - 1) if not have[g]]
+    for sender, receiver in zip(senders, chunkless):
+        moves.append(Transfer(sender, receiver, have[sender].bit_length() - 1))
+    return moves
+
+
+def _weighted_matching_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
+    straggler = n - 1
+    free = [g for g in range(n - 1) if g != r]
+    if r >= n - 1:
+        free.append(straggler)
+    newest = [h.bit_length() - 1 for h in have]
+    scale = n * n  # exceeds any matching's sum of chunk indices: the direction count decides first
+    graph = nx.Graph()
+    graph.add_nodes_from(free)
+    for i, u in enumerate(free):
+        u_guarded = r < u < r + big_k
+        for v in free[i + 1 :]:
+            if r < n - 1 and (
+                (u_guarded and newest[v] > u - big_k) or (r < v < r + big_k and newest[u] > v - big_k)
+            ):
+                continue
+            to_v = (have[u] & ~have[v]).bit_length() - 1  # newest chunk u can give v, -1 if none
+            to_u = (have[v] & ~have[u]).bit_length() - 1
+            directions = (to_v >= 0) + (to_u >= 0)
+            if directions:
+                graph.add_edge(u, v, weight=directions * scale + max(to_v, 0) + max(to_u, 0))
+    moves: Round = []
+    for u, v in sorted(tuple(sorted(pair)) for pair in nx.max_weight_matching(graph, maxcardinality=True)):
+        for sender, receiver in ((u, v), (v, u)):
+            chunk = (have[sender] & ~have[receiver]).bit_length() - 1
+            if chunk >= 0:
+                moves.append(Transfer(sender, receiver, chunk))
+    return moves
+
+
+# -- lowering to the IR ------------------------------------------------------------------------
+
+
+def stragglar(world_size: int) -> Schedule:
+    """StragglAR for an even ``world_size >= 4``, with the straggler at logical rank n-1.
+
+    The registry (:func:`stragglerkit.schedules.registry.generate`) relabels it onto the real
+    straggler.
+
+    Example::
+
+        sched = stragglar(8)
+        assert sched.rounds() == 9 and sched.num_chunks == 7
+    """
+    with _collector_paused():
+        plan = stragglar_plan(world_size)
+        return _lower(world_size, plan)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a schedule is built.
+
+    A schedule for n = 256 is about 260,000 small immutable ops; allocating them makes the collector
+    rescan every live object again and again, which costs about 40% of the build time, and none of
+    them can form a reference cycle. The previous collector state is restored afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _lower(n: int, plan: list[Round]) -> Schedule:
+    straggler = n - 1
+    punctual = list(range(n - 1))
+    # The builder's automatic dependency tracking is generic and costs about half of the build time
+    # for n = 256; the pre-phase is built without it and _Emitter derives the same dependencies.
+    builder = ScheduleBuilder(n, n - 1, auto_depends=False)
+    add_ring_reduce_scatter(builder, members=punctual, owned=punctual, phase=PRE_PHASE)
+    emitter = _Emitter(builder.ops, n - 1)
+    for rnd, moves in enumerate(plan):
+        if rnd < straggler:
+            emitter.swap(rnd, straggler, rnd, rnd)
+            emitter.swap(straggler, rnd, rnd, rnd)
+        for sender, receiver, chunk in moves:
+            emitter.send(sender, receiver, chunk, rnd)
+            emitter.overwrite(receiver, sender, chunk, rnd)
+    return builder.build(
+        "stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)}
+    )
+
+
+class _Emitter:
+    """Appends single-chunk ops with their data dependencies, the builder's rules made cheap.
+
+    Every op depends on the last op of its rank that wrote its chunk; an op that writes a chunk also
+    depends on the ops that read it since. A receive into scratch slot 0 (the straggler swap) also
+    waits for the reduce that last used the slot. On construction it derives the dependencies of
+    the ops already present (the pre-phase, built without automatic tracking) by the same rules.
+    """
+
+    __slots__ = ("ops", "readers", "scratch_user", "writer")
+
+    def __init__(self, ops: list[list[Op]], num_chunks: int) -> None:
+        self.ops = ops
+        self.writer: list[list[int]] = [[-1] * num_chunks for _ in ops]
+        self.readers: list[list[list[int]]] = [[[] for _ in range(num_chunks)] for _ in ops]
+        self.scratch_user = [-1] * len(ops)
+        for rank, rank_ops in enumerate(ops):
+            for index, op in enumerate(rank_ops):
+                if op.scratch is not None or op.num_chunks != 1:
+                    raise ValueError(f"pre-phase op {op.describe()} is not a single-chunk buffer op")
+                chunk = op.chunks[0]
+                if op.kind is OpKind.SEND:
+                    deps = self._read_deps(rank, chunk)
+                    self.readers[rank][chunk].append(index)
+                else:
+                    deps = self._write_deps(rank, chunk)
+                    self.writer[rank][chunk] = index
+                    self.readers[rank][chunk] = []
+                if deps and set(deps) != set(op.depends):
+                    deps = tuple(sorted({*deps, *op.depends}))
+                    rank_ops[index] = Op(op.kind, op.chunks, op.peer, None, deps, op.round, op.phase)
+
+    def _read_deps(self, rank: int, chunk: int) -> tuple[int, ...]:
+        last = self.writer[rank][chunk]
+        return (last,) if last >= 0 else ()
+
+    def _write_deps(self, rank: int, chunk: int) -> tuple[int, ...]:
+        last = self.writer[rank][chunk]
+        readers = self.readers[rank][chunk]
+        if not readers:
+            return (last,) if last >= 0 else ()
+        return tuple(sorted({last, *readers} if last >= 0 else set(readers)))
+
+    def _append(self, rank: int, op: Op) -> int:
+        rank_ops = self.ops[rank]
+        rank_ops.append(op)
+        return len(rank_ops) - 1
+
+    def send(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
+        deps = self._read_deps(rank, chunk)
+        index = self._append(rank, Op(OpKind.SEND, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
+        self.readers[rank][chunk].append(index)
+
+    def overwrite(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
+        """Receive ``chunk`` from ``peer`` straight into the buffer (the rank lacks it)."""
+        deps = self._write_deps(rank, chunk)
+        index = self._append(rank, Op(OpKind.RECV, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
+        self.writer[rank][chunk] = index
+        self.readers[rank][chunk] = []
+
+    def swap(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
+        """Send ``chunk`` to ``peer``, receive its copy into scratch 0 and add it in."""
+        span = (chunk, chunk + 1)
+        self.send(rank, peer, chunk, rnd)
+        recv_deps = {*self._read_deps(rank, chunk)}
+        if self.scratch_user[rank] >= 0:
+            recv_deps.add(self.scratch_user[rank])
+        recv = self._append(rank, Op(OpKind.RECV, span, peer, 0, tuple(sorted(recv_deps)), rnd, MATCHING_PHASE))
+        deps = tuple(sorted({*self._write_deps(rank, chunk), recv}))
+        reduce = self._append(rank, Op(OpKind.REDUCE, span, None, 0, deps, rnd, MATCHING_PHASE))
+        self.writer[rank][chunk] = reduce
+        self.readers[rank][chunk] = []
+        self.scratch_user[rank] = reduce

@@ -1,0 +1,75 @@
+"""Per-rank body of the multi-process correctness sweep (imported by the spawned ranks)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+SIZES = (0, 1, 7, 1000, (1 << 20) + 3)
+
+
+def algorithms_for(n: int) -> list[tuple[str, dict[str, Any]]]:
+    """Every registry algorithm that applies at world size n (present in this checkout), with its arguments."""
+    from stragglerkit.schedules.registry import Situation, applicable
+
+    straggler = n // 2
+    slowdowns = {1: 3.0} if n >= 3 else {}
+    situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name in applicable(situation):
+        if importlib.util.find_spec(f"stragglerkit.schedules.{name}") is None:
+            continue
+        kwargs: dict[str, Any] = {}
+        if name in ("stragglar", "direct"):
+            kwargs["straggler"] = straggler
+        if name == "optcc":
+            kwargs["slowdowns"] = slowdowns
+        out.append((name, kwargs))
+    return out
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def sweep(rank: int, n: int, sizes: tuple[int, ...] = SIZES, dtypes: tuple[torch.dtype, ...] = DTYPES) -> dict[str, Any]:
+    """Run every (algorithm, size, dtype); return digests and the worst error / tolerance ratio."""
+    import stragglerkit
+
+    digests: dict[str, str] = {}
+    worst: dict[str, float] = {}
+    algorithms = algorithms_for(n)
+    for algorithm, kwargs in algorithms:
+        for numel in sizes:
+            for dtype in dtypes:
+                case = f"{algorithm}/{numel}/{str(dtype).removeprefix('torch.')}"
+                gen = torch.Generator().manual_seed(hash((rank, numel, str(dtype), algorithm)) % (1 << 31))
+                x = torch.randn(numel, generator=gen, dtype=torch.float32).to(dtype)
+                reference = torch.stack([x.double(), x.double().abs()])  # a copy, also for float64
+                theirs = x.clone()
+                dist.all_reduce(reference)
+                dist.all_reduce(theirs)
+                exact, sumabs = reference[0], reference[1]
+                record = stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs)
+                assert record.algorithm == algorithm, (case, record.algorithm)
+                digests[case] = digest(x)
+                eps = torch.finfo(dtype).eps
+                tol = 2 * n * eps * sumabs + torch.finfo(dtype).tiny
+                ratio = ((x.double() - exact).abs() / tol).max().item() if numel else 0.0
+                torch_ratio = ((theirs.double() - x.double()).abs() / (2 * tol)).max().item() if numel else 0.0
+                worst[case] = max(ratio, torch_ratio)
+    # op avg divides the finished sum exactly once
+    for algorithm, kwargs in algorithms:
+        gen = torch.Generator().manual_seed(rank + 17)
+        x = torch.randn(1000, generator=gen)
+        y = x.clone()
+        stragglerkit.all_reduce(x, algorithm=algorithm, op="sum", **kwargs)
+        stragglerkit.all_reduce(y, algorithm=algorithm, op="avg", **kwargs)
+        digests[f"{algorithm}/avg"] = digest(y)
+        worst[f"{algorithm}/avg"] = 0.0 if torch.equal(y, x / n) else float("inf")
+    return {"digests": digests, "worst": worst, "algorithms": [a for a, _ in algorithms]}

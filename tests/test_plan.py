@@ -1,0 +1,191 @@
+"""Lowering: chunk boundaries, refinement into pieces, wait order, tables; bit-identity by construction."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from stragglerkit.errors import ScheduleError
+from stragglerkit.runtime.plan import OP_COLUMNS, LoweredKind, chunk_bounds, lower, message_order, refine
+from stragglerkit.runtime.remap import RankMap
+from stragglerkit.schedules import check, ring
+from stragglerkit.schedules.ir import OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.registry import Situation, applicable, generate
+
+
+def available(situation: Situation) -> list[str]:
+    """Registry algorithms that apply and whose generator module is present in this checkout."""
+    return [a for a in applicable(situation) if importlib.util.find_spec(f"stragglerkit.schedules.{a}") is not None]
+
+
+def situation_for(n: int) -> Situation:
+    return Situation(world_size=n, straggler=n // 2, slowdowns={1: 3.0}, segments=4)
+
+
+def reduction_trees(schedule: Schedule) -> list[list[int]]:
+    """Run the schedule on interned expression trees; return, per rank and chunk, the final tree id.
+
+    A leaf is a rank's own contribution; ``a + b`` is interned under the unordered pair {a, b}
+    (floating-point addition is commutative, not associative), so equal ids mean bit-identical
+    results for any input data.
+    """
+    n, num_chunks = schedule.world_size, schedule.num_chunks
+    interned: dict[tuple[int, int], int] = {}
+
+    def add(a: int, b: int) -> int:
+        key = (min(a, b), max(a, b))
+        return interned.setdefault(key, n + len(interned))
+
+    buffers = [[rank] * num_chunks for rank in range(n)]
+    scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
+    channels: dict[tuple[int, int], list[list[int]]] = {}
+    send_order: dict[tuple[int, int], list[int]] = {}
+    for rank, ops in enumerate(schedule.ops):
+        for index, op in enumerate(ops):
+            if op.kind is OpKind.SEND:
+                send_order.setdefault((rank, op.peer or 0), []).append(index)
+    done = [[False] * len(ops) for ops in schedule.ops]
+    progress = True
+    while progress:
+        progress = False
+        for rank, ops in enumerate(schedule.ops):
+            for index, op in enumerate(ops):
+                if done[rank][index] or not all(done[rank][d] for d in op.depends):
+                    continue
+                lo, hi = op.chunks
+                if op.kind is OpKind.SEND:
+                    if send_order[(rank, op.peer or 0)][0] != index:
+                        continue  # messages of a pair leave in program order
+                    send_order[(rank, op.peer or 0)].pop(0)
+                    channels.setdefault((rank, op.peer or 0), []).append(buffers[rank][lo:hi])
+                elif op.is_receive:
+                    queue = channels.get((op.peer or 0, rank), [])
+                    if not queue:
+                        continue
+                    data = queue.pop(0)
+                    if op.kind is OpKind.RECV_REDUCE:
+                        buffers[rank][lo:hi] = [add(a, b) for a, b in zip(buffers[rank][lo:hi], data)]
+                    elif op.scratch is not None:
+                        scratch[rank][op.scratch] = data
+                    else:
+                        buffers[rank][lo:hi] = data
+                else:
+                    assert op.scratch is not None
+                    data = scratch[rank][op.scratch]
+                    if op.kind is OpKind.REDUCE:
+                        buffers[rank][lo:hi] = [add(a, b) for a, b in zip(buffers[rank][lo:hi], data)]
+                    else:
+                        buffers[rank][lo:hi] = data
+                done[rank][index] = True
+                progress = True
+    assert all(all(d) for d in done), "simulation stuck"
+    return buffers
+
+
+def test_chunk_bounds_proportional_and_complete() -> None:
+    assert chunk_bounds([1, 1, 2], 8) == [0, 2, 4, 8]
+    assert chunk_bounds([1] * 4, 0) == [0, 0, 0, 0, 0]
+    assert chunk_bounds([1] * 4, 1) == [0, 0, 1, 1, 1]
+    bounds = chunk_bounds([3, 1, 5], 1001, align=16)
+    assert bounds[0] == 0 and bounds[-1] == 1001
+    assert all(b % 16 == 0 for b in bounds[1:-1]) and bounds == sorted(bounds)
+    with pytest.raises(ScheduleError):
+        chunk_bounds([1, 0], 10)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 12, 16])
+def test_every_rank_ends_with_the_same_reduction_tree(n: int) -> None:
+    situation = situation_for(n)
+    for algorithm in available(situation):
+        schedule = generate(algorithm, situation)
+        for pieces in (1, 2):
+            refined, _ = refine(schedule, pieces)
+            check(refined)
+            trees = reduction_trees(refined)
+            for chunk in range(refined.num_chunks):
+                held = {trees[rank][chunk] for rank in range(n)}
+                assert len(held) == 1, f"{algorithm} n={n} pieces={pieces}: chunk {chunk} differs across ranks"
+
+
+def test_reduction_tree_check_can_fail() -> None:
+    # Two ranks that each add the other's value, then rank 0 adds a third copy round trip:
+    # a schedule where rank 1 re-reduces in a different order is caught.
+    b = ScheduleBuilder(3, 1)
+    # rank 0 and 1 exchange; rank 2 sends to both; rank 0 computes (0+1)+2, rank 1 computes (1+2)+0
+    b.send(0, 1, (0, 1))
+    b.send(1, 0, (0, 1))
+    b.recv(0, 1, (0, 1), scratch=0)
+    b.send(2, 1, (0, 1))
+    b.recv(1, 2, (0, 1), scratch=0)
+    b.reduce(0, 0, (0, 1))
+    b.reduce(1, 0, (0, 1))
+    trees = reduction_trees(b.build("bad"))
+    assert trees[0][0] != trees[1][0]
+
+
+def test_refine_keeps_the_schedule_correct_and_splits_messages() -> None:
+    sched = ring(4)
+    refined, labels = refine(sched, 3)
+    check(refined)
+    assert refined.num_chunks == 12
+    assert refined.num_ops() == 3 * sched.num_ops()
+    assert labels[0][0] == "reduce_scatter round 0" and labels[0][-1] == "allgather round 5"
+
+
+@pytest.mark.parametrize("numel", [0, 1, 3, 7, 1000])
+def test_lower_tables_cover_the_buffer(numel: int) -> None:
+    sched = ring(4)
+    plans = lower(sched, numel, element_size=4)
+    for rank, plan in enumerate(plans):
+        assert plan.ops.shape == (len(sched.ops[rank]), len(OP_COLUMNS))
+        kinds = plan.ops[:, 0].tolist()
+        counts = plan.ops[:, 3].tolist()
+        assert all((k == LoweredKind.NOOP) == (c == 0) for k, c in zip(kinds, counts))
+        assert plan.peers.tolist() == sorted({(rank + 1) % 4, (rank - 1) % 4})
+        # the waited ops are exactly the non-empty comm ops
+        comm = [i for i, k in enumerate(kinds) if k in (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE)]
+        assert sorted(plan.wait_order.tolist()) == comm
+        recv_reduce_elems = sum(c for k, c in zip(kinds, counts) if k == LoweredKind.RECV_REDUCE)
+        assert plan.scratch_numel == recv_reduce_elems
+
+
+def test_message_order_holds_back_the_straggler() -> None:
+    sched = generate("direct", Situation(world_size=4, straggler=2))
+    empty = [[False] * len(ops) for ops in sched.ops]
+    order = message_order(sched, empty, straggler=2)
+    for rank in (0, 1, 3):
+        phases = [sched.ops[rank][i].phase for i in order[rank]]
+        # every pre-phase message of a punctual rank comes before anything that needs the straggler
+        assert phases == sorted(phases, key=lambda p: p != "pre_allreduce"), phases
+        assert phases.count("pre_allreduce") == 8
+
+
+def test_message_order_reports_a_deadlock() -> None:
+    b = ScheduleBuilder(2, 1)
+    b.recv(0, 1, (0, 1), scratch=0)
+    b.send(0, 1, (0, 1), depends=[0])
+    b.recv(1, 0, (0, 1), scratch=0)
+    b.send(1, 0, (0, 1), depends=[0])
+    sched = b.build("cycle")
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        message_order(sched, [[False, False], [False, False]])
+
+
+def test_rank_map() -> None:
+    m = RankMap.from_sequence([2, 0, 1])
+    assert m.physical(0) == 2 and m.logical(2) == 0 and not m.is_identity()
+    assert RankMap.identity(3).is_identity()
+    with pytest.raises(ValueError, match="permutation"):
+        RankMap((0, 0, 1))
+    with pytest.raises(ValueError, match="group has 4"):
+        RankMap.from_sequence([0, 1, 2], world_size=4)
+    with pytest.raises(ValueError, match="not a rank"):
+        m.logical(5)
+
+
+def test_lower_rejects_negative_numel() -> None:
+    with pytest.raises(ValueError):
+        lower(ring(2), -1, 4)
+    assert torch.equal(lower(ring(2), 0, 4)[0].wait_order, torch.empty(0, dtype=torch.int64))
