@@ -130,6 +130,8 @@ def test_shaper_bucket_passes_a_whole_gso_frame() -> None:
 def test_leftover_names_carry_their_owner() -> None:
     assert iproute._namespace_owner("sk-1234-0-h3", "sk-") == 1234
     assert iproute._namespace_owner("sk-oops", "sk-") is None
+    assert iproute._namespace_owner("sk-x-12-0-h0", "sk-") is None  # another prefix's cluster
+    assert iproute._namespace_owner("sk-12-0-h0-extra", "sk-") is None
     assert iproute._namespace_owner("sktest-77-2-br", "sktest-") == 77
 
 
@@ -423,3 +425,72 @@ def test_leftovers_of_a_crashed_run_are_removed_at_the_next_start(
             if name in iproute.list_namespaces():
                 iproute.delete_namespace(name)
     assert not set(iproute.list_namespaces()) & {*stale, in_use}
+
+
+_RANK_SCRIPT = textwrap.dedent(
+    """
+    import datetime, json, time
+    import torch
+    import torch.distributed as dist
+    import stragglerkit
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    numel = (8 << 20) // 4  # 8 MiB of float32
+
+    def contribution(r):  # small integers: every partial sum is exact in float32
+        return ((torch.arange(numel, dtype=torch.int64) * (r + 1)) % 97).to(torch.float32)
+
+    expected = sum(contribution(r) for r in range(n))
+    seconds = []
+    correct = True
+    for _ in range(2):  # the first call also sets up gloo's connections
+        x = contribution(rank)
+        dist.barrier()
+        start = time.perf_counter()
+        stragglerkit.all_reduce(x, algorithm="ring")
+        seconds.append(time.perf_counter() - start)
+        correct = correct and torch.equal(x, expected)
+    print(json.dumps({"rank": rank, "correct": correct, "seconds": seconds}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _extension_loads() -> bool:
+    try:
+        import stragglerkit._C  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@needs_netns
+@pytest.mark.skipif(not _extension_loads(), reason="stragglerkit._C is not built (run scripts/setup.sh)")
+def test_ring_all_reduce_across_four_emulated_hosts(make_cluster: Callable[..., EmulatedCluster]) -> None:
+    bandwidth = parse_bandwidth("1Gbit")
+    with make_cluster(hosts=4, bandwidth=bandwidth, verify=False) as cluster:
+        env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        ranks = [
+            cluster.popen(
+                h,
+                [sys.executable, "-c", _RANK_SCRIPT],
+                env={**env, **cluster.torch_env(h, port=29517)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for h in range(cluster.hosts)
+        ]
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+        for h, (rank, (_, err)) in enumerate(zip(ranks, outputs)):
+            assert rank.returncode == 0, f"rank {h} failed:\n{err}"
+        results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+        assert [r["rank"] for r in results] == [0, 1, 2, 3]
+        assert all(r["correct"] for r in results)
+        # The traffic went through the shaped NICs: a ring moves 2(n-1)/n of the buffer through
+        # every NIC, which cannot go faster than the NIC's payload rate.
+        slowest = max(r["seconds"][1] for r in results)
+        bus_bandwidth = (8 << 20) * 2 * 3 / 4 / slowest
+        assert bus_bandwidth <= 1.15 * cluster.expected_payload_rate(0)

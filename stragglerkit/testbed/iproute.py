@@ -64,7 +64,7 @@ def list_namespaces() -> list[str]:
 
 
 def _namespace_owner(name: str, prefix: str) -> int | None:
-    match = re.match(re.escape(prefix) + r"(\d+)-\d+-", name)
+    match = re.fullmatch(re.escape(prefix) + r"(\d+)-\d+-(?:br|h\d+)", name)
     return int(match.group(1)) if match else None
 
 
@@ -84,17 +84,16 @@ def process_alive(pid: int) -> bool:
 
 
 def find_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False) -> list[str]:
-    """Namespaces named with ``prefix`` whose creating process is gone (all of them if include_live).
+    """Namespaces named ``{prefix}{pid}-{k}-{role}`` whose process ``pid`` is gone (all of them if
+    include_live).
 
-    A name with the prefix that does not follow the ``{prefix}{pid}-{k}-{role}`` pattern counts as
-    a leftover too: this module never creates such names, and the prefix marks them as ours.
+    Names that merely start with the prefix but do not follow the pattern are left alone: they
+    may belong to another tool, or to a cluster with a longer prefix (``sk-`` vs ``sk-x-``).
     """
     leftovers = []
     for name in list_namespaces():
-        if not name.startswith(prefix):
-            continue
         owner = _namespace_owner(name, prefix)
-        if include_live or owner is None or not process_alive(owner):
+        if owner is not None and (include_live or not process_alive(owner)):
             leftovers.append(name)
     return leftovers
 
