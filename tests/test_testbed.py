@@ -252,6 +252,7 @@ def _assert_gone(names: list[str]) -> None:
     assert names, "the cluster should have created namespaces"
     remaining = set(iproute.list_namespaces()) & set(names)
     assert not remaining, f"namespaces left behind: {sorted(remaining)}"
+    assert not [n for n in names if iproute.namespace_etc(n).exists()], "/etc/netns files left behind"
     assert not [n for n in _link_names_in_root() if n.startswith(("sk", PREFIX))]
 
 
@@ -410,11 +411,15 @@ def test_leftovers_of_a_crashed_run_are_removed_at_the_next_start(
             ["ip", "-n", stale[0], "link", "add", "h0", "type", "veth", "peer", "name", "sknic", "netns", stale[1]]
         )
         orphan = subprocess.Popen(["ip", "netns", "exec", stale[1], "sleep", "60"])
+        stray_files = iproute.namespace_etc(f"{PREFIX}{dead}-0-h1")  # its namespace is already gone
+        stray_files.mkdir(parents=True)
+        (stray_files / "hosts").write_text("198.18.0.2 skh1\n")
         with make_cluster(hosts=2, verify=False) as cluster:
             assert sorted(cluster.removed_leftovers) == sorted(stale)
             present = set(iproute.list_namespaces())
             assert not present & set(stale)
             assert in_use in present  # its creator still runs: not ours to remove
+            assert not stray_files.exists()
         assert orphan.wait(timeout=10) != 0  # the process left in the stale namespace was ended
     finally:
         for process in (orphan, live):

@@ -10,12 +10,16 @@ process is using right now.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from stragglerkit.errors import StragglerKitError
@@ -29,12 +33,15 @@ __all__ = [
     "delete_namespace",
     "find_leftovers",
     "list_namespaces",
+    "namespace_etc",
     "process_alive",
     "remove_leftovers",
     "tbf_arguments",
+    "write_name_service",
 ]
 
 DEFAULT_PREFIX = "sk-"
+NETNS_ETC = Path("/etc/netns")
 COMMAND_TIMEOUT = 10.0
 """Seconds any single ip/tc command may take."""
 PROCESS_GRACE = 2.0
@@ -117,9 +124,42 @@ def _kill_namespace_processes(namespace: str) -> None:
             return
 
 
+def namespace_etc(namespace: str) -> Path:
+    """Files here replace those of /etc for processes started with ``ip netns exec NAMESPACE``."""
+    return NETNS_ETC / namespace
+
+
+def write_name_service(namespace: str, hosts: Mapping[str, str], own_address: str) -> None:
+    """Gives ``namespace`` its own /etc/hosts and a resolver that asks only the namespace's own
+    loopback, so that name look-ups (c10d looks up its own and its peers' names) are answered from
+    the file and no DNS query is ever sent out of the cluster.
+
+    ``hosts`` maps address -> name; the machine's host name (shared by all namespaces) resolves to
+    ``own_address``, the namespace's own address.
+    """
+    directory = namespace_etc(namespace)
+    directory.mkdir(parents=True, exist_ok=True)
+    machine = socket.gethostname()
+    lines = ["127.0.0.1 localhost"]
+    for address, name in hosts.items():
+        names = f"{name} {machine}" if address == own_address else name
+        # c10d's store listens on an IPv6 socket and sees peers as IPv4-mapped addresses
+        lines += [f"{address} {names}", f"::ffff:{address} {names}"]
+    (directory / "hosts").write_text("\n".join(lines) + "\n")
+    (directory / "resolv.conf").write_text(
+        "# emulated cluster: no DNS\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+    )
+
+
 def delete_namespace(namespace: str) -> None:
+    """Ends the processes inside ``namespace``, deletes it (with its links) and its /etc/netns files."""
     _kill_namespace_processes(namespace)
     command(["ip", "netns", "delete", namespace], check=False)
+    directory = namespace_etc(namespace)
+    if directory.is_dir():
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()  # only if nothing else is left there
 
 
 def remove_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False) -> list[str]:
@@ -132,6 +172,13 @@ def remove_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = False
     leftovers = find_leftovers(prefix, include_live=include_live)
     for name in leftovers:
         delete_namespace(name)
+    # /etc/netns files of a run that died between writing them and creating its namespace
+    existing = set(list_namespaces())
+    stray = sorted(NETNS_ETC.glob(f"{glob.escape(prefix)}*")) if NETNS_ETC.is_dir() else []
+    for directory in stray:
+        owner = _namespace_owner(directory.name, prefix)
+        if directory.name not in existing and owner is not None and (include_live or not process_alive(owner)):
+            delete_namespace(directory.name)
     remaining = set(list_namespaces()) & set(leftovers)
     if remaining:
         raise TestbedError(f"could not delete namespaces {sorted(remaining)}; delete them with `ip netns delete NAME`")

@@ -70,6 +70,7 @@ from stragglerkit.testbed.iproute import (
     list_namespaces,
     remove_leftovers,
     tbf_arguments,
+    write_name_service,
 )
 from stragglerkit.testbed.probing import Pair, ProbeRunner
 from stragglerkit.testbed.shaping import LinkRate, ShapingError, ShapingReport
@@ -315,7 +316,7 @@ class EmulatedCluster:
 
     def _build(self) -> None:
         br = self.bridge_namespace
-        self._add_namespace(br)
+        self._add_namespace(br, self._probe_address)
         command(["ip", "-n", br, "link", "set", "lo", "up"])
         command(["ip", "-n", br, "link", "add", _BRIDGE, "type", "bridge"])
         command(["ip", "-n", br, "link", "set", _BRIDGE, "addrgenmode", "none"])
@@ -325,7 +326,7 @@ class EmulatedCluster:
             self._require_netem()
         for host in range(self.hosts):
             ns, port = self.namespace(host), f"h{host}"
-            self._add_namespace(ns)
+            self._add_namespace(ns, self.address(host))
             command(["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", self.interface, "netns", ns])
             for namespace, device in ((br, port), (ns, self.interface)):
                 command(["ip", "-n", namespace, "link", "set", device, "addrgenmode", "none"])
@@ -335,9 +336,11 @@ class EmulatedCluster:
             command(["ip", "-n", ns, "addr", "add", f"{self.address(host)}/{self._prefix_len}", "dev", self.interface])
             self._shape(host, replace=False)
 
-    def _add_namespace(self, namespace: str) -> None:
+    def _add_namespace(self, namespace: str, own_address: str) -> None:
+        self._created.append(namespace)  # first, so that a half-made namespace is cleaned up too
         command(["ip", "netns", "add", namespace])
-        self._created.append(namespace)
+        names = {address: f"skh{h}" for h, address in enumerate(self._addresses)}
+        write_name_service(namespace, {**names, self._probe_address: "skprobe"}, own_address)
 
     def _require_netem(self) -> None:
         probe = ["tc", "-n", self.bridge_namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
