@@ -328,13 +328,17 @@ def test_processes_run_inside_the_host_namespace(make_cluster: Callable[..., Emu
 
 @needs_netns
 def test_added_latency_needs_netem(make_cluster: Callable[..., EmulatedCluster]) -> None:
+    netem, why = EmulatedCluster.netem_available(PREFIX)
+    assert not _namespaces_of(os.getpid())  # the check's namespace is gone
     cluster = make_cluster(hosts=2, latency=0.004, verify=False)
     try:
         cluster.__enter__()
     except TestbedError as exc:
+        assert not netem and why == str(exc)
         assert "sch_netem" in str(exc) and "latency=0" in str(exc)
         assert not _namespaces_of(os.getpid())  # a failed start cleans up too
         return
+    assert netem, why
     try:
         rtts = cluster.ping(0, 1, rounds=5)
         assert min(rtts) >= 2 * 0.004 * 0.9

@@ -95,6 +95,19 @@ _MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping er
 _instances = itertools.count()
 
 
+def _netem_missing(namespace: str) -> str | None:
+    """None if a netem qdisc can be added in ``namespace`` (tried on its loopback), else why not."""
+    probe = ["tc", "-n", namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+    if done.returncode != 0:
+        return (
+            f"added latency needs the netem queueing discipline, which this kernel lacks ({done.stderr.strip()}); "
+            "load it with `modprobe sch_netem` (kernel option CONFIG_NET_SCH_NETEM) or set latency=0"
+        )
+    command(["tc", "-n", namespace, "qdisc", "del", "dev", "lo", "root"])
+    return None
+
+
 class EmulatedCluster:
     """N emulated hosts with shaped NICs; a context manager that always tears them down.
 
@@ -343,14 +356,23 @@ class EmulatedCluster:
         write_name_service(namespace, {**names, self._probe_address: "skprobe"}, own_address)
 
     def _require_netem(self) -> None:
-        probe = ["tc", "-n", self.bridge_namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
-        if done.returncode != 0:
-            raise TestbedError(
-                f"added latency needs the netem queueing discipline, which this kernel lacks ({done.stderr.strip()}); "
-                "load it with `modprobe sch_netem` (kernel option CONFIG_NET_SCH_NETEM) or set latency=0"
-            )
-        command(["tc", "-n", self.bridge_namespace, "qdisc", "del", "dev", "lo", "root"])
+        missing = _netem_missing(self.bridge_namespace)
+        if missing:
+            raise TestbedError(missing)
+
+    @staticmethod
+    def netem_available(prefix: str = DEFAULT_PREFIX) -> tuple[bool, str]:
+        """Whether added latency (Config.latency > 0) works here; checked in a throw-away namespace."""
+        ok, reason = EmulatedCluster.available()
+        if not ok:
+            return False, reason
+        namespace = f"{prefix}{os.getpid()}-{next(_instances)}-br"
+        try:
+            command(["ip", "netns", "add", namespace])
+            missing = _netem_missing(namespace)
+        finally:
+            delete_namespace(namespace)
+        return (False, missing) if missing else (True, "the netem queueing discipline is available")
 
     def _shapers(self, host: int) -> list[tuple[str, str]]:
         """(namespace, device) of the two shapers of ``host``: its send side and its receive side."""
