@@ -362,7 +362,7 @@ def test_teardown_after_normal_exit_and_after_an_exception(make_cluster: Callabl
     assert signal.getsignal(signal.SIGTERM) is handler  # and restored
 
 
-_SIGTERM_SCRIPT = textwrap.dedent(
+_SIGNALLED_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from stragglerkit.testbed.netns import EmulatedCluster
@@ -376,10 +376,18 @@ _SIGTERM_SCRIPT = textwrap.dedent(
 
 
 @needs_netns
-def test_teardown_on_sigterm() -> None:
+@pytest.mark.parametrize(
+    ("sig", "exit_status"),
+    [
+        (signal.SIGTERM, 128 + signal.SIGTERM),  # SystemExit(143) from the cluster's handler
+        (signal.SIGINT, -signal.SIGINT),  # Ctrl-C: KeyboardInterrupt, then Python dies of SIGINT
+        (signal.SIGHUP, 128 + signal.SIGHUP),
+    ],
+)
+def test_teardown_on_signals(sig: signal.Signals, exit_status: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-c", _SIGTERM_SCRIPT, PREFIX], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", _SIGNALLED_SCRIPT, PREFIX], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
     )
     try:
         assert child.stdout is not None
@@ -387,8 +395,8 @@ def test_teardown_on_sigterm() -> None:
         assert ready, "the child did not build its cluster within 30 s"
         started = json.loads(child.stdout.readline())
         assert set(started["names"]) <= set(iproute.list_namespaces())
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=20) == 128 + signal.SIGTERM
+        child.send_signal(sig)
+        assert child.wait(timeout=20) == exit_status
         _assert_gone(started["names"])
         assert not iproute.process_alive(started["sleeper"])
     finally:
