@@ -44,6 +44,7 @@ those whose creating process no longer exists (:func:`remove_leftovers`).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import os
@@ -93,6 +94,19 @@ BENCHMARK_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 _BRIDGE = "skbr"
 _MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping errors persist
 _instances = itertools.count()
+
+
+@functools.cache
+def _namespace_refusal() -> str | None:
+    """None if this process can create (and delete) a network namespace, else the error; tried once."""
+    namespace = f"{DEFAULT_PREFIX}{os.getpid()}-{next(_instances)}-br"
+    try:
+        command(["ip", "netns", "add", namespace])
+    except TestbedError as exc:
+        return str(exc)
+    finally:
+        delete_namespace(namespace)
+    return None
 
 
 def _netem_missing(namespace: str) -> str | None:
@@ -166,7 +180,14 @@ class EmulatedCluster:
                 "creating network namespaces needs root (euid is "
                 f"{os.geteuid()}): run as root (e.g. with sudo) or benchmark over loopback instead"
             )
-        return True, "root and iproute2 present"
+        refused = _namespace_refusal()
+        if refused:
+            return False, (
+                f"this root process may not create network namespaces ({refused}): it needs CAP_SYS_ADMIN and "
+                "CAP_NET_ADMIN (in a container: --cap-add SYS_ADMIN --cap-add NET_ADMIN, or --privileged); "
+                "or benchmark over loopback instead"
+            )
+        return True, "root and iproute2 present, network namespaces can be created"
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else EmulatedCluster.Config()
