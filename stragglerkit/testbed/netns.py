@@ -4,12 +4,12 @@ How it works
 ------------
 For a cluster of n hosts with prefix ``sk-`` created by process PID (instance k of that process)::
 
-      namespace sk-PID-k-h0             namespace sk-PID-k-br                namespace sk-PID-k-h1
-    ┌──────────────────────┐   ┌──────────────────────────────────┐   ┌──────────────────────┐
-    │ sknic 198.18.0.1/24  │───│ h0 ─┐                        ┌─ h1 │───│ sknic 198.18.0.2/24  │
-    │ egress: tbf (send)   │veth│ tbf │   skbr 198.18.0.254  │ tbf │veth│ egress: tbf (send)   │
-    └──────────────────────┘   │(recv)└──── bridge ──────────┘(recv)│   └──────────────────────┘
-                               └──────────────────────────────────┘
+      namespace sk-PID-k-h0          namespace sk-PID-k-br             namespace sk-PID-k-h1
+    ┌─────────────────────┐   ┌─────────────────────────────────┐   ┌─────────────────────┐
+    │ sknic 198.18.0.1/24 │───│ h0 ─┐   skbr (bridge)      ┌─ h1 │───│ sknic 198.18.0.2/24 │
+    │ tbf: what h0 sends  │   │ tbf: what h0 receives     tbf   │   │ tbf: what h1 sends  │
+    └─────────────────────┘   │     198.18.0.254 (probe end)    │   └─────────────────────┘
+                              └─────────────────────────────────┘
 
 - Every host is a namespace with one veth interface (``Config.interface``, default ``sknic``)
   whose peer end is a port of one bridge. The bridge lives in a namespace of its own, so nothing
@@ -26,9 +26,15 @@ For a cluster of n hosts with prefix ``sk-`` created by process PID (instance k 
   present, half of ``Config.latency`` is added on each of the two shapers a packet crosses, so
   host-to-host one-way latency is ``Config.latency``. Without sch_netem a non-zero latency is
   refused with a message saying so.
+- The shapers' queues are deep (see iproute.tbf_arguments) so that they never drop: a drop is
+  a TCP loss, and retransmission timeouts would swamp the timings.
+- Each namespace has its own /etc/hosts and resolver (iproute.write_name_service), so that the
+  name look-ups of c10d and gloo never send a DNS query out of the cluster.
 - The shaping is verified with short TCP transfers (probe.py, bounded in bytes and time) between
   each host and the probe endpoint, one direction at a time, so every measurement sees exactly
-  one shaper. The tbf rate counts whole Ethernet frames, so the expected TCP payload rate is
+  one shaper; then with every host sending to the next at once (the load of a ring AllReduce,
+  where a small machine's CPU gives out first).
+- The tbf rate counts whole Ethernet frames, so the expected TCP payload rate is
   ``bandwidth * (mtu - 52) / (mtu + 14)`` (IPv4 + TCP with timestamps, Ethernet header); the
   measured payload rate is compared with that.
 
@@ -321,7 +327,11 @@ class EmulatedCluster:
         self.close()
 
     def start(self) -> None:
-        """Removes leftovers, builds and shapes the cluster, and verifies it (Config.verify)."""
+        """Removes leftovers, builds and shapes the cluster, and verifies it (Config.verify).
+
+        Prefer ``with EmulatedCluster(config) as cluster:``; start() alone installs no signal
+        handlers, and the caller must call close() (in a ``finally``).
+        """
         ok, reason = EmulatedCluster.available()
         if not ok:
             raise TestbedError(reason)
