@@ -511,3 +511,20 @@ def test_ring_all_reduce_across_four_emulated_hosts(make_cluster: Callable[..., 
         slowest = max(r["seconds"][1] for r in results)
         bus_bandwidth = (8 << 20) * 2 * 3 / 4 / slowest
         assert bus_bandwidth <= 1.15 * cluster.expected_payload_rate(0)
+
+
+@needs_netns
+def test_close_from_another_thread_still_tears_down(make_cluster: Callable[..., EmulatedCluster]) -> None:
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    cluster = make_cluster(hosts=2, verify=False).__enter__()
+    names = _namespaces_of(os.getpid())
+    closer = threading.Thread(target=cluster.close)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive()
+    _assert_gone(names)
+    assert signal.getsignal(signal.SIGTERM) == cluster._on_signal  # a thread cannot restore handlers
+    cluster.close()  # in the main thread it can
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -454,6 +454,8 @@ class EmulatedCluster:
         raise SystemExit(128 + signum)  # unwinds through __exit__, which tears the cluster down
 
     def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; they are restored if it closes again
         for sig, handler in self._saved_handlers.items():
             signal.signal(sig, handler)
         self._saved_handlers.clear()
