@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -271,6 +272,10 @@ def test_shaping_is_effective_in_both_directions(make_cluster: Callable[..., Emu
             assert abs(link.measured / link.expected - 1) <= 0.15, report.describe()
         qdiscs = iproute.command(["tc", "-n", cluster.bridge_namespace, "qdisc", "show", "dev", "h1"])
         assert "tbf" in qdiscs
+        described = cluster.describe()
+        assert described["shaping"] == report.to_dict() and described["bandwidth_Bps"] == rate
+        assert described["tcp_congestion_control"]  # e.g. "cubic" or "bbr"
+        json.dumps(described)
 
 
 @needs_netns
@@ -515,8 +520,6 @@ def test_ring_all_reduce_across_four_emulated_hosts(make_cluster: Callable[..., 
 
 @needs_netns
 def test_close_from_another_thread_still_tears_down(make_cluster: Callable[..., EmulatedCluster]) -> None:
-    import threading
-
     before = signal.getsignal(signal.SIGTERM)
     cluster = make_cluster(hosts=2, verify=False).__enter__()
     names = _namespaces_of(os.getpid())

@@ -310,6 +310,28 @@ class EmulatedCluster:
             "GLOO_SOCKET_IFNAME": self.interface,
         }
 
+    def describe(self) -> dict[str, Any]:
+        """What a benchmark records about the cluster: configuration, addresses, TCP congestion
+        control inside the hosts, and the last shaping measurements (None if never measured)."""
+        c = self.config
+        congestion = None
+        if self._active:
+            path = "/proc/sys/net/ipv4/tcp_congestion_control"
+            congestion = self.run(0, ["cat", path], capture_output=True, text=True, timeout=10).stdout.strip()
+        return {
+            "hosts": c.hosts,
+            "bandwidth_Bps": c.bandwidth,
+            "slowdowns": {str(h): s for h, s in self._slowdowns.items() if s != 1.0},
+            "latency_s": c.latency,
+            "mtu": c.mtu,
+            "network": c.network,
+            "addresses": self.addresses,
+            "interface": c.interface,
+            "expected_payload_Bps": [self.expected_payload_rate(h) for h in range(c.hosts)],
+            "tcp_congestion_control": congestion,
+            "shaping": self.shaping.to_dict() if self.shaping is not None else None,
+        }
+
     # ----------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> EmulatedCluster:
