@@ -35,6 +35,7 @@ from stragglerkit.testbed.inject import (
     sleep_precisely,
 )
 from stragglerkit.testbed.netns import EmulatedCluster, ShapingError, TestbedError
+from stragglerkit.testbed.signals import SignalGuard
 from stragglerkit.units import parse_bandwidth
 
 PREFIX = "sktest-"
@@ -528,6 +529,6 @@ def test_close_from_another_thread_still_tears_down(make_cluster: Callable[..., 
     closer.join(timeout=30)
     assert not closer.is_alive()
     _assert_gone(names)
-    assert signal.getsignal(signal.SIGTERM) == cluster._on_signal  # a thread cannot restore handlers
+    assert signal.getsignal(signal.SIGTERM) is SignalGuard.handler  # a thread cannot restore handlers
     cluster.close()  # in the main thread it can
     assert signal.getsignal(signal.SIGTERM) is before

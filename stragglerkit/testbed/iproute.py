@@ -11,7 +11,9 @@ process is using right now.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
+import itertools
 import os
 import re
 import shutil
@@ -34,6 +36,9 @@ __all__ = [
     "find_leftovers",
     "list_namespaces",
     "namespace_etc",
+    "namespace_refusal",
+    "netem_missing",
+    "next_instance",
     "process_alive",
     "remove_leftovers",
     "tbf_arguments",
@@ -41,6 +46,7 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "sk-"
+_instances = itertools.count()
 NETNS_ETC = Path("/etc/netns")
 COMMAND_TIMEOUT = 10.0
 """Seconds any single ip/tc command may take."""
@@ -52,6 +58,11 @@ class TestbedError(StragglerKitError):
     """The emulated cluster could not be built, used or torn down."""
 
     __test__ = False  # not a pytest test class despite the name
+
+
+def next_instance() -> int:
+    """A number unique in this process for the ``k`` of ``{prefix}{pid}-{k}-{role}``."""
+    return next(_instances)
 
 
 def command(argv: Sequence[str], *, check: bool = True, timeout: float = COMMAND_TIMEOUT) -> str:
@@ -202,3 +213,29 @@ def tbf_arguments(rate: float) -> list[str]:
     burst = max(96 * 1024, int(rate * 0.0005))
     limit = max(16 << 20, int(rate * 0.1))
     return ["rate", f"{int(rate)}bps", "burst", str(burst), "limit", str(limit)]
+
+
+@functools.cache
+def namespace_refusal() -> str | None:
+    """None if this process can create (and delete) a network namespace, else the error; tried once."""
+    namespace = f"{DEFAULT_PREFIX}{os.getpid()}-{next_instance()}-br"
+    try:
+        command(["ip", "netns", "add", namespace])
+    except TestbedError as exc:
+        return str(exc)
+    finally:
+        delete_namespace(namespace)
+    return None
+
+
+def netem_missing(namespace: str) -> str | None:
+    """None if a netem qdisc can be added in ``namespace`` (tried on its loopback), else why not."""
+    probe = ["tc", "-n", namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+    if done.returncode != 0:
+        return (
+            f"added latency needs the netem queueing discipline, which this kernel lacks ({done.stderr.strip()}); "
+            "load it with `modprobe sch_netem` (kernel option CONFIG_NET_SCH_NETEM) or set latency=0"
+        )
+    command(["tc", "-n", namespace, "qdisc", "del", "dev", "lo", "root"])
+    return None

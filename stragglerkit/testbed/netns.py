@@ -50,24 +50,20 @@ those whose creating process no longer exists (:func:`remove_leftovers`).
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from stragglerkit.testbed.iproute import (
-    COMMAND_TIMEOUT,
     DEFAULT_PREFIX,
     PROCESS_GRACE,
     TestbedError,
@@ -75,12 +71,16 @@ from stragglerkit.testbed.iproute import (
     delete_namespace,
     find_leftovers,
     list_namespaces,
+    namespace_refusal,
+    netem_missing,
+    next_instance,
     remove_leftovers,
     tbf_arguments,
     write_name_service,
 )
 from stragglerkit.testbed.probing import Pair, ProbeRunner
 from stragglerkit.testbed.shaping import LinkRate, ShapingError, ShapingReport
+from stragglerkit.testbed.signals import SignalGuard
 
 __all__ = [
     "BENCHMARK_NETWORK",
@@ -99,33 +99,6 @@ BENCHMARK_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 
 _BRIDGE = "skbr"
 _MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping errors persist
-_instances = itertools.count()
-
-
-@functools.cache
-def _namespace_refusal() -> str | None:
-    """None if this process can create (and delete) a network namespace, else the error; tried once."""
-    namespace = f"{DEFAULT_PREFIX}{os.getpid()}-{next(_instances)}-br"
-    try:
-        command(["ip", "netns", "add", namespace])
-    except TestbedError as exc:
-        return str(exc)
-    finally:
-        delete_namespace(namespace)
-    return None
-
-
-def _netem_missing(namespace: str) -> str | None:
-    """None if a netem qdisc can be added in ``namespace`` (tried on its loopback), else why not."""
-    probe = ["tc", "-n", namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
-    if done.returncode != 0:
-        return (
-            f"added latency needs the netem queueing discipline, which this kernel lacks ({done.stderr.strip()}); "
-            "load it with `modprobe sch_netem` (kernel option CONFIG_NET_SCH_NETEM) or set latency=0"
-        )
-    command(["tc", "-n", namespace, "qdisc", "del", "dev", "lo", "root"])
-    return None
 
 
 class EmulatedCluster:
@@ -186,7 +159,7 @@ class EmulatedCluster:
                 "creating network namespaces needs root (euid is "
                 f"{os.geteuid()}): run as root (e.g. with sudo) or benchmark over loopback instead"
             )
-        refused = _namespace_refusal()
+        refused = namespace_refusal()
         if refused:
             return False, (
                 f"this root process may not create network namespaces ({refused}): it needs CAP_SYS_ADMIN and "
@@ -203,12 +176,12 @@ class EmulatedCluster:
         self._addresses = [str(a) for a in usable]
         self._probe_address = str(network.broadcast_address - 1)
         self._prefix_len = network.prefixlen
-        self._tag = f"{self.config.prefix}{os.getpid()}-{next(_instances)}"
+        self._tag = f"{self.config.prefix}{os.getpid()}-{next_instance()}"
         self._slowdowns = {h: float(self.config.slowdowns.get(h, 1.0)) for h in range(self.config.hosts)}
         self._processes: list[subprocess.Popen[Any]] = []
         self._created: list[str] = []
         self._active = False
-        self._saved_handlers: dict[int, Any] = {}
+        self._signals = SignalGuard()
         self.shaping: ShapingReport | None = None
         """The last verification's measurements (set at start when Config.verify)."""
         self.removed_leftovers: list[str] = []
@@ -335,7 +308,7 @@ class EmulatedCluster:
     # ----------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> EmulatedCluster:
-        self._install_signal_handlers()
+        self._signals.install()
         try:
             self.start()
         except BaseException:
@@ -367,7 +340,7 @@ class EmulatedCluster:
 
     def close(self) -> None:
         """Ends the processes started in the cluster and deletes every namespace; safe to call twice."""
-        blocked = self._block_signals()
+        held = self._signals.hold()
         try:
             self._stop_processes()
             for namespace in reversed(self._created):
@@ -377,8 +350,8 @@ class EmulatedCluster:
         finally:
             # Handlers first, then unblock: a signal that came during the clean-up is then
             # delivered to the handler the program had before the cluster started.
-            self._restore_signal_handlers()
-            self._restore_signals(blocked)
+            self._signals.restore()
+            self._signals.release(held)
 
     def _build(self) -> None:
         br = self.bridge_namespace
@@ -409,7 +382,7 @@ class EmulatedCluster:
         write_name_service(namespace, {**names, self._probe_address: "skprobe"}, own_address)
 
     def _require_netem(self) -> None:
-        missing = _netem_missing(self.bridge_namespace)
+        missing = netem_missing(self.bridge_namespace)
         if missing:
             raise TestbedError(missing)
 
@@ -419,10 +392,10 @@ class EmulatedCluster:
         ok, reason = EmulatedCluster.available()
         if not ok:
             return False, reason
-        namespace = f"{prefix}{os.getpid()}-{next(_instances)}-br"
+        namespace = f"{prefix}{os.getpid()}-{next_instance()}-br"
         try:
             command(["ip", "netns", "add", namespace])
-            missing = _netem_missing(namespace)
+            missing = netem_missing(namespace)
         finally:
             delete_namespace(namespace)
         return (False, missing) if missing else (True, "the netem queueing discipline is available")
@@ -461,37 +434,6 @@ class EmulatedCluster:
     def _require_active(self) -> None:
         if not self._active:
             raise TestbedError("the cluster is not running; use it inside `with EmulatedCluster(config) as cluster:`")
-
-    # ----------------------------------------------------------------- signals
-
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; the caller must close()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)  # unwinds through __exit__, which tears the cluster down
-
-    def _restore_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread may set handlers; they are restored if it closes again
-        for sig, handler in self._saved_handlers.items():
-            signal.signal(sig, handler)
-        self._saved_handlers.clear()
-
-    @staticmethod
-    def _block_signals() -> set[int | signal.Signals] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-
-    @staticmethod
-    def _restore_signals(previous: set[int | signal.Signals] | None) -> None:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     # ----------------------------------------------------------------- processes
 
