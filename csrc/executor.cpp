@@ -17,10 +17,13 @@
 //   StragglAR the punctual ranks run their pre-phase while the straggler is still away.
 //
 // Validation before data moves: on entry a rank posts an 8 x int64 header (call number, numel,
-// dtype, plan id) to every plan peer and a receive for each peer's header. Data ops with a peer
+// dtype, plan id) to every plan peer and a receive for each peer's header. Receives from a peer
 // are posted only after that peer's header has arrived and matched, which happens lazily, the
-// first time the wait order reaches an op with that peer; both sides of a pair compare the same
-// fields, so both detect a mismatch, before any data moves between them.
+// first time the wait order reaches an op with that peer. Sends are posted at once: the transports
+// move a message only once the receiver has posted its receive (gloo's pairs wait for the
+// receiver's ready notice; NCCL's send is a rendezvous), so no byte lands in a peer's memory before
+// that peer validated this rank's header, and the header round trip stays off the critical path.
+// Both sides of a pair compare the same fields, so both detect a mismatch.
 //
 // Faults (gloo): every group has an abort listener thread with one receive from any source posted
 // on a reserved tag. A rank that fails (header mismatch, timeout, dead peer) sends a small abort
@@ -128,8 +131,9 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
     bool received = false;
     try {
       received = work->wait();
-    } catch (const std::exception&) {
-      if (state->stopping.load()) return;
+    } catch (const std::exception& err) {
+      const std::string what = err.what();
+      if (state->stopping.load() || what.find("imed out") == std::string::npos) return;
       continue;  // the transport's default timeout: listen again
     }
     if (!received || state->stopping.load()) {
@@ -273,13 +277,11 @@ class Run {
     for (int64_t position = 0; position < num_waited; ++position) {
       const int64_t op = order[position];
       const int64_t peer = col(op, kColPeer);
+      validate_header(peer);
       if (!works_[op]) {
-        validate_header(peer);
-        if (!works_[op]) {
-          throw ExecFailure(context() + ": internal error: " + describe_op(op) +
-                                " is not posted when its turn to complete came; the plan's wait order is broken",
-                            kReasonOther, peer);
-        }
+        throw ExecFailure(context() + ": internal error: " + describe_op(op) +
+                              " is not posted when its turn to complete came; the plan's wait order is broken",
+                          kReasonOther, peer);
       }
       enter_range(col(op, kColLabel));
       wait_for(works_[op], op, peer);
@@ -359,7 +361,7 @@ class Run {
       const int64_t prev = col(op, kColChanPrev);
       if (prev >= 0 && !works_[prev] && !done_[prev]) return;  // channel predecessor not posted yet
       const int64_t peer = col(op, kColPeer);
-      if (!header_ok_.count(peer)) {
+      if (col(op, kColKind) != kSend && !header_ok_.count(peer)) {
         deferred_[peer].push_back(op);
         return;
       }
@@ -373,14 +375,24 @@ class Run {
     const int peer = static_cast<int>(physical(col(op, kColPeer)));
     start_ns_[op] = now_ns();
     std::vector<torch::Tensor> tensors;
-    if (kind == kSend) {
-      tensors.push_back(buffer_span(op));
-      works_[op] = group_->send(tensors, peer, kDataTag);
-    } else {
-      const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
-      tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
-      works_[op] = group_->recv(tensors, peer, kDataTag);
+    try {
+      if (kind == kSend) {
+        tensors.push_back(buffer_span(op));
+        works_[op] = group_->send(tensors, peer, kDataTag);
+      } else {
+        const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
+        tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
+        works_[op] = group_->recv(tensors, peer, kDataTag);
+      }
+    } catch (const std::exception& err) {
+      throw peer_failure(col(op, kColPeer), "could not start the " + describe_op(op), err.what());
     }
+  }
+
+  ExecFailure peer_failure(int64_t peer, const std::string& doing, const std::string& error) const {
+    return ExecFailure(context() + ": " + doing + " with " + rank_name(peer) + ": " + error +
+                           " (is rank " + std::to_string(physical(peer)) + " dead?)",
+                       kReasonPeerFailure, physical(peer));
   }
 
   void reduce_into_buffer(int64_t op) {
@@ -411,10 +423,14 @@ class Run {
     for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
       const int64_t peer = peers[k];
       std::vector<torch::Tensor> out{header};
-      header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
       auto incoming = torch::empty({kHeaderLength}, torch::dtype(torch::kInt64).device(buffer_.device()));
       std::vector<torch::Tensor> in{incoming};
-      header_recvs_[peer] = {group_->recv(in, static_cast<int>(physical(peer)), kHeaderTag), incoming};
+      try {
+        header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
+        header_recvs_[peer] = {group_->recv(in, static_cast<int>(physical(peer)), kHeaderTag), incoming};
+      } catch (const std::exception& err) {
+        throw peer_failure(peer, "could not start the header exchange", err.what());
+      }
     }
   }
 
@@ -498,7 +514,8 @@ class Run {
     out << context() << ": ";
     if (timed_out) {
       out << "timed out after " << timeout_.count() / 1000.0 << " s waiting for " << rank_name(peer) << " to complete "
-          << what << "; " << rank_name(peer) << " is stalled, dead, or never called all_reduce";
+          << what << "; " << rank_name(peer)
+          << " did not do its part in time: it is stalled or dead, did not call all_reduce, or waits for another rank";
     } else {
       out << rank_name(peer) << " failed during " << what << ": " << (error.empty() ? "wait() returned false" : error);
     }

@@ -15,7 +15,9 @@ import torch.multiprocessing as mp
 __all__ = ["run_group"]
 
 
-def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> None:
+def _entry(
+    rank: int, world_size: int, store_path: str, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any
+) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)

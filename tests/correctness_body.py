@@ -37,7 +37,9 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def sweep(rank: int, n: int, sizes: tuple[int, ...] = SIZES, dtypes: tuple[torch.dtype, ...] = DTYPES) -> dict[str, Any]:
+def sweep(
+    rank: int, n: int, sizes: tuple[int, ...] = SIZES, dtypes: tuple[torch.dtype, ...] = DTYPES
+) -> dict[str, Any]:
     """Run every (algorithm, size, dtype); return digests and the worst error / tolerance ratio."""
     import stragglerkit
 

@@ -42,10 +42,13 @@ def reduction_trees(schedule: Schedule) -> list[list[int]]:
     scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
     channels: dict[tuple[int, int], list[list[int]]] = {}
     send_order: dict[tuple[int, int], list[int]] = {}
+    recv_order: dict[tuple[int, int], list[int]] = {}
     for rank, ops in enumerate(schedule.ops):
         for index, op in enumerate(ops):
             if op.kind is OpKind.SEND:
                 send_order.setdefault((rank, op.peer or 0), []).append(index)
+            elif op.is_receive:
+                recv_order.setdefault((op.peer or 0, rank), []).append(index)
     done = [[False] * len(ops) for ops in schedule.ops]
     progress = True
     while progress:
@@ -62,8 +65,9 @@ def reduction_trees(schedule: Schedule) -> list[list[int]]:
                     channels.setdefault((rank, op.peer or 0), []).append(buffers[rank][lo:hi])
                 elif op.is_receive:
                     queue = channels.get((op.peer or 0, rank), [])
-                    if not queue:
-                        continue
+                    if not queue or recv_order[(op.peer or 0, rank)][0] != index:
+                        continue  # ... and are received in program order
+                    recv_order[(op.peer or 0, rank)].pop(0)
                     data = queue.pop(0)
                     if op.kind is OpKind.RECV_REDUCE:
                         buffers[rank][lo:hi] = [add(a, b) for a, b in zip(buffers[rank][lo:hi], data)]

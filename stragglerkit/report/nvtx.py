@@ -106,7 +106,7 @@ def _active_range(name: str) -> Iterator[None]:
         pop()
 
 
-def range(name: str) -> contextlib.AbstractContextManager[None]:  # noqa: A001 - mirrors nvtx.range
+def range(name: str) -> contextlib.AbstractContextManager[None]:
     """A context manager that brackets an NVTX range, or a no-op one when disabled."""
     return _active_range(name) if _push is not None else _NULL
 

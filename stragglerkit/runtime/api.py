@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
-from stragglerkit.runtime.executor import OpTimings, notify_local_failure, run_plan
+from stragglerkit.runtime.executor import OpTiming, OpTimings, notify_local_failure, run_plan
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules import check
@@ -78,6 +78,16 @@ class RunRecord:
     """The algorithm that ran (``"none"`` for a one-rank group)."""
     timings: OpTimings
     """Per-op timings of this rank (peer, bytes, post and completion times)."""
+    plan: RankPlan | None = None
+    """The lowered plan that ran (``None`` for a one-rank group)."""
+
+    def labelled_timings(self) -> list[tuple[str, OpTiming]]:
+        """``(phase/round label, timing)`` of every message, in completion order."""
+        if self.plan is None:
+            return []
+        labels = self.plan.labels
+        label_of = self.plan.ops[:, 5].tolist()
+        return [(labels[label_of[t.op]], t) for t in self.timings.records()]
 
 
 def choose_algorithm(requested: str, situation: Situation, numel: int) -> tuple[str, str | None]:
@@ -159,7 +169,7 @@ class AllReduceHandle:
             if error is None:
                 self.future.set_result(tensor)
             else:
-                self.future.set_exception(error)
+                self.future.set_exception(error)  # type: ignore[arg-type]
 
         done.add_done_callback(finish)
 
@@ -300,7 +310,7 @@ class Runtime:
             )
             if op == "avg":
                 tensor.div_(n)
-        return RunRecord(algorithm, chosen, timings)
+        return RunRecord(algorithm, chosen, timings, cached.plan)
 
     def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str) -> _CachedPlan:
         slowdowns = tuple(sorted(situation.slowdowns.items()))

@@ -30,7 +30,7 @@ def native():  # type: ignore[no-untyped-def]
     global _native
     if _native is None:
         try:
-            from stragglerkit import _C
+            from stragglerkit import _C  # type: ignore[attr-defined]
         except ImportError as err:
             raise StragglerKitError(
                 "stragglerkit's native extension is not built: run `python setup.py build_ext --inplace` "
@@ -99,6 +99,18 @@ def _range_callback(labels: list[str]) -> Callable[[int, bool], None] | None:
     return callback
 
 
+_RANK_MAP_TABLES: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def rank_map_table(rank_map: RankMap) -> torch.Tensor:
+    """``rank_map`` as the int64 tensor the executor reads (cached)."""
+    table = _RANK_MAP_TABLES.get(rank_map.to_physical)
+    if table is None:
+        table = torch.tensor(rank_map.to_physical, dtype=torch.int64)
+        _RANK_MAP_TABLES[rank_map.to_physical] = table
+    return table
+
+
 def run_plan(
     group: dist.ProcessGroup,
     buffer: torch.Tensor,
@@ -121,7 +133,7 @@ def run_plan(
             plan.child_idx,
             plan.wait_order,
             plan.peers,
-            torch.tensor(rank_map.to_physical, dtype=torch.int64),
+            rank_map_table(rank_map),
             plan.labels,
             plan.algorithm,
             plan.logical_rank,

@@ -42,8 +42,8 @@ __all__ = [
     "OP_COLUMNS",
     "LoweredKind",
     "RankPlan",
-    "chunk_bounds",
     "choose_pieces",
+    "chunk_bounds",
     "lower",
     "message_order",
     "plan_id",
@@ -140,6 +140,10 @@ def _label(op: Op) -> str:
     return op.phase or op.kind.value
 
 
+def _untagged(op: Op) -> Op:
+    return Op(op.kind, op.chunks, op.peer, op.scratch, op.depends, None, op.phase)
+
+
 def _explicit_depends(schedule: Schedule) -> list[list[set[int]]]:
     """Per op, the dependencies that are not data dependencies (kept between all pieces)."""
     derived = ScheduleBuilder(schedule.world_size, schedule.num_chunks)
@@ -166,7 +170,7 @@ def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
             algorithm=schedule.algorithm,
             world_size=schedule.world_size,
             num_chunks=schedule.num_chunks,
-            ops=[[Op(o.kind, o.chunks, o.peer, o.scratch, o.depends, None, o.phase) for o in ops] for ops in schedule.ops],
+            ops=[[_untagged(op) for op in ops] for ops in schedule.ops],
             params=dict(schedule.params),
         )
         return plain, labels
@@ -190,11 +194,16 @@ def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
 
 
 def message_order(schedule: Schedule, empty: list[list[bool]], straggler: int | None = None) -> list[list[int]]:
-    """Per rank, its non-empty comm ops in the order their messages move in a simulated run.
+    """Per rank, the order in which it observes (waits for) its non-empty comm ops in a simulated run.
 
-    Messages of one pair match in program order and move when both sides are ready; ``empty`` ops
-    complete at once on both sides. Ops of ``straggler`` run only when nothing else can, which is
-    the order in which a late rank's messages really happen.
+    Messages of one pair match in program order and move when both sides have posted them (an op
+    is posted once the ops it depends on were observed); ``empty`` ops complete at once on both
+    sides. A receive is observed when its message moves; the sender observes a moved send only
+    after its own next receive (or when nothing else can move), so that the executor sleeps on the
+    receive, by which time the send has long finished, instead of on both. Ops of ``straggler``
+    run only when nothing else can, which is the order in which a late rank's messages happen.
+    Because the result is one valid interleaving of the whole run, every rank waiting in its order
+    cannot deadlock (csrc/executor.cpp).
     """
     n = schedule.world_size
     pending = [[len(set(op.depends)) for op in ops] for ops in schedule.ops]
@@ -211,6 +220,7 @@ def message_order(schedule: Schedule, empty: list[list[bool]], straggler: int | 
                 (chan_sends if op.kind is OpKind.SEND else chan_recvs).setdefault(key, []).append(index)
     moved = dict.fromkeys(set(chan_sends) | set(chan_recvs), 0)
     ready_comm: set[tuple[int, int]] = set()
+    unobserved_sends: list[deque[int]] = [deque() for _ in range(n)]
     order: list[list[int]] = [[] for _ in range(n)]
     done = 0
     total = schedule.num_ops()
@@ -228,15 +238,21 @@ def message_order(schedule: Schedule, empty: list[list[bool]], straggler: int | 
             if pending[rank][child] == 0:
                 enqueue(rank, child)
 
+    def observe_sends(rank: int) -> None:
+        while unobserved_sends[rank]:
+            index = unobserved_sends[rank].popleft()
+            order[rank].append(index)
+            complete(rank, index)
+
     def move(channel: tuple[int, int]) -> None:
         src, dst = channel
         sends, recvs = chan_sends.get(channel, []), chan_recvs.get(channel, [])
         k = moved[channel]
         while k < len(sends) and k < len(recvs) and (src, sends[k]) in ready_comm and (dst, recvs[k]) in ready_comm:
-            order[src].append(sends[k])
+            unobserved_sends[src].append(sends[k])
             order[dst].append(recvs[k])
-            complete(src, sends[k])
             complete(dst, recvs[k])
+            observe_sends(dst)
             k += 1
         moved[channel] = k
 
@@ -244,8 +260,21 @@ def message_order(schedule: Schedule, empty: list[list[bool]], straggler: int | 
         for index in range(len(ops)):
             if pending[rank][index] == 0:
                 enqueue(rank, index)
-    while main or late:
-        rank, index = main.popleft() if main else late.popleft()
+    while True:
+        if main:
+            rank, index = main.popleft()
+        elif any(unobserved_sends[r] for r in range(n) if r != straggler):
+            for r in range(n):
+                if r != straggler:
+                    observe_sends(r)
+            continue
+        elif late:
+            rank, index = late.popleft()
+        elif straggler is not None and unobserved_sends[straggler]:
+            observe_sends(straggler)
+            continue
+        else:
+            break
         op = schedule.ops[rank][index]
         if not op.is_comm or empty[rank][index]:
             complete(rank, index)

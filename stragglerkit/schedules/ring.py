@@ -42,9 +42,12 @@ def add_ring_reduce_scatter(
         for i, rank in enumerate(members):
             send_chunk = owned[(i - 1 - step) % m]
             recv_chunk = owned[(i - 2 - step) % m]
-            rnd = first_round + step
-            builder.send(rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=rnd, phase=phase)
-            builder.recv_reduce(rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=rnd, phase=phase)
+            builder.send(
+                rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase
+            )
+            builder.recv_reduce(
+                rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=first_round + step, phase=phase
+            )
     return first_round + max(m - 1, 0)
 
 
@@ -61,9 +64,12 @@ def add_ring_allgather(
         for i, rank in enumerate(members):
             send_chunk = owned[(i - step) % m]
             recv_chunk = owned[(i - 1 - step) % m]
-            rnd = first_round + step
-            builder.send(rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=rnd, phase=phase)
-            builder.recv(rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=rnd, phase=phase)
+            builder.send(
+                rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase
+            )
+            builder.recv(
+                rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=first_round + step, phase=phase
+            )
     return first_round + max(m - 1, 0)
 
 

@@ -1,0 +1,159 @@
+"""Executor vs gloo on loopback: our plan interpreter against torch.distributed.all_reduce.
+
+Spawns ``--world-size`` gloo ranks on 127.0.0.1 and, for each bucket size, alternates a gloo
+``all_reduce`` and ``stragglerkit.all_reduce(algorithm=...)`` on the same data, ``--repeats`` times
+(the order flips every repetition). A repetition's time is the slowest rank's time between a
+barrier and the end of its call. Reported the nccl-tests way: size, count, median time, algbw,
+busbw (GB = 1e9, busbw = algbw·2(n-1)/n), #wrong (results that differ from gloo's by more than the
+float32 rounding bound), plus the ratio of medians ours/gloo and p10/p90.
+
+Example::
+
+    python profiling/bench_executor.py --world-size 4 --sizes 67108864,1024 --repeats 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rank_main(rank: int, n: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
+    sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank, world_size=n)
+    import stragglerkit
+
+    out: dict[str, Any] = {}
+    for nbytes in args.sizes:
+        numel = max(1, nbytes // 4)
+        data = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        for algorithm in args.algorithms:
+            gloo_times: list[float] = []
+            ours_times: list[float] = []
+            wrong = 0
+            for rep in range(args.warmup + args.repeats):
+                order = ("gloo", "ours") if rep % 2 == 0 else ("ours", "gloo")
+                results: dict[str, torch.Tensor] = {}
+                for which in order:
+                    x = data.clone()
+                    dist.barrier()
+                    start = time.perf_counter()
+                    if which == "gloo":
+                        dist.all_reduce(x)
+                    else:
+                        stragglerkit.all_reduce(x, algorithm=algorithm)
+                    elapsed = time.perf_counter() - start
+                    results[which] = x
+                    if rep >= args.warmup:
+                        (gloo_times if which == "gloo" else ours_times).append(elapsed)
+                bound = 2 * n * torch.finfo(torch.float32).eps * (data.abs().max().item() * n) + 1e-30
+                if rep >= args.warmup and (results["gloo"] - results["ours"]).abs().max().item() > bound:
+                    wrong += 1
+            out[f"{nbytes}/{algorithm}"] = {"gloo": gloo_times, "ours": ours_times, "wrong": wrong}
+    queue.put((rank, out))
+    dist.barrier()
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "median_s": statistics.median(ordered),
+        "p10_s": ordered[len(ordered) // 10],
+        "p90_s": ordered[(len(ordered) * 9) // 10],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--sizes", default="67108864,1024", help="bucket sizes in bytes (float32), comma-separated")
+    parser.add_argument("--algorithms", default="ring", help="stragglerkit algorithms, comma-separated")
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "profiling/results/executor_loopback.json"))
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.algorithms = args.algorithms.split(",")
+    n = args.world_size
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_rank_main, args=(r, n, store, args, queue)) for r in range(n)]
+        for p in procs:
+            p.start()
+        per_rank = dict(queue.get(timeout=1800) for _ in range(n))
+        for p in procs:
+            p.join()
+
+    rows = []
+    for key in per_rank[0]:
+        nbytes_text, algorithm = key.split("/")
+        nbytes = int(nbytes_text)
+        reps = len(per_rank[0][key]["gloo"])
+        # a repetition takes as long as its slowest rank
+        gloo = [max(per_rank[r][key]["gloo"][i] for r in range(n)) for i in range(reps)]
+        ours = [max(per_rank[r][key]["ours"][i] for r in range(n)) for i in range(reps)]
+        g, o = _summary(gloo), _summary(ours)
+        algbw = nbytes / o["median_s"] / 1e9
+        rows.append(
+            {
+                "size_bytes": nbytes,
+                "count": max(1, nbytes // 4),
+                "algorithm": algorithm,
+                "gloo": g,
+                "ours": o,
+                "ratio_of_medians": o["median_s"] / g["median_s"],
+                "ours_algbw_GBps": algbw,
+                "ours_busbw_GBps": algbw * 2 * (n - 1) / n,
+                "gloo_algbw_GBps": nbytes / g["median_s"] / 1e9,
+                "wrong": sum(per_rank[r][key]["wrong"] for r in range(n)),
+                "repeats": reps,
+            }
+        )
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "world_size": n,
+        "transport": "gloo over loopback (127.0.0.1), one process per rank",
+        "targets": {"64MiB_ratio_max": 1.25, "1KiB_ratio_max": 2.0},
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'size':>10} {'alg':>8} {'gloo med':>10} {'ours med':>10} {'ratio':>6} {'busbw':>7} {'wrong':>5}")
+    for row in rows:
+        print(
+            f"{row['size_bytes']:>10} {row['algorithm']:>8} {row['gloo']['median_s'] * 1e3:>9.3f}m "
+            f"{row['ours']['median_s'] * 1e3:>9.3f}m {row['ratio_of_medians']:>6.2f} {row['ours_busbw_GBps']:>7.2f} "
+            f"{row['wrong']:>5}"
+        )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

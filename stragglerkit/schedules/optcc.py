@@ -1,0 +1,520 @@
+"""OptCC: a pipelined AllReduce that hides the slow NIC of a degraded rank (optcc.txt §4).
+
+Setting. ``p`` ranks; one *straggler* S whose NIC runs at ``1/l`` of the healthy bandwidth, and the
+``q = p - 1`` healthy ranks arranged in a directed ring ``h_0 -> h_1 -> ... -> h_{q-1} -> h_0``
+(edge ``e_j`` goes from ``h_j`` to ``h_{j+1}``). The buffer is cut into ``k`` *segments* of ``q``
+*sections* each; section ``x`` of a segment is *owned* by ``h_x``. Every section goes through four
+stages (optcc.txt §4.1):
+
+* S1 reduce-scatter: a chain of ``q-1`` hops ``h_{x+1} -> ... -> h_x`` adds the healthy
+  contributions (never using edge ``e_x``);
+* S2 upload: ``h_x`` sends the healthy partial sum to S; S adds its own contribution;
+* S3 download: S sends the global sum back to a healthy rank ``h_y``;
+* S4 all-gather: a chain of ``q-1`` hops ``h_y -> ... -> h_{y-1}`` hands the sum to everyone.
+
+S only ever moves one section in and one section out per section of data: the minimum that
+Lemma 5 allows. Stages S2/S3 use S's slow link, S1/S4 the healthy ring: disjoint links, so the
+pipeline runs them at the same time.
+
+The timetable. Time is cut into *windows* of length ``W = max(2, l)`` section-times (``s``); ``q``
+windows form a *body* and in steady state a body carries exactly one segment through every stage.
+In window ``t`` (``g = t mod q``) the *gap* is at ``e_g``: ``h_g`` uploads to S and S downloads to
+``h_{g+1}``, so the ring edge ``e_g`` is replaced by the detour ``h_g -> S -> h_{g+1}``; every
+other edge carries two ring hops (sub-slot 0: S1, sub-slot 1: S4). Seen from the gap, window ``t``
+is the line ``h_{t+1} -> h_{t+2} -> ... -> h_t``: node *position* ``i`` is ``h_{t+1+i}`` and edge
+position ``i`` joins positions ``i`` and ``i+1``. A *lane* is a fixed edge position ``0..q-2``;
+a chain that makes one hop per window in lane ``i`` stays in lane ``i`` while the line turns.
+
+* S1: every lane starts a chain every ``q-1`` windows, all lanes together (batch ``m`` starts at
+  window ``m(q-1)``). The chain in lane ``i`` of batch ``m`` ends at its owner, which uploads it at
+  window ``u = q + i + m(q-1)``: the uploads of the batches tile the windows ``q, q+1, ...`` with
+  exactly one upload per window, and window ``u`` uploads section ``x = u mod q`` of segment
+  ``u div q - 1``.
+* S2/S3: S receives the section uploaded in window ``u`` and sends the global sum in window
+  ``d = u + 1`` to ``h_{d+1}`` (the node at position 0, whose ring input is idle then).
+* S4: the download of window ``d`` waits at ``h_{d+1}`` until lane ``i = (d+1) mod (q-1)`` is free
+  and leaves in window ``d + q - i``; every lane starts an all-gather chain every ``q-1`` windows.
+
+Every edge/window slot is used at most once per sub-slot, the uploader sends nothing on the ring
+and the downloader receives nothing from it: no NIC ever sends or receives two flows at once. In
+the op IR each rank's sends are chained by dependencies, and so are its receives, so the executor
+and the simulator keep that property; the timetable only fixes the *order*, so the pipeline runs
+as fast as the data allows (faster than the windows at the head and tail, where links are idle).
+
+Worked example, p = 5, l = 2, k = 2 (rank 0 is S; h0..h3 are ranks 1..4), as printed by
+:func:`timetable_text` (what each rank *sends* per window; ``r2.0`` = S1 hop of section 2 of segment
+0, ``U`` upload, ``D0.0>3`` S's download of section 0.0 to rank 3, ``a`` S4 hop)::
+
+    window 0      1      2      3      4      5      6      7      8      9      10     11     12     13
+    S=0    -      -      -      -      -      D0.0>3 D1.0>4 D2.0>1 D3.0>2 D0.1>3 D1.1>4 D2.1>1 D3.1>2 -
+    h0=1   -      r2.0   r1.0   r3.0   U0.0   r1.1   r3.1   r2.1   U0.1   a2.0   a1.0   a0.0   -      a1.1
+    h1=2   r0.0   -      r2.0   r0.1   r3.0   U1.0   -      r3.1   r2.1   U1.1   a2.0   a1.0   a3.0   -
+    h2=3   r1.0   r0.0   -      r1.1   r0.1   r3.0   U2.0   -      r3.1   a0.0   U2.1   a2.0   a0.1   a3.0
+    h3=4   r2.0   r1.0   r0.0   -      r1.1   r0.1   r2.1   U3.0   -      a1.0   a0.0   U3.1   a1.1   a0.1
+
+The gap walks down the diagonal (h0 uploads in windows 0, 4, 8, 12; S returns each section one
+window after its upload, to the rank just past that window's gap). Section 0.0 climbs
+h1 -> h2 -> h3 -> h0 in windows 0..2 (lane 0: the sender is always the rank just past the gap),
+waits at its owner h0 for its upload window 4, comes back from S to rank 3 in window 5 and is
+all-gathered by the chain h2 -> h3 -> h0 -> h1 in windows 9..11.
+Per body (4 windows) each healthy rank sends ``2(q-1) = 6`` ring sections and one upload
+(``2s`` at l = 2): in steady state the ring and S's link are both full.
+
+Bubble filling (l < 2, optcc.txt §4.2 and App. C). A window is 2 section-times long but a
+straggler flow of one section only ``l``: the straggler link idles ``(2-l)s`` per window. Each
+upload/download is therefore followed by a *fill* piece of ``(2-l)/l`` sections: in body ``b``
+(``b < k``) every healthy rank uploads its own contribution of fill chunk ``b`` to S, S adds them
+all to its own, and in body ``b+1`` it downloads the sum to every healthy rank (a point-to-point
+AllReduce through S, at no extra time). Body 0, where S has no section to receive yet, carries
+only fill uploads; body ``k`` carries only section uploads. Sections shrink accordingly:
+``s' = l·n / (k((p-2)l + 2))``.
+
+Several stragglers (App. D, a different timetable from the paper's). Every straggler must send
+and receive the whole buffer once (Lemma 8), and only one of them can be the last to add into a
+section, so the slowest one, S, keeps the detour above and each other one, ``A_a``, *attaches*:
+per window it sends its own contribution of one section to that section's owner (added before the
+upload, so S receives the sum of everything but itself) and receives one global sum from the rank
+S returned it to. ``A_a``'s exchange edge walks the ring *backwards*, one edge per window
+(``e_{1 + a·q/(m-1) - t}``): a lane walks forwards with the gap, so the extra ``l_a`` of work visits
+every lane once per body instead of piling up in one lane, and every healthy rank does one
+exchange per attached straggler per segment. Per body a healthy rank then sends (and receives)
+for ``2(q-1) + l_1 + sum_a l_a`` section-times and S for ``q·l_1``, so
+``T -> max{2(q-1) + l_1 + sum_a l_a, q·l_1}/q · n`` as k grows, at or below the paper's
+``max{2(p-1), l_1(p-m) + 2(m-1)}/(p-m) · n`` (App. D.3). No bubble filling here.
+
+Several GPUs per server (App. E): see :mod:`stragglerkit.schedules.optcc_servers`.
+
+Time (bandwidth only, ``n`` = buffer/healthy bandwidth): ``l·n·(k+1)/k`` for ``l >= 2`` and about
+``2(p-1)·l·n/((p-2)l+2)·(k+l-1)/k`` for ``l < 2`` (optcc.txt eq. (1), (2)), against the lower
+bounds of Theorems 1 and 6 (``stragglerkit.sim.optcc_bounds``).
+
+Generation cost. :func:`optcc_plan` computes the whole pipeline in closed form in ``O(p)``
+(the ring order, the section and fill sizes, the number of windows); the timetable above maps any
+``(rank, window)`` to its flows in ``O(1)``. :meth:`OptccPlan.rank_ops` lowers one rank's ops
+(``O(kq)`` ops, what an executor needs) and :func:`optcc` lowers the whole schedule (``O(kq^2)``
+ops, for the checker and the simulator). For p = 1024, k = 64: plan ~0.03 ms, one window of one
+rank ~3 us, one rank's whole op list ~3 s (profiling/results/optcc_generation.json).
+
+Nomenclature: ``q`` healthy ranks, ``k`` segments, ``σ`` segment, ``x`` section (= owner index on
+the ring), ``t`` window, ``u``/``d`` upload/download window, ``i`` lane (edge position), ``m``
+batch, ``b`` body; chunk ``σ·q + x`` is section ``x`` of segment ``σ``, chunk ``k·q + b`` fill ``b``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules.ir import Op, OpKind, Schedule
+
+__all__ = ["ADDING_STAGES", "Flow", "OptccPlan", "optcc", "optcc_plan", "timetable_text"]
+
+_MAX_WEIGHT_DENOMINATOR = 64
+
+
+@dataclass(slots=True, frozen=True)
+class Flow:
+    """One transfer of the timetable: ``src`` sends ``chunk`` to ``dst`` in ``window``."""
+
+    window: int
+    src: int
+    dst: int
+    chunk: int
+    stage: str
+    """``reduce_scatter`` (S1), ``upload`` (S2), ``download`` (S3), ``allgather`` (S4),
+    ``fill_up`` / ``fill_down`` (bubble filling)."""
+
+
+@dataclass(slots=True, frozen=True)
+class OptccPlan:
+    """The closed-form OptCC pipeline for one straggler (see the module docstring).
+
+    Example::
+
+        plan = optcc_plan(5, {0: 2.0}, segments=4)
+        assert plan.num_windows == 4 * (4 + 2) + 1
+        ops = plan.rank_ops(3)          # what rank 3 executes
+    """
+
+    world_size: int
+    straggler: int
+    """The straggler on the upload/download detour (the slowest one)."""
+    healthy: tuple[int, ...]
+    """Healthy ranks in ring order (increasing): ``healthy[j]`` is ``h_j``."""
+    slowdown: float
+    segments: int
+    section_weight: int
+    """Relative size of one section."""
+    fill_weight: int
+    """Relative size of one fill chunk (0 when ``l >= 2``: no bubble filling)."""
+    attached: tuple[int, ...] = ()
+    """Further degraded ranks (App. D): each sends its own sections to their owners and gets every
+    global sum back from the rank that S returned it to, one exchange per window on a rotating edge."""
+    q: int = 0
+    """Number of healthy ranks (``len(healthy)``; filled in when left 0)."""
+
+    def __post_init__(self) -> None:
+        if self.q == 0:
+            object.__setattr__(self, "q", len(self.healthy))
+
+    # -- shape ---------------------------------------------------------------------------------
+    @property
+    def num_fills(self) -> int:
+        return self.segments if self.fill_weight else 0
+
+    @property
+    def num_chunks(self) -> int:
+        return self.segments * self.q + self.num_fills
+
+    @property
+    def num_windows(self) -> int:
+        """Windows up to the last all-gather hop (the last chain starts ``2..q`` after ``q(k+1)``)."""
+        last_download = self.q * (self.segments + 1)
+        lane = (last_download + 1) % (self.q - 1)
+        return last_download + self.q - lane + self.q - 1
+
+    def chunk_sizes(self) -> tuple[int, ...]:
+        sections = (self.section_weight,) * (self.segments * self.q)
+        return sections + (self.fill_weight,) * self.num_fills
+
+    def section_chunk(self, window: int) -> int | None:
+        """Chunk uploaded in ``window`` (and downloaded in ``window + 1``), if any."""
+        segment = window // self.q - 1
+        if 0 <= segment < self.segments:
+            return segment * self.q + window % self.q
+        return None
+
+    def fill_chunk(self, body: int) -> int | None:
+        if self.fill_weight and 0 <= body < self.segments:
+            return self.segments * self.q + body
+        return None
+
+    # -- the timetable -------------------------------------------------------------------------
+    def _rs_chunk(self, lane: int, window: int) -> int | None:
+        """Section carried by the S1 chain of ``lane`` in ``window`` (batch ``window div (q-1)``)."""
+        batch = window // (self.q - 1)
+        return self.section_chunk(self.q + lane + batch * (self.q - 1))
+
+    def _ag_chunk(self, lane: int, window: int) -> int | None:
+        """Section carried by the S4 chain of ``lane`` in ``window``."""
+        start = window - window % (self.q - 1)
+        download = start - self.q + lane
+        return self.section_chunk(download - 1) if download >= 1 else None
+
+    def _straggler_flows(self, window: int) -> Iterator[Flow]:
+        q, h, s = self.q, self.healthy, self.straggler
+        uploader, downloader = h[window % q], h[(window + 1) % q]
+        chunk = self.section_chunk(window)
+        if chunk is not None:
+            yield Flow(window, uploader, s, chunk, "upload")
+        fill = self.fill_chunk(window // q)
+        if fill is not None:
+            yield Flow(window, uploader, s, fill, "fill_up")
+        chunk = self.section_chunk(window - 1)
+        if chunk is not None:
+            yield Flow(window, s, downloader, chunk, "download")
+        fill = self.fill_chunk(window // q - 1)
+        if fill is not None:
+            yield Flow(window, s, downloader, fill, "fill_down")
+
+    # -- attached stragglers (App. D) ----------------------------------------------------------
+    def _attached_edge(self, index: int, window: int) -> int:
+        """Ring edge of attached straggler ``index`` in ``window``: it walks the ring backwards."""
+        return (1 + index * self.q // len(self.attached) - window) % self.q
+
+    def _attached_flows(self, index: int, window: int) -> Iterator[Flow]:
+        j = self._attached_edge(index, window)
+        rank, h = self.attached[index], self.healthy
+        raw = self._attached_raw(j, window)
+        if raw is not None:
+            yield Flow(window, rank, h[(j + 1) % self.q], raw, "attach_up")
+        final = self._attached_final(j, window)
+        if final is not None:
+            yield Flow(window, h[j], rank, final, "attach_down")
+
+    def _attached_raw(self, edge: int, window: int) -> int | None:
+        """Section whose owner ``h_{edge+1}`` uploads next, in the ``q`` windows after ``window``."""
+        upload = window + 1 + (edge - window) % self.q
+        return self.section_chunk(upload)
+
+    def _attached_final(self, edge: int, window: int) -> int | None:
+        """Section that S returned to ``h_edge`` last, in the ``q`` windows before ``window``."""
+        download = window - 1 - (window - edge) % self.q
+        return self.section_chunk(download - 1)
+
+    def _attached_sends(self, j: int, window: int) -> Iterator[Flow]:
+        for index, rank in enumerate(self.attached):
+            if self._attached_edge(index, window) == j:
+                final = self._attached_final(j, window)
+                if final is not None:
+                    yield Flow(window, self.healthy[j], rank, final, "attach_down")
+
+    def _attached_receives(self, j: int, window: int) -> Iterator[Flow]:
+        for index, rank in enumerate(self.attached):
+            edge = (j - 1) % self.q
+            if self._attached_edge(index, window) == edge:
+                raw = self._attached_raw(edge, window)
+                if raw is not None:
+                    yield Flow(window, rank, self.healthy[j], raw, "attach_up")
+
+    def _healthy_flows(self, window: int, position: int) -> Iterator[Flow]:
+        q, h = self.q, self.healthy
+        me = h[(window + 1 + position) % q]
+        if position == q - 1:  # the uploader: its ring output is the gap
+            for flow in self._straggler_flows(window):
+                if flow.src == me:
+                    yield flow
+        else:
+            nxt = h[(window + 2 + position) % q]
+            chunk = self._rs_chunk(position, window)
+            if chunk is not None:
+                yield Flow(window, me, nxt, chunk, "reduce_scatter")
+            chunk = self._ag_chunk(position, window)
+            if chunk is not None:
+                yield Flow(window, me, nxt, chunk, "allgather")
+        if position == 0:  # the downloader: its ring input is the gap
+            for flow in self._straggler_flows(window):
+                if flow.dst == me:
+                    yield flow
+        else:
+            prev = h[(window + position) % q]
+            chunk = self._rs_chunk(position - 1, window)
+            if chunk is not None:
+                yield Flow(window, prev, me, chunk, "reduce_scatter")
+            chunk = self._ag_chunk(position - 1, window)
+            if chunk is not None:
+                yield Flow(window, prev, me, chunk, "allgather")
+
+    def rank_flows(self, rank: int, window: int) -> Iterator[Flow]:
+        """The flows ``rank`` sends or receives in ``window``, in its program order (``O(1)``)."""
+        if rank == self.straggler:
+            yield from self._straggler_flows(window)
+            return
+        if rank in self.attached:
+            yield from self._attached_flows(self.attached.index(rank), window)
+            return
+        j = self._ring_index(rank)
+        if self.attached:
+            yield from self._attached_sends(j, window)
+            yield from self._attached_receives(j, window)
+        yield from self._healthy_flows(window, (j - window - 1) % self.q)
+
+    def flows(self, window: int) -> Iterator[Flow]:
+        """Every flow of ``window`` (each once, listed by its sender)."""
+        for rank in (self.straggler, *self.attached, *self.healthy):
+            for flow in self.rank_flows(rank, window):
+                if flow.src == rank:
+                    yield flow
+
+    def _ring_index(self, rank: int) -> int:
+        j = bisect_left(self.healthy, rank)
+        if j == self.q or self.healthy[j] != rank:
+            raise ValueError(f"rank {rank} is not a healthy rank of this plan")
+        return j
+
+    # -- lowering ------------------------------------------------------------------------------
+    def rank_ops(self, rank: int, chunk_ranges: list[tuple[int, int]] | None = None) -> list[Op]:
+        """The op list of one rank (what the executor of that rank runs): one op per flow.
+
+        Each send depends on the rank's previous send and each receive on its previous receive, so
+        a NIC never carries two flows in one direction at once; on top of that every op depends on
+        the last op that wrote its chunk and a receive on the sends that read the chunk since (the
+        same data dependencies :class:`ScheduleBuilder` derives, computed directly because this
+        runs for millions of ops). ``chunk_ranges`` lets :meth:`lower` share the range tuples.
+        """
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is not a rank of 0..{self.world_size - 1}")
+        ranges = chunk_ranges if chunk_ranges is not None else [(c, c + 1) for c in range(self.num_chunks)]
+        ops: list[Op] = []
+        last_send = last_recv = -1
+        writer: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}
+        for window in range(self.num_windows):
+            for flow in self.rank_flows(rank, window):
+                chunk, index = flow.chunk, len(ops)
+                deps = []
+                wrote = writer.get(chunk)
+                if flow.src == rank:
+                    if last_send >= 0:
+                        deps.append(last_send)
+                    if wrote is not None and wrote != last_send:
+                        deps.append(wrote)
+                    readers.setdefault(chunk, []).append(index)
+                    ops.append(Op(OpKind.SEND, ranges[chunk], flow.dst, None, tuple(sorted(deps)), None, flow.stage))
+                    last_send = index
+                else:
+                    if last_recv >= 0:
+                        deps.append(last_recv)
+                    if wrote is not None and wrote != last_recv:
+                        deps.append(wrote)
+                    deps.extend(r for r in readers.pop(chunk, ()) if r not in deps)
+                    kind = OpKind.RECV_REDUCE if flow.stage in ADDING_STAGES else OpKind.RECV
+                    ops.append(Op(kind, ranges[chunk], flow.src, None, tuple(sorted(deps)), None, flow.stage))
+                    writer[chunk] = index
+                    last_recv = index
+        return ops
+
+    def params(self) -> dict[str, object]:
+        return {
+            "straggler": self.straggler,
+            "attached": list(self.attached),
+            "slowdown": self.slowdown,
+            "segments": self.segments,
+            "section_weight": self.section_weight,
+            "fill_weight": self.fill_weight,
+        }
+
+    def lower(self) -> Schedule:
+        """The whole schedule in the op IR (for the checker and the simulator)."""
+        ranges = [(c, c + 1) for c in range(self.num_chunks)]
+        ops = [self.rank_ops(rank, ranges) for rank in range(self.world_size)]
+        return Schedule(
+            algorithm="optcc",
+            world_size=self.world_size,
+            num_chunks=self.num_chunks,
+            ops=ops,
+            chunk_sizes=self.chunk_sizes(),
+            params=self.params(),
+        )
+
+
+ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up"})
+_STAGE_MARK = {
+    "reduce_scatter": "r",
+    "upload": "U",
+    "download": "D",
+    "allgather": "a",
+    "fill_up": "F",
+    "fill_down": "f",
+    "attach_up": "R",
+    "attach_down": "d",
+}
+
+
+def timetable_text(plan: OptccPlan, windows: range) -> str:
+    """The timetable as text: one row per rank, one column per window, what the rank *sends*.
+
+    ``r`` = S1 hop, ``U`` = upload, ``D`` = download (``>rank``: receiver), ``a`` = S4 hop,
+    ``F``/``f`` = fill up/down; then ``section.segment`` (fills: the body).
+    """
+    cells: dict[tuple[int, int], list[str]] = {}
+    for window in windows:
+        for flow in plan.flows(window):
+            if flow.stage.startswith("fill"):
+                label = f"{_STAGE_MARK[flow.stage]}{flow.chunk - plan.segments * plan.q}"
+            else:
+                segment, section = divmod(flow.chunk, plan.q)
+                label = f"{_STAGE_MARK[flow.stage]}{section}.{segment}"
+            if flow.stage == "download":
+                label += f">{flow.dst}"
+            cells.setdefault((flow.src, window), []).append(label)
+    width = max((len(" ".join(c)) for c in cells.values()), default=1)
+    lines = [("window " + " ".join(f"{w:<{width}}" for w in windows)).rstrip()]
+    for rank in (plan.straggler, *plan.attached, *plan.healthy):
+        if rank in plan.healthy:
+            name = f"h{plan.healthy.index(rank)}={rank}"
+        else:
+            name = f"S={rank}" if rank == plan.straggler else f"A={rank}"
+        row = " ".join(f"{' '.join(cells.get((rank, w), ['-'])):<{width}}" for w in windows)
+        lines.append(f"{name:<6} {row}".rstrip())
+    return "\n".join(lines)
+
+
+def _fill_ratio(slowdown: float) -> Fraction:
+    """Fill size per section, ``(2-l)/l``, as a small fraction (0 when ``l >= 2``)."""
+    if slowdown >= 2.0:
+        return Fraction(0)
+    return Fraction((2.0 - slowdown) / slowdown).limit_denominator(_MAX_WEIGHT_DENOMINATOR)
+
+
+def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_per_server: int) -> dict[int, float]:
+    if world_size < 3:
+        raise NotApplicableError(
+            f"optcc needs at least 3 ranks (world_size={world_size}): with fewer there is no healthy ring; use ring"
+        )
+    if segments < 1:
+        raise ValueError(f"segments must be at least 1, got {segments}")
+    if gpus_per_server < 1 or world_size % gpus_per_server:
+        raise ValueError(f"gpus_per_server={gpus_per_server} must be a positive divisor of world_size={world_size}")
+    degraded: dict[int, float] = {}
+    for rank, slowdown in slowdowns.items():
+        if not 0 <= rank < world_size:
+            raise ValueError(f"slowdowns names rank {rank}, which is not a rank of 0..{world_size - 1}")
+        if not math.isfinite(slowdown) or slowdown < 1.0:
+            raise ValueError(
+                f"slowdown of rank {rank} is {slowdown}; a slowdown l is the factor by which the rank's "
+                "NIC is slower than a healthy one and must be a finite number >= 1"
+            )
+        if slowdown > 1.0:
+            degraded[rank] = float(slowdown)
+    if not degraded:
+        raise NotApplicableError(
+            "optcc needs at least one degraded rank (slowdown l > 1); with none, use ring (bandwidth-optimal)"
+        )
+    return degraded
+
+
+def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> OptccPlan:
+    """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
+
+    Example::
+
+        plan = optcc_plan(8, {5: 1.5}, segments=16)
+        assert plan.fill_weight * 3 == plan.section_weight   # (2 - 1.5) / 1.5 = 1/3
+    """
+    degraded = _validate(world_size, slowdowns, segments, gpus_per_server)
+    if gpus_per_server > 1:  # plan on the servers: a server is degraded if any of its GPUs is (PXN pools NICs)
+        servers: dict[int, float] = {}
+        for rank, slowdown in degraded.items():
+            servers[rank // gpus_per_server] = max(slowdown, servers.get(rank // gpus_per_server, 1.0))
+        if world_size // gpus_per_server < 3:
+            raise NotApplicableError(
+                f"optcc needs at least 3 servers, got {world_size // gpus_per_server} "
+                f"({world_size} ranks, {gpus_per_server} per server); use ring"
+            )
+        return optcc_plan(world_size // gpus_per_server, servers, segments)
+    q = world_size - len(degraded)
+    if q <= len(degraded) or (len(degraded) > 1 and q < 3):
+        raise NotApplicableError(
+            f"optcc needs more healthy ranks (servers) than degraded ones ({len(degraded)} of {world_size} are "
+            "degraded); "
+            "use ring"
+        )
+    # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
+    order = sorted(degraded, key=lambda r: (-degraded[r], r))
+    straggler, attached = order[0], tuple(order[1:])
+    slowdown = degraded[straggler]
+    fill = _fill_ratio(slowdown) if not attached else Fraction(0)
+    return OptccPlan(
+        world_size=world_size,
+        straggler=straggler,
+        healthy=tuple(r for r in range(world_size) if r not in degraded),
+        slowdown=slowdown,
+        segments=segments,
+        section_weight=fill.denominator,
+        fill_weight=fill.numerator,
+        attached=attached,
+    )
+
+
+def optcc(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> Schedule:
+    """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
+
+    ``slowdowns`` maps rank -> ``l`` (the rank's NIC runs at ``1/l`` of healthy bandwidth; ``l = 1``
+    entries are treated as healthy); ``segments`` is the pipeline depth ``k``.
+
+    Example::
+
+        sched = optcc(5, {0: 2.0}, segments=4)
+        check(sched)
+    """
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server)
+    if gpus_per_server == 1:
+        return plan.lower()
+    from stragglerkit.schedules.optcc_servers import lower_servers
+
+    return lower_servers(plan, gpus_per_server)

@@ -1,0 +1,316 @@
+"""GenModel cost model of a schedule, computed from its IR, and its fitting.
+
+GenModel (genmodel.txt) predicts an AllReduce's time as::
+
+    T = A·alpha + B·beta + C·gamma + D·delta + max(w - w_t, 0)·B·epsilon
+
+with A the messages, B the bytes, C the bytes reduced and D the bytes of memory traffic on the
+critical path, and w the incast degree (most flows into one rank at once) against a threshold w_t.
+
+The terms come from the schedule, never from per-algorithm formulas: the schedule is flattened
+into the same task graph the simulator uses (:mod:`stragglerkit.sim.graph`: data dependencies,
+messages delivered in order on each rank pair, and rounds run in order on each rank), each message
+weighs ``alpha + bytes·beta`` and each local op ``gamma·reduced + delta·memory`` bytes, and the
+*critical path* is the heaviest path through that DAG (found level by level with numpy and traced
+back along tight edges). A, B, C and D are summed along it. Bandwidth sharing is not modelled
+here: with rounds run in order a checked round schedule never puts two flows on one NIC direction,
+and incast is charged by the epsilon term instead. ``hidden_phases`` names phases that complete
+before the last rank arrives (StragglAR's ``reduce_scatter``, direct's ``pre_allreduce``): their
+ops count as done at time 0, which is how stragglar.txt Table 1 counts.
+
+The critical path is chosen with the weights of a :class:`CostModel.Config` (``weights``; the
+defaults when omitted), since which path is heaviest can depend on alpha versus beta.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from stragglerkit.schedules.ir import Schedule
+from stragglerkit.sim.graph import FloatArray, TaskGraph, build_task_graph, longest_path
+
+__all__ = ["CostModel", "CostTerms", "FitResult", "cost_terms", "fit"]
+
+_RECV_REDUCE_CODE = 2
+_PARAMS = ("alpha", "beta", "gamma", "delta", "epsilon")
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class CostTerms:
+    """The GenModel terms of one schedule at one buffer size (critical path quantities).
+
+    Example::
+
+        terms = cost_terms(ring(8), 2**30)
+        assert terms.A == 14
+    """
+
+    A: float
+    """Messages on the critical path."""
+    B: float
+    """Bytes sent on the critical path."""
+    C: float
+    """Bytes reduced on the critical path."""
+    D: float
+    """Bytes of local memory traffic on the critical path (3 per reduced byte, 2 per copied byte)."""
+    w: int
+    """Incast degree: the most flows into one rank at once (1 when there is none)."""
+
+
+class CostModel:
+    """Predicts a schedule's time with GenModel (see the module docstring).
+
+    Example::
+
+        model = CostModel(CostModel.Config(alpha=3e-6, beta=1 / 450e9))
+        seconds = model.predict(ring(8), 2**30)
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        alpha: float = 3e-6
+        """Seconds per message (latency), default: NVLink-class 3 us (stragglar.txt §4.3)."""
+        beta: float = 1.0 / 450e9
+        """Seconds per byte on a link, default: 1 / 450 GB/s (H100 NVLink, one direction)."""
+        gamma: float = 0.0
+        """Seconds per byte reduced (0: reductions hidden or free)."""
+        delta: float = 0.0
+        """Seconds per byte of local memory traffic."""
+        epsilon: float = 0.0
+        """Extra seconds per byte on the critical path per flow of incast above the threshold."""
+        incast_threshold: float = 1.0
+        """w_t: incast degree the fabric absorbs without the epsilon penalty."""
+
+        def __post_init__(self) -> None:
+            for name in (*_PARAMS, "incast_threshold"):
+                value = getattr(self, name)
+                if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                    raise ValueError(f"CostModel.Config.{name} = {value!r} must be a finite number >= 0")
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: CostModel.Config | None = None) -> None:
+        self.config = config if config is not None else CostModel.Config()
+
+    def predict(self, schedule: Schedule, size_bytes: float, hidden_phases: Sequence[str] = ()) -> float:
+        """Predicted seconds for ``schedule`` on ``size_bytes`` (from the last arrival, if phases are hidden).
+
+        Example::
+
+            CostModel().predict(stragglar(8), 2**30, hidden_phases=("reduce_scatter",))
+        """
+        return self.predict_terms(cost_terms(schedule, size_bytes, hidden_phases, weights=self.config))
+
+    def predict_terms(self, terms: CostTerms) -> float:
+        """GenModel's formula on already computed terms.
+
+        Example::
+
+            CostModel().predict_terms(CostTerms(A=14, B=1.9e9, C=0, D=0, w=1))
+        """
+        c = self.config
+        incast = max(terms.w - c.incast_threshold, 0.0)
+        return (
+            terms.A * c.alpha + terms.B * c.beta + terms.C * c.gamma + terms.D * c.delta + incast * terms.B * c.epsilon
+        )
+
+
+def cost_terms(
+    schedule: Schedule,
+    size_bytes: float,
+    hidden_phases: Sequence[str] = (),
+    *,
+    weights: CostModel.Config | None = None,
+    sync_rounds: bool = True,
+) -> CostTerms:
+    """The GenModel terms of ``schedule`` for a buffer of ``size_bytes`` (see the module docstring).
+
+    Example::
+
+        terms = cost_terms(stragglar(8), 2**30, hidden_phases=("reduce_scatter",))
+        assert terms.A == 9   # n + log2(n) - 2
+    """
+    if not (size_bytes >= 0 and math.isfinite(size_bytes)):
+        raise ValueError(f"size_bytes = {size_bytes!r} must be a finite number >= 0")
+    graph = build_task_graph(schedule, sync_rounds=sync_rounds)
+    unknown = [p for p in hidden_phases if p not in graph.phases]
+    if unknown:
+        raise ValueError(
+            f"hidden phase {unknown[0]!r} is not a phase of {schedule.algorithm!r} "
+            f"(its phases: {', '.join(graph.phases) or 'none'})"
+        )
+    return _critical_path(graph, size_bytes, tuple(hidden_phases), weights or CostModel.Config())
+
+
+def _critical_path(graph: TaskGraph, size_bytes: float, hidden: tuple[str, ...], cfg: CostModel.Config) -> CostTerms:
+    m = graph.num_messages
+    visible_op = ~graph.phase_mask(hidden)
+    visible_task = visible_op[graph.task_op]
+    # per-task and per-op term vectors: rows A, B, C, D
+    task_terms = np.zeros((4, graph.num_tasks))
+    task_terms[0, :m] = 1.0
+    task_terms[1, :m] = graph.task_bytes(size_bytes)[:m]
+    op_c = graph.op_reduced_bytes(size_bytes)
+    op_d = graph.op_memory_bytes(size_bytes)
+    local = graph.task_op[m:]
+    task_terms[2, m:] = op_c[local]
+    task_terms[3, m:] = op_d[local]
+    task_terms[:, ~visible_task] = 0.0
+    is_rr = (graph.op_kind == _RECV_REDUCE_CODE) & visible_op
+    op_terms = np.zeros((4, graph.op_kind.size))
+    op_terms[2] = np.where(is_rr, op_c, 0.0)
+    op_terms[3] = np.where(is_rr, op_d, 0.0)
+
+    weight = np.array([cfg.alpha, cfg.beta, cfg.gamma, cfg.delta])
+    duration = weight @ task_terms
+    op_extra = weight @ op_terms
+    done = longest_path(graph, np.zeros(graph.num_tasks), duration, op_extra)
+    op_done = done[graph.op_task] + op_extra
+    totals = op_terms[:, int(np.argmax(op_done))].copy() if op_done.size else np.zeros(4)
+    if op_done.size:
+        for task, edge_op in _trace_back(graph, done, duration, op_extra, int(graph.op_task[np.argmax(op_done)])):
+            totals += task_terms[:, task]
+            if edge_op >= 0:
+                totals += op_terms[:, edge_op]
+    incast = _incast_degree(
+        graph.task_dst[:m][visible_task[:m]], done[:m][visible_task[:m]], duration[:m][visible_task[:m]]
+    )
+    return CostTerms(A=float(totals[0]), B=float(totals[1]), C=float(totals[2]), D=float(totals[3]), w=incast)
+
+
+def _trace_back(
+    graph: TaskGraph, done: FloatArray, duration: FloatArray, op_extra: FloatArray, last: int
+) -> Iterable[tuple[int, int]]:
+    """Walk from ``last`` back along tight edges; yield (task, op of the edge that led into it)."""
+    edge_src = np.repeat(np.arange(graph.num_tasks), np.diff(graph.edge_ptr))
+    by_dst = np.argsort(graph.edge_dst, kind="stable")
+    in_ptr = np.zeros(graph.num_tasks + 1, dtype=np.int64)
+    np.cumsum(np.bincount(graph.edge_dst, minlength=graph.num_tasks), out=in_ptr[1:])
+    extra = np.where(graph.edge_from_op >= 0, op_extra[np.maximum(graph.edge_from_op, 0)], 0.0)
+    scale = max(float(done.max()), 1e-300)
+    task, via = last, -1
+    for _ in range(graph.num_tasks):
+        yield task, via
+        start = done[task] - duration[task]
+        if start <= 1e-12 * scale:
+            return
+        edges = by_dst[in_ptr[task] : in_ptr[task + 1]]
+        arrive = done[edge_src[edges]] + extra[edges]
+        best = int(np.argmax(arrive))
+        if arrive[best] < start - 1e-9 * scale:
+            return
+        task, via = int(edge_src[edges[best]]), int(graph.edge_from_op[edges[best]])
+
+
+def _incast_degree(dst: np.ndarray, end: FloatArray, duration: FloatArray) -> int:
+    """Most messages in progress into one rank at the same time (in the contention-free timeline)."""
+    live = (duration > 0) & np.isfinite(end)
+    if not live.any():
+        return 1
+    dst, end, start = dst[live], end[live], (end - duration)[live]
+    # snap to a grid far below any message time so that back-to-back messages do not overlap by rounding
+    grid = 1e-9 * float(end.max())
+    times = np.round(np.concatenate([start, end]) / grid)
+    ranks = np.concatenate([dst, dst])
+    step = np.concatenate([np.ones(start.size, dtype=np.int64), -np.ones(end.size, dtype=np.int64)])
+    order = np.lexsort((step, times, ranks))  # at equal times a flow ends before another starts
+    ranks, step = ranks[order], step[order]
+    running = np.cumsum(step)
+    group_start = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])
+    base = np.repeat(running[group_start] - step[group_start], np.diff(np.r_[group_start, ranks.size]))
+    return max(int((running - base).max()), 1)
+
+
+# ------------------------------------------------------------------------------------------------
+@dataclass(slots=True, kw_only=True, frozen=True)
+class FitResult:
+    """Parameters estimated by :func:`fit` and how well they explain the samples.
+
+    Example::
+
+        result = fit(samples)
+        model = result.model()
+    """
+
+    config: CostModel.Config
+    """The fitted parameters (``incast_threshold`` as given to :func:`fit`)."""
+    relative_rms: float
+    """Root mean square of (predicted - measured) / measured over the samples."""
+    max_relative_error: float
+    """Largest |predicted - measured| / measured over the samples."""
+    num_samples: int
+    unidentified: tuple[str, ...]
+    """Parameters no sample exercises (their column is all zero); they are fixed at 0."""
+
+    def model(self) -> CostModel:
+        return CostModel(self.config)
+
+
+def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.0) -> FitResult:
+    """Estimate non-negative alpha, beta, gamma, delta, epsilon from ``(terms, measured seconds)`` pairs.
+
+    Non-negative least squares (``scipy.optimize.nnls``) on the *relative* error (each row divided
+    by its measured time, so small and large buffers count alike), with columns scaled to unit
+    norm. Parameters that no sample exercises are reported in ``unidentified`` and fixed at 0.
+    Raises ``ValueError`` for non-positive or non-finite times, for fewer samples than free
+    parameters plus one, and for samples that cannot separate the parameters (e.g. every schedule
+    has the same A/B ratio: vary the buffer size).
+
+    Example::
+
+        samples = [(cost_terms(ring(8), s), measured[s]) for s in sizes]
+        result = fit(samples)
+        print(result.config.alpha, result.relative_rms)
+    """
+    rows = list(samples)
+    for i, row in enumerate(rows):
+        if not (isinstance(row, tuple) and len(row) == 2 and isinstance(row[0], CostTerms)):
+            raise ValueError(f"sample {i} must be a (CostTerms, measured seconds) pair, got {row!r}")
+        seconds = row[1]
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"sample {i}: measured time {seconds!r} must be a positive finite number of seconds")
+    if not (math.isfinite(incast_threshold) and incast_threshold >= 0):
+        raise ValueError(f"incast_threshold = {incast_threshold!r} must be a finite number >= 0")
+    design = np.array(
+        [[t.A, t.B, t.C, t.D, max(t.w - incast_threshold, 0.0) * t.B] for t, _ in rows], dtype=np.float64
+    ).reshape(len(rows), len(_PARAMS))
+    measured = np.array([s for _, s in rows], dtype=np.float64)
+    if not np.isfinite(design).all() or (design < 0).any():
+        raise ValueError("sample terms must be finite and non-negative")
+    used = np.flatnonzero(np.abs(design).sum(axis=0) > 0)
+    unidentified = tuple(_PARAMS[j] for j in range(len(_PARAMS)) if j not in used)
+    if used.size == 0:
+        raise ValueError("every sample has zero terms (empty schedules?); nothing to fit")
+    if len(rows) < used.size + 1:
+        raise ValueError(
+            f"fit needs at least {used.size + 1} samples to estimate {', '.join(_PARAMS[j] for j in used)} "
+            f"and measure the error, got {len(rows)}; measure more buffer sizes or algorithms"
+        )
+    weighted = design[:, used] / measured[:, None]
+    norms = np.linalg.norm(weighted, axis=0)
+    scaled = weighted / norms
+    singular = np.linalg.svd(scaled, compute_uv=False)
+    if singular[-1] < 1e-9 * singular[0]:
+        raise ValueError(
+            f"the samples cannot tell {', '.join(_PARAMS[j] for j in used)} apart (their terms are proportional "
+            "across samples); add samples with other buffer sizes or algorithms"
+        )
+    solution, _ = nnls(scaled, np.ones(len(rows)))
+    params = np.zeros(len(_PARAMS))
+    params[used] = solution / norms
+    config = CostModel.Config(
+        **{name: float(params[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
+    )
+    relative = design @ params / measured - 1.0
+    return FitResult(
+        config=config,
+        relative_rms=float(np.sqrt(np.mean(relative**2))),
+        max_relative_error=float(np.abs(relative).max()),
+        num_samples=len(rows),
+        unidentified=unidentified,
+    )

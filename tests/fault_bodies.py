@@ -1,0 +1,112 @@
+"""Per-rank bodies of the fault tests (imported by the spawned ranks)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+
+def _call(x: torch.Tensor, **kwargs: Any) -> str:
+    """Run all_reduce; return 'ok' or 'ExceptionType: message'."""
+    import stragglerkit
+
+    try:
+        stragglerkit.all_reduce(x, **kwargs)
+        return "ok"
+    except Exception as err:  # the test inspects type and text
+        return f"{type(err).__name__}: {err}"
+
+
+def bad_arguments_everywhere(rank: int, n: int) -> dict[str, Any]:
+    """Every rank makes the same bad calls (local ValueErrors), then a good call must still work."""
+    out = {
+        "non_contiguous": _call(torch.ones(4, 6).t()),
+        "sparse": _call(torch.ones(8).to_sparse()),
+        "dtype": _call(torch.ones(8, dtype=torch.int8)),
+        "complex": _call(torch.ones(8, dtype=torch.complex64)),
+        "op": _call(torch.ones(8), op="max"),
+        "avg_int": _call(torch.ones(8, dtype=torch.int32), op="avg"),
+        "algorithm": _call(torch.ones(8), algorithm="butterfly"),
+        "straggler": _call(torch.ones(8), algorithm="stragglar", straggler=n + 3),
+    }
+    x = torch.full((1000,), float(rank + 1))
+    out["good"] = _call(x, algorithm="ring")
+    out["good_value"] = bool(torch.all(x == n * (n + 1) / 2))
+    return out
+
+
+def one_rank_bad_arguments(rank: int, n: int) -> str:
+    x = torch.ones(4, 6).t() if rank == 1 else torch.ones(24)
+    return _call(x, algorithm="ring")
+
+
+def size_mismatch(rank: int, n: int) -> dict[str, Any]:
+    import stragglerkit.runtime.api as api
+
+    api.runtime_for().timeout = 30.0
+    numel = 1001 if rank == 2 else 1000
+    x = torch.full((numel,), float(rank))
+    before = x.clone()
+    return {"error": _call(x, algorithm="ring"), "unchanged": bool(torch.equal(x, before))}
+
+
+def dtype_mismatch(rank: int, n: int) -> dict[str, Any]:
+    import stragglerkit.runtime.api as api
+
+    api.runtime_for().timeout = 30.0
+    dtype = torch.float64 if rank == 0 else torch.float32
+    x = torch.ones(1000, dtype=dtype)
+    before = x.clone()
+    return {"error": _call(x, algorithm="rhd"), "unchanged": bool(torch.equal(x, before))}
+
+
+def peer_dies(rank: int, n: int, queue_hint: Any = None) -> str:
+    import torch.distributed as dist
+
+    import stragglerkit.runtime.api as api
+
+    api.runtime_for().timeout = 20.0
+    x = torch.ones(1000)
+    _call(x, algorithm="ring")  # warm: every rank connected and listening
+    dist.barrier()
+    if rank == 2:
+        os._exit(0)
+    time.sleep(0.5)
+    return _call(x, algorithm="ring")
+
+
+def peer_stalls(rank: int, n: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import stragglerkit.runtime.api as api
+
+    api.runtime_for().timeout = 2.0
+    x = torch.ones(1000)
+    _call(x, algorithm="ring")
+    dist.barrier()
+    if rank == 2:
+        time.sleep(5.0)
+    start = time.monotonic()
+    error = _call(x, algorithm="ring")
+    return {"error": error, "seconds": time.monotonic() - start}
+
+
+def straggler_overlap(rank: int, n: int, algorithm: str, straggler: int, delay: float) -> dict[str, Any]:
+    """The straggler arrives `delay` s late; report its arrival and everyone's labelled timings."""
+    import torch.distributed as dist
+
+    import stragglerkit
+
+    x = torch.randn(1 << 18)
+    stragglerkit.all_reduce(x.clone(), algorithm=algorithm, straggler=straggler)  # warm: plan cached
+    dist.barrier()
+    if rank == straggler:
+        time.sleep(delay)
+    arrival = time.monotonic_ns()
+    record = stragglerkit.all_reduce(x, algorithm=algorithm, straggler=straggler)
+    finished = time.monotonic_ns()
+    timings = [(label, t.peer, t.nbytes, t.start_ns, t.end_ns) for label, t in record.labelled_timings()]
+    return {"arrival": arrival, "finished": finished, "timings": timings}

@@ -1,0 +1,202 @@
+"""OptCC schedules: symbolic correctness, the timetable's one-flow-per-NIC rule, bad input."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules import check
+from stragglerkit.schedules import optcc as optcc_module
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.optcc import optcc, optcc_plan, timetable_text
+from stragglerkit.schedules.registry import Situation, generate
+
+SLOWDOWNS = [1.14, 1.33, 1.5, 2.0, 3.0, 4.0]
+
+# every p in 3..64 appears, every l with several p, every k with several p (the checker is O(p^2 k))
+SINGLE_CASES = [
+    (p, SLOWDOWNS[p % 6], (4, 8, 16, 64)[p % 4] if p <= 12 else (4 if p > 24 else (4, 8)[p % 2])) for p in range(3, 65)
+]
+
+
+@pytest.mark.parametrize(("p", "slowdown", "k"), SINGLE_CASES)
+def test_single_straggler_passes_the_checker(p: int, slowdown: float, k: int) -> None:
+    straggler = (3 * p + 1) % p
+    sched = optcc(p, {straggler: slowdown}, segments=k)
+    report = check(sched)
+    plan = optcc_plan(p, {straggler: slowdown}, segments=k)
+    q = p - 1
+    # every section makes 2(q-1) ring hops plus an upload and a download; fills: q up, q down
+    assert report.num_messages == k * q * (2 * (q - 1) + 2) + 2 * q * plan.num_fills
+    assert sched.num_chunks == k * q + plan.num_fills
+
+
+# several stragglers: every m in 1..3, every l, every k, p from 5 to 64
+MULTI_CASES = [
+    (5, {0: 1.14, 3: 1.33}, 4),
+    (6, {1: 2.0, 4: 4.0}, 8),
+    (7, {0: 1.5, 1: 1.5, 2: 1.5}, 4),
+    (9, {2: 3.0, 5: 1.14, 8: 2.0}, 16),
+    (13, {12: 1.33, 0: 4.0}, 64),
+    (24, {3: 1.5, 7: 2.0, 20: 3.0}, 4),
+    (40, {0: 1.14, 39: 1.14}, 4),
+    (64, {10: 2.0, 30: 1.33, 50: 4.0}, 4),
+]
+
+
+@pytest.mark.parametrize(("p", "slowdowns", "k"), MULTI_CASES)
+def test_several_stragglers_pass_the_checker(p: int, slowdowns: dict[int, float], k: int) -> None:
+    sched = optcc(p, slowdowns, segments=k)
+    report = check(sched)
+    m, q = len(slowdowns), p - len(slowdowns)
+    # ring hops, the detour through the slowest straggler, and one exchange each way per other straggler
+    assert report.num_messages == k * q * (2 * (q - 1) + 2 + 2 * (m - 1))
+    assert sched.params["straggler"] == max(slowdowns, key=lambda r: (slowdowns[r], -r))
+    for rank in slowdowns:  # each straggler moves exactly the buffer out and the buffer in
+        sent = sum(1 for _, _, op in sched.iter_ops() if op.kind is OpKind.SEND and op.peer == rank)
+        received = sum(1 for r, _, op in sched.iter_ops() if r == rank and op.kind is OpKind.SEND)
+        assert sent == received == k * q
+
+
+@pytest.mark.parametrize("slowdown", SLOWDOWNS)
+@pytest.mark.parametrize("k", [1, 2, 3, 64])
+def test_every_slowdown_and_depth_on_a_small_ring(slowdown: float, k: int) -> None:
+    check(optcc(6, {4: slowdown}, segments=k))
+
+
+def _sends_and_receives_are_chained(sched: Schedule) -> None:
+    for rank, ops in enumerate(sched.ops):
+        last = {"send": None, "recv": None}
+        for index, op in enumerate(ops):
+            if not op.is_comm:
+                continue
+            side = "send" if op.kind is OpKind.SEND else "recv"
+            if last[side] is not None:
+                assert last[side] in op.depends, f"rank {rank} op {index} does not wait for its previous {side}"
+            last[side] = index
+
+
+@pytest.mark.parametrize(("p", "slowdown"), [(3, 2.0), (7, 1.5), (12, 3.0)])
+def test_each_nic_runs_one_flow_per_direction_at_a_time(p: int, slowdown: float) -> None:
+    _sends_and_receives_are_chained(optcc(p, {1: slowdown}, segments=8))
+
+
+@pytest.mark.parametrize(("p", "slowdown"), [(3, 1.5), (5, 2.0), (9, 1.14), (16, 4.0)])
+def test_timetable_windows_respect_the_gap(p: int, slowdown: float) -> None:
+    plan = optcc_plan(p, {p - 1: slowdown}, segments=6)
+    q, h, s = plan.q, plan.healthy, plan.straggler
+    for window in range(plan.num_windows):
+        gap = window % q
+        per_edge: dict[tuple[int, int], list[str]] = {}
+        for flow in plan.flows(window):
+            if flow.dst == s:
+                assert flow.src == h[gap], f"window {window}: {flow} uploads from a rank other than h_{gap}"
+            elif flow.src == s:
+                assert flow.dst == h[(gap + 1) % q], f"window {window}: {flow} downloads to the wrong rank"
+            else:
+                assert h.index(flow.dst) == (h.index(flow.src) + 1) % q, f"{flow} is not a ring edge"
+                assert flow.src != h[gap], f"window {window}: the uploader also sends on the ring"
+                per_edge.setdefault((flow.src, flow.dst), []).append(flow.stage)
+        for edge, stages in per_edge.items():
+            assert sorted(stages) in (["allgather"], ["reduce_scatter"], ["allgather", "reduce_scatter"]), (
+                f"window {window}: edge {edge} carries {stages}"
+            )
+
+
+@pytest.mark.parametrize(("p", "slowdown"), [(3, 1.5), (7, 1.5), (9, 3.0)])
+def test_direct_dependencies_equal_the_builders(p: int, slowdown: float) -> None:
+    """The lowering derives data dependencies itself; they must be what ScheduleBuilder derives."""
+    plan = optcc_plan(p, {2: slowdown}, segments=5)
+    whole = plan.lower()
+    builder = ScheduleBuilder(p, plan.num_chunks)
+    for rank in range(p):
+        assert plan.rank_ops(rank) == whole.ops[rank]
+        last = {OpKind.SEND: None}
+        for op in whole.ops[rank]:
+            side = OpKind.SEND if op.kind is OpKind.SEND else OpKind.RECV
+            previous = last.get(side)
+            extra = () if previous is None else (previous,)
+            last[side] = builder.add(rank, Op(op.kind, op.chunks, op.peer, None, extra, None, op.phase))
+        assert builder.ops[rank] == whole.ops[rank]
+
+
+def test_docstring_example_is_the_real_timetable() -> None:
+    doc = optcc_module.__doc__ or ""
+    block = doc.split("as printed by")[1].split("::\n\n")[1].split("\n\n")[0]
+    shown = "\n".join(line[4:] for line in block.splitlines())
+    assert shown == timetable_text(optcc_plan(5, {0: 2.0}, segments=2), range(14))
+
+
+@pytest.mark.parametrize(("slowdown", "ratio"), [(8 / 7, 3 / 4), (1.5, 1 / 3), (4 / 3, 1 / 2), (2.0, 0.0), (3.0, 0.0)])
+def test_fill_size_fills_the_straggler_bubble(slowdown: float, ratio: float) -> None:
+    plan = optcc_plan(8, {0: slowdown})
+    assert plan.fill_weight / plan.section_weight == pytest.approx(ratio)
+
+
+def test_registry_builds_optcc_for_the_degraded_rank() -> None:
+    sched = generate("optcc", Situation(world_size=6, slowdowns={3: 2.0}, segments=4))
+    check(sched)
+    assert sched.params["straggler"] == 3
+    # the straggler moves exactly one section in and out per section of data
+    to_straggler = sum(1 for _, _, op in sched.iter_ops() if op.kind is OpKind.SEND and op.peer == 3)
+    assert to_straggler == 4 * 5
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "pattern"),
+    [
+        ((2, {0: 2.0}), NotApplicableError, "at least 3 ranks"),
+        ((5, {}), NotApplicableError, "at least one degraded rank"),
+        ((5, {1: 1.0}), NotApplicableError, "at least one degraded rank"),
+        ((5, {7: 2.0}), ValueError, "not a rank"),
+        ((5, {1: 0.5}), ValueError, "must be a finite number >= 1"),
+        ((5, {1: float("nan")}), ValueError, "must be a finite number >= 1"),
+        ((6, {0: 2.0, 1: 2.0, 2: 2.0}), NotApplicableError, "than degraded ones"),
+        ((6, {0: 2.0}, 64, 3), NotApplicableError, "at least 3 servers"),
+    ],
+)
+def test_bad_input_is_rejected_clearly(args: tuple, error: type, pattern: str) -> None:
+    with pytest.raises(error, match=re.escape(pattern)):
+        optcc(*args)
+
+
+def test_bad_segments_and_servers_are_rejected() -> None:
+    with pytest.raises(ValueError, match="segments"):
+        optcc(5, {1: 2.0}, segments=0)
+    with pytest.raises(ValueError, match="divisor"):
+        optcc(6, {1: 2.0}, gpus_per_server=4)
+
+
+# several GPUs per server: every g in {2, 4, 8}, one or two degraded servers, every l
+SERVER_CASES = [
+    (6, 2, {2: 2.0, 3: 2.0}, 4),
+    (8, 2, {0: 1.14}, 64),
+    (12, 4, {4: 1.5, 5: 1.5, 6: 1.5, 7: 1.5}, 8),
+    (16, 4, {15: 3.0}, 16),
+    (24, 8, {8: 1.33}, 4),
+    (48, 8, {0: 4.0, 47: 1.5}, 4),
+    (40, 2, {2: 1.5, 9: 2.0, 21: 1.14}, 4),
+]
+
+
+@pytest.mark.parametrize(("p", "g", "slowdowns", "k"), SERVER_CASES)
+def test_multi_gpu_servers_pass_the_checker(p: int, g: int, slowdowns: dict[int, float], k: int) -> None:
+    sched = optcc(p, slowdowns, segments=k, gpus_per_server=g)
+    check(sched)
+    assert sched.params["gpus_per_server"] == g
+    # every inter-server flow pairs GPUs with the same local index; NVLink flows stay in the server
+    for rank, index, op in sched.iter_ops():
+        if op.is_comm and op.peer is not None and op.peer // g != rank // g:
+            assert op.peer % g == rank % g, f"rank {rank} op {index} crosses servers between GPU lanes"
+    # NIC and NVLink sends/receives each form one chain per rank
+    for rank, ops in enumerate(sched.ops):
+        last: dict[tuple[bool, bool], int] = {}
+        for index, op in enumerate(ops):
+            if not op.is_comm:
+                continue
+            key = (op.peer is not None and op.peer // g == rank // g, op.kind is OpKind.SEND)
+            if key in last:
+                assert last[key] in op.depends, f"rank {rank} op {index} does not wait for op {last[key]}"
+            last[key] = index

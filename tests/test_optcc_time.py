@@ -1,0 +1,104 @@
+"""OptCC in the flow simulator (bandwidth only): closed forms, lower bounds, one flow per NIC direction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import pairwise
+
+import pytest
+
+from stragglerkit.schedules import ring
+from stragglerkit.schedules.optcc import optcc
+from stragglerkit.schedules.optcc_servers import nic_projection
+from stragglerkit.sim import optcc_bounds as ob
+from stragglerkit.sim.simulator import Flow, Network, simulate
+
+SIZE = 1.0  # bytes, with bandwidth 1 byte/s: times are in units of n
+
+
+def _simulate(p: int, slowdowns: dict[int, float], k: int) -> tuple[float, list[Flow]]:
+    result = simulate(optcc(p, slowdowns, segments=k), SIZE, Network.uniform(p, 0.0, 1.0, slowdowns), record_flows=True)
+    assert result.flows is not None
+    return result.makespan, result.flows
+
+
+def _assert_one_flow_per_nic_direction(flows: list[Flow]) -> None:
+    by_nic: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for flow in flows:
+        by_nic[("tx", flow.src)].append((flow.start, flow.end))
+        by_nic[("rx", flow.dst)].append((flow.start, flow.end))
+    for nic, spans in by_nic.items():
+        spans.sort()
+        for (_, end), (start, _) in pairwise(spans):
+            assert start >= end - 1e-12, f"{nic[0]} NIC of rank {nic[1]} carries two flows at once near t={start}"
+
+
+@pytest.mark.parametrize(
+    ("p", "slowdown"),
+    [(3, 2.0), (5, 2.0), (8, 3.0), (12, 4.0), (16, 2.0), (6, 1.14), (9, 1.33), (12, 1.5), (16, 8 / 7), (16, 1.5)],
+)
+def test_single_straggler_meets_the_closed_form_and_respects_the_bounds(p: int, slowdown: float) -> None:
+    k = 64
+    time, flows = _simulate(p, {p // 3: slowdown}, k)
+    closed = ob.optcc_single_time(p, slowdown, k)
+    assert time <= closed * 1.03, f"p={p} l={slowdown}: simulated {time:.4f} vs closed form {closed:.4f}"
+    assert time >= ob.theorem6_bound(p, slowdown) - 1e-9
+    assert time >= ob.theorem1_bound(p, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(flows)
+
+
+@pytest.mark.parametrize(
+    ("p", "slowdowns"),
+    [
+        (8, [1.5, 1.5]),
+        (12, [1.14, 1.33]),
+        (16, [2.0, 2.0]),
+        (16, [3.0, 1.5]),
+        (12, [4.0, 4.0]),
+        (16, [1.5, 1.5, 1.5]),
+        (20, [2.0, 1.33, 1.14]),
+    ],
+)
+def test_several_stragglers_meet_appendix_d_and_respect_theorem2(p: int, slowdowns: list[float]) -> None:
+    k = 64
+    degraded = {i * (p // len(slowdowns)): slowdown for i, slowdown in enumerate(slowdowns)}
+    time, flows = _simulate(p, degraded, k)
+    closed = ob.optcc_multi_time(p, slowdowns, k)
+    assert time <= closed * 1.03, f"p={p} l={slowdowns}: simulated {time:.4f} vs App. D.3 {closed:.4f}"
+    assert time >= ob.theorem2_bound(p, slowdowns) - 1e-9
+    assert time < ob.ring_degraded_time(p, slowdowns)
+    _assert_one_flow_per_nic_direction(flows)
+
+
+def test_optcc_beats_the_degraded_ring_and_stays_near_the_fault_free_one() -> None:
+    p, slowdown = 16, 8 / 7
+    time, _ = _simulate(p, {0: slowdown}, 64)
+    fault_free = simulate(ring(p), SIZE, Network.uniform(p, 0.0, 1.0)).makespan
+    degraded = simulate(ring(p), SIZE, Network.uniform(p, 0.0, 1.0, {0: slowdown})).makespan
+    assert fault_free == pytest.approx(ob.fault_free_time(p))
+    assert degraded == pytest.approx(ob.ring_degraded_time(p, [slowdown]))
+    assert time < degraded
+    assert time <= fault_free * 1.06
+
+
+def test_more_segments_approach_the_limit() -> None:
+    times = [_simulate(7, {2: 2.0}, k)[0] for k in (4, 16, 64)]
+    assert times[0] > times[1] > times[2] >= 2.0
+
+
+@pytest.mark.parametrize(
+    ("p", "g", "slowdown"),
+    [(16, 2, 2.0), (16, 4, 1.5), (24, 4, 3.0), (32, 8, 2.0), (32, 8, 1.14), (24, 2, 4.0), (16, 4, 1.33)],
+)
+def test_multi_gpu_nic_flows_meet_appendix_e(p: int, g: int, slowdown: float) -> None:
+    """NIC time with NVLink taken as free (the simulator models no NVLink; see nic_projection)."""
+    k = 64
+    degraded = {r: slowdown for r in range(g, 2 * g)}  # every GPU of server 1
+    sched = nic_projection(optcc(p, degraded, segments=k, gpus_per_server=g), g)
+    result = simulate(sched, SIZE, Network.uniform(p, 0.0, 1.0, degraded), record_flows=True)
+    assert result.flows is not None
+    closed = ob.optcc_multigpu_time(p, g, slowdown, k)
+    assert result.makespan <= closed * 1.05, f"p={p} g={g} l={slowdown}: {result.makespan:.4f} vs E.4 {closed:.4f}"
+    assert result.makespan >= ob.theorem13_bound(p, g, slowdown) - 1e-9
+    assert result.makespan >= ob.theorem3_bound(p, g, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(result.flows)

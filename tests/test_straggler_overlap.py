@@ -1,0 +1,35 @@
+"""StragglAR's pre-phase really overlaps the straggler's delay (and so does direct's).
+
+The straggler sleeps before its call; the punctual ranks' recorded timings must show their whole
+pre-phase done during the delay, started without waiting for the straggler.
+"""
+
+from __future__ import annotations
+
+import fault_bodies
+import pytest
+from _dist import run_group
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "stragglar"])
+def test_punctual_ranks_work_while_the_straggler_is_late(algorithm: str) -> None:
+    from stragglerkit.schedules.registry import Situation, applicable
+
+    n, straggler, delay = 4, 1, 1.0
+    if algorithm not in applicable(Situation(world_size=n, straggler=straggler)):
+        pytest.skip(f"{algorithm} does not apply at n={n}")
+    pre_phase = {"direct": "pre_allreduce", "stragglar": "reduce_scatter"}[algorithm]
+    results = run_group(n, fault_bodies.straggler_overlap, algorithm, straggler, delay)
+    arrival = results[straggler]["arrival"]
+    for rank in range(n):
+        if rank == straggler:
+            continue
+        pre = [t for t in results[rank]["timings"] if t[0].startswith(pre_phase)]
+        assert pre, f"rank {rank} has no {pre_phase} messages"
+        assert all(peer != straggler for _, peer, *_ in pre)
+        # the whole pre-phase finished during the straggler's delay ...
+        assert max(end for *_, end in pre) < arrival, f"rank {rank}: pre-phase not done before the straggler came"
+        # ... and it did not wait for the straggler to start
+        assert min(start for *_, start, _ in pre) < arrival - delay * 0.5e9
+    # after arrival, the straggler's part is short compared with the delay
+    assert results[straggler]["finished"] - arrival < delay * 1e9
