@@ -8,6 +8,17 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
+# The emulated cluster (stragglerkit.testbed) needs iproute2 (ip, tc); its tests are skipped without it.
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing iproute2 for the emulated cluster"
+    { apt-get install -y -q iproute2 || { apt-get update -q && apt-get install -y -q iproute2; }; } \
+      || echo "[setup] could not install iproute2; the emulated-cluster tests will be skipped"
+  else
+    echo "[setup] iproute2 is missing and cannot be installed here (needs root and apt-get);" \
+      "the emulated-cluster tests will be skipped"
+  fi
+fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
