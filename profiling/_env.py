@@ -23,6 +23,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "processor": platform.processor() or _cpu_model(),
         "machine": platform.machine(),
+        "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
         "python": platform.python_version(),

@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
-import sys
 from typing import Any
+
+from _env import command_line, machine_info, utc_now
 
 __all__ = ["provenance"]
 
 
 def provenance() -> dict[str, Any]:
-    try:
-        import torch
-
-        torch_version: str | None = torch.__version__
-    except ImportError:  # the simulator does not need torch
-        torch_version = None
-    return {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": {
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch_version,
-        },
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    return {"command": command_line(), "machine": machine_info(), "date": utc_now()}
