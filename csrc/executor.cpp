@@ -53,6 +53,9 @@ constexpr int kDataTag = 1'839'100'000;
 constexpr int kHeaderTag = 1'839'100'001;
 constexpr int64_t kHeaderMagic = 0x53544b48445231;  // "STKHDR1"
 
+// How long a rank whose connection broke waits for another rank's abort note (the root cause).
+constexpr int64_t kRootCauseGraceMs = 300;
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -375,7 +378,12 @@ class Run {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->aborts.find(call_);
     if (it == state_->aborts.end()) return;
-    const AbortNote& note = it->second;
+    throw_aborted(it->second, op);
+  }
+
+  // The error of a rank that another rank's abort note stopped: names the rank that failed first
+  // and the peer it blamed (the root cause), and marks this rank as not to re-broadcast.
+  [[noreturn]] void throw_aborted(const AbortNote& note, int64_t op) {
     std::ostringstream out;
     out << context() << ": aborted because rank " << note.origin << " failed (" << reason_text(note.reason);
     if (note.remote >= 0) out << " involving rank " << note.remote;
@@ -433,6 +441,26 @@ class Run {
       }
       state_->kept_tensors.push_back(scratch_);
       state_->kept_tensors.push_back(buffer_);
+    }
+    if (!aborted_by_peer_ && failure.reason == kReasonPeerFailure && state_->listens) {
+      // A broken connection is often the echo of another rank's failure (a rank that timed out
+      // closes its connections). Give that rank's abort note a moment to arrive, so the error
+      // reported here names the root cause rather than the messenger.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kRootCauseGraceMs);
+      while (std::chrono::steady_clock::now() < deadline) {
+        {
+          std::lock_guard<std::mutex> lock(state_->mu);
+          auto it = state_->aborts.find(call_);
+          if (it != state_->aborts.end()) {
+            try {
+              throw_aborted(it->second, -1);
+            } catch (const ExecFailure& root) {
+              throw std::runtime_error(std::string(root.what()) + " (this rank saw: " + failure.what() + ")");
+            }
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
     if (!aborted_by_peer_ && state_->listens) {
       broadcast_abort(failure);

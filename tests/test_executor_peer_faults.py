@@ -47,10 +47,15 @@ def test_dead_peer_raises_naming_it() -> None:
 
 def test_stalled_peer_times_out_naming_it() -> None:
     results = run_group(4, fault_bodies.peer_stalls)
+    # ranks 1 and 3 talk to the stalled rank 2: each either times out itself, or is stopped first by
+    # the other's abort note -- and then reports that root cause. Either way the error names rank 2.
     for rank in (1, 3):
         error = results[rank]["error"]
-        assert error.startswith("StragglerKitError") and "timed out after 2" in error, error
-        assert "rank 2 (logical 2)" in error and "algorithm ring" in error
+        assert error.startswith("StragglerKitError") and "algorithm ring" in error, error
+        own_timeout = "timed out after 2" in error and "rank 2 (logical 2)" in error
+        root_cause = "aborted because rank" in error and "(timeout involving rank 2)" in error
+        assert own_timeout or root_cause, error
+    assert any("timed out after 2" in results[rank]["error"] for rank in (1, 3)), results
     # rank 0 either timed out itself (waiting for rank 1 or 3, which wait for rank 2) or was told
     assert results[0]["error"].startswith("StragglerKitError")
     assert "timed out" in results[0]["error"] or "(timeout involving rank" in results[0]["error"]
