@@ -8,6 +8,12 @@ namespace stragglerkit {
 void reduce_add_(torch::Tensor& dst, const torch::Tensor& src);
 }  // namespace stragglerkit
 
+// ---- simulator (csrc/sim_core.cpp, used by stragglerkit/sim/graph.py) ----
+namespace stragglerkit {
+void register_simulator(pybind11::module_& m);
+}  // namespace stragglerkit
+// ---- end simulator ----
+
 namespace {
 
 // Wraps an optional Python callable (label, begin) into a C++ callback that takes the GIL.
@@ -64,4 +70,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Tell the other ranks this rank's call failed on invalid arguments (they raise instead of waiting).");
   m.def("shutdown_listeners", &stragglerkit::shutdown_listeners, py::call_guard<py::gil_scoped_release>(),
         "Stop the abort listener threads (called at interpreter exit).");
+
+  // -- simulator --
+  stragglerkit::register_simulator(m);  // sim_extract_ops, sim_build_edges, sim_longest_path
 }

@@ -211,8 +211,8 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             reference = Situation(world_size=n, straggler=straggler)
             try:
                 delay = auto_delay(generate("stragglar", reference), args.size, network)
-            except NotApplicableError:
-                delay = auto_delay(generate("direct", reference), args.size, network)
+            except NotApplicableError:  # odd n: hide the pre-phase AllReduce that direct needs
+                delay = auto_delay(generate("direct", reference), args.size, network, phase="pre_allreduce")
         else:
             delay = parse_time(delay_text)
         arrivals = [0.0] * n

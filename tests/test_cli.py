@@ -59,3 +59,30 @@ def test_console_script_help_runs() -> None:
         [sys.executable, "-m", "stragglerkit.cli", "schedule", "--help"], capture_output=True, text=True, check=True
     )
     assert "round by round" in result.stdout
+
+
+def test_simulate_json_rows_match_paper(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--algorithms", "ring,stragglar", "--world-sizes", "8", "--size", "1GiB"]
+    assert main([*argv, "--alpha", "3us", "--bandwidth", "450GB/s", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {row["algorithm"] for row in rows} == {"ring", "stragglar"}
+    for row in rows:
+        assert set(row) >= {"algorithm", "world_size", "size_bytes", "delay_s", "time_s", "time_from_first_arrival_s"}
+        assert row["time_from_first_arrival_s"] == pytest.approx(row["time_s"] + row["delay_s"], rel=1e-9)
+    by_name = {row["algorithm"]: row["time_s"] for row in rows}
+    assert by_name["ring"] / by_name["stragglar"] == pytest.approx(1.36, rel=0.02)
+
+
+def test_simulate_table_and_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    plot = tmp_path / "p.png"
+    argv = ["simulate", "--algorithms", "ring,rhd,direct", "--world-sizes", "4,5", "--size", "64MiB", "--delay", "1ms"]
+    assert main([*argv, "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "vs ring" in out and "1.000x" in out and "1.000 ms" in out
+    assert plot.stat().st_size > 1000
+
+
+def test_simulate_bad_delay(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--delay", "soon"])
+    assert "--delay: cannot read 'soon'" in capsys.readouterr().err

@@ -37,14 +37,17 @@ is cut into ``n-1`` equal chunks ``c_0 .. c_{n-2}``):
 
   - Rounds ``1 .. K-1`` seed chunks as in Phase 1 (chain ``r-1 -> r-1+K``, other holders, newest
     chunk first, to chunk-less ranks beyond ``2(K-1)`` while any are left).
-  - Later rounds: an edge joins two free ranks when one holds a chunk the other lacks; its weight
-    counts the useful directions (2 if both gain, 1 if one does) times ``n²`` plus the indices of
-    the chunks that would move, so that among the best matchings the one moving the newest (least
-    spread) chunks wins. The matching has maximum cardinality first. Each matched rank sends the
-    newest chunk its partner lacks. A rank ``a`` about to pair with the straggler
-    (``r < a < r+K``) is only matched with ranks holding nothing newer than ``c_{a-K}``, the
-    critical-window rule above. The rounds are at most ``n + ceil(log2 n) - 1``, i.e. within one
-    round of the lower bound ``n + ceil(log2 n) - 2`` (docs/stragglar.md has the table).
+  - Later rounds: an edge joins two free ranks when one holds a chunk the other lacks. Its weight
+    is ``(n+1)·d + y``: ``d`` counts the useful directions (2 if both gain, 1 if one does, the
+    weights of appendix C) and ``y`` counts those whose chunk is *young*, reduced within the last
+    ``K`` rounds and so still inside its doubling window; among the matchings with the most useful
+    directions the one that keeps the young chunks doubling wins. The matching has maximum
+    cardinality first. Each matched rank sends the newest chunk its partner lacks. A rank ``a``
+    about to pair with the straggler (``r < a < r+K``) is only matched with ranks holding nothing
+    newer than ``c_{a-K}``: the critical-window rule above.
+  - Lower bound: ``c_{n-2}`` is fully reduced in round ``n-2`` on two ranks and at best doubles per
+    round, so every schedule of this form needs ``n + ceil(log2 n) - 2`` rounds. This rule meets it
+    for every even n up to 64 (docs/stragglar.md has the table and the reference's counts).
 
 Cost: ``R`` rounds of one chunk (``s/(n-1)`` bytes) each after the pre-phase,
 ``R·alpha + R/(n-1)·s·beta`` with ``R = n + log2(n) - 2`` for powers of two (stragglar.txt Table 1).
@@ -71,11 +74,9 @@ Round 3 is Phase 2 with ``P_3 = {1, 0}`` (holders of ``c1``) and ``Q_3 = {2, σ}
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
-
-import networkx as nx
 
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
@@ -106,11 +107,8 @@ def _check_world_size(world_size: int) -> None:
     from stragglerkit.schedules.registry import Situation, applicable  # the registry imports generators lazily
 
     others = [name for name in applicable(Situation(world_size=world_size)) if name != "stragglar"]
-    hint = f"use {', '.join(others)} instead" if others else "no AllReduce algorithm applies to fewer than 2 ranks"
-    raise NotApplicableError(
-        f"StragglAR needs an even world size of at least 4 (n-1 equal chunks, one straggler partner per "
-        f"round), got world_size={world_size}; {hint}"
-    )
+    hint = f"algorithms that apply: {', '.join(others)}" if others else "no AllReduce applies to fewer than 2 ranks"
+    raise NotApplicableError(f"StragglAR needs an even world size of at least 4, got world_size={world_size}; {hint}")
 
 
 def stragglar_plan(world_size: int) -> list[Round]:
@@ -251,27 +249,34 @@ def _seed_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
     return moves
 
 
+def _window_allows(rank: int, partner_newest: int, r: int, big_k: int) -> bool:
+    """A rank about to pair with the straggler (``r < rank < r+K``) only meets ranks holding nothing
+    newer than ``c_{rank-K}``: whatever it receives has then spread fully before its own turn."""
+    return not r < rank < r + big_k or partner_newest <= rank - big_k
+
+
 def _weighted_matching_round(r: int, big_k: int, n: int, have: list[int]) -> Round:
+    import networkx as nx  # only this path needs it; keeps `import stragglerkit.schedules` light
+
     straggler = n - 1
     free = [g for g in range(n - 1) if g != r]
     if r >= n - 1:
         free.append(straggler)
     newest = [h.bit_length() - 1 for h in have]
-    scale = n * n  # exceeds any matching's sum of chunk indices: the direction count decides first
+    young = r - big_k  # chunks newer than this are still inside their doubling window
+    scale = n + 1  # exceeds any matching's total bonus: the number of useful directions decides first
     graph = nx.Graph()
     graph.add_nodes_from(free)
+    guard = r < n - 1  # the critical window only matters while straggler pairings remain
     for i, u in enumerate(free):
-        u_guarded = r < u < r + big_k
         for v in free[i + 1 :]:
-            if r < n - 1 and (
-                (u_guarded and newest[v] > u - big_k) or (r < v < r + big_k and newest[u] > v - big_k)
-            ):
+            if guard and not (_window_allows(u, newest[v], r, big_k) and _window_allows(v, newest[u], r, big_k)):
                 continue
             to_v = (have[u] & ~have[v]).bit_length() - 1  # newest chunk u can give v, -1 if none
             to_u = (have[v] & ~have[u]).bit_length() - 1
             directions = (to_v >= 0) + (to_u >= 0)
             if directions:
-                graph.add_edge(u, v, weight=directions * scale + max(to_v, 0) + max(to_u, 0))
+                graph.add_edge(u, v, weight=directions * scale + (to_v > young) + (to_u > young))
     moves: Round = []
     for u, v in sorted(tuple(sorted(pair)) for pair in nx.max_weight_matching(graph, maxcardinality=True)):
         for sender, receiver in ((u, v), (v, u)):
@@ -304,9 +309,10 @@ def stragglar(world_size: int) -> Schedule:
 def _collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a schedule is built.
 
-    A schedule for n = 256 is about 260,000 small immutable ops; allocating them makes the collector
-    rescan every live object again and again, which costs about 40% of the build time, and none of
-    them can form a reference cycle. The previous collector state is restored afterwards.
+    A schedule for n = 256 is about 260,000 small immutable ops, none of which can be part of a
+    reference cycle. With the collector running, their allocation triggers collections that rescan
+    the growing set of live objects again and again; paused, it passes over them once, later. The
+    previous collector state is restored afterwards.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -320,93 +326,140 @@ def _collector_paused() -> Iterator[None]:
 def _lower(n: int, plan: list[Round]) -> Schedule:
     straggler = n - 1
     punctual = list(range(n - 1))
-    # The builder's automatic dependency tracking is generic and costs about half of the build time
-    # for n = 256; the pre-phase is built without it and _Emitter derives the same dependencies.
-    builder = ScheduleBuilder(n, n - 1, auto_depends=False)
+    builder = _ChunkBuilder(n, n - 1)
     add_ring_reduce_scatter(builder, members=punctual, owned=punctual, phase=PRE_PHASE)
-    emitter = _Emitter(builder.ops, n - 1)
     for rnd, moves in enumerate(plan):
         if rnd < straggler:
-            emitter.swap(rnd, straggler, rnd, rnd)
-            emitter.swap(straggler, rnd, rnd, rnd)
+            builder.swap(rnd, straggler, rnd, rnd)
+            builder.swap(straggler, rnd, rnd, rnd)
         for sender, receiver, chunk in moves:
-            emitter.send(sender, receiver, chunk, rnd)
-            emitter.overwrite(receiver, sender, chunk, rnd)
-    return builder.build(
-        "stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)}
-    )
+            span = builder.spans[chunk]
+            builder.send(sender, receiver, span, round=rnd, phase=MATCHING_PHASE)
+            builder.recv(receiver, sender, span, round=rnd, phase=MATCHING_PHASE)
+    return builder.build("stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)})
 
 
-class _Emitter:
-    """Appends single-chunk ops with their data dependencies, the builder's rules made cheap.
+class _ChunkBuilder(ScheduleBuilder):
+    """A builder for ops on single chunks that derives their dependencies with less work.
 
-    Every op depends on the last op of its rank that wrote its chunk; an op that writes a chunk also
-    depends on the ops that read it since. A receive into scratch slot 0 (the straggler swap) also
-    waits for the reduce that last used the slot. On construction it derives the dependencies of
-    the ops already present (the pre-phase, built without automatic tracking) by the same rules.
+    The rules are :class:`ScheduleBuilder`'s automatic ones: every op waits for the last op of its
+    rank that wrote its chunk, an op that writes a chunk also for the ops that read it since, and a
+    receive into a scratch slot for the last op that used the slot. The generic tracking costs
+    noticeably more at n = 256 (260,610 ops); the checker verifies the result either way.
     """
 
-    __slots__ = ("ops", "readers", "scratch_user", "writer")
+    __slots__ = ("last_write", "reads", "slot_use", "spans")
 
-    def __init__(self, ops: list[list[Op]], num_chunks: int) -> None:
-        self.ops = ops
-        self.writer: list[list[int]] = [[-1] * num_chunks for _ in ops]
-        self.readers: list[list[list[int]]] = [[[] for _ in range(num_chunks)] for _ in ops]
-        self.scratch_user = [-1] * len(ops)
-        for rank, rank_ops in enumerate(ops):
-            for index, op in enumerate(rank_ops):
-                if op.scratch is not None or op.num_chunks != 1:
-                    raise ValueError(f"pre-phase op {op.describe()} is not a single-chunk buffer op")
-                chunk = op.chunks[0]
-                if op.kind is OpKind.SEND:
-                    deps = self._read_deps(rank, chunk)
-                    self.readers[rank][chunk].append(index)
-                else:
-                    deps = self._write_deps(rank, chunk)
-                    self.writer[rank][chunk] = index
-                    self.readers[rank][chunk] = []
-                if deps and set(deps) != set(op.depends):
-                    deps = tuple(sorted({*deps, *op.depends}))
-                    rank_ops[index] = Op(op.kind, op.chunks, op.peer, None, deps, op.round, op.phase)
+    def __init__(self, world_size: int, num_chunks: int) -> None:
+        super().__init__(world_size, num_chunks, auto_depends=False)
+        self.last_write: list[list[int]] = [[-1] * num_chunks for _ in range(world_size)]
+        self.reads: list[list[list[int]]] = [[[] for _ in range(num_chunks)] for _ in range(world_size)]
+        self.slot_use: list[dict[int, int]] = [{} for _ in range(world_size)]
+        self.spans = [(chunk, chunk + 1) for chunk in range(num_chunks)]  # shared: fewer objects
 
-    def _read_deps(self, rank: int, chunk: int) -> tuple[int, ...]:
-        last = self.writer[rank][chunk]
-        return (last,) if last >= 0 else ()
-
-    def _write_deps(self, rank: int, chunk: int) -> tuple[int, ...]:
-        last = self.writer[rank][chunk]
-        readers = self.readers[rank][chunk]
-        if not readers:
-            return (last,) if last >= 0 else ()
-        return tuple(sorted({last, *readers} if last >= 0 else set(readers)))
-
-    def _append(self, rank: int, op: Op) -> int:
+    def _write(
+        self,
+        rank: int,
+        kind: OpKind,
+        chunks: tuple[int, int],
+        peer: int | None,
+        scratch: int | None,
+        depends: Sequence[int],
+        round: int | None,
+        phase: str,
+    ) -> int:
+        """Append an op that writes ``chunks``: after its last write and the reads since."""
+        chunk = chunks[0]
+        if chunks[1] != chunk + 1:
+            raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
+        last_write, reads = self.last_write[rank], self.reads[rank]
+        last, readers = last_write[chunk], reads[chunk]
+        if readers or depends:
+            deps = {*readers, *depends}
+            if last >= 0:
+                deps.add(last)
+            after: tuple[int, ...] = tuple(sorted(deps))
+        else:
+            after = (last,) if last >= 0 else ()
         rank_ops = self.ops[rank]
-        rank_ops.append(op)
-        return len(rank_ops) - 1
+        index = len(rank_ops)
+        rank_ops.append(Op(kind, chunks, peer, scratch, after, round, phase))
+        last_write[chunk] = index
+        reads[chunk] = []
+        return index
 
-    def send(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        deps = self._read_deps(rank, chunk)
-        index = self._append(rank, Op(OpKind.SEND, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
-        self.readers[rank][chunk].append(index)
+    def send(
+        self,
+        rank: int,
+        peer: int,
+        chunks: tuple[int, int],
+        depends: Sequence[int] = (),
+        round: int | None = None,
+        phase: str = "",
+    ) -> int:
+        chunk = chunks[0]
+        if chunks[1] != chunk + 1:
+            raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
+        last = self.last_write[rank][chunk]
+        after = (last,) if last >= 0 else ()
+        if depends:
+            after = tuple(sorted({*after, *depends}))
+        rank_ops = self.ops[rank]
+        index = len(rank_ops)
+        rank_ops.append(Op(OpKind.SEND, chunks, peer, None, after, round, phase))
+        self.reads[rank][chunk].append(index)
+        return index
 
-    def overwrite(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        """Receive ``chunk`` from ``peer`` straight into the buffer (the rank lacks it)."""
-        deps = self._write_deps(rank, chunk)
-        index = self._append(rank, Op(OpKind.RECV, (chunk, chunk + 1), peer, None, deps, rnd, MATCHING_PHASE))
-        self.writer[rank][chunk] = index
-        self.readers[rank][chunk] = []
+    def recv(
+        self,
+        rank: int,
+        peer: int,
+        chunks: tuple[int, int],
+        scratch: int | None = None,
+        depends: Sequence[int] = (),
+        round: int | None = None,
+        phase: str = "",
+    ) -> int:
+        if scratch is None:  # straight into the buffer: overwrites the chunk
+            return self._write(rank, OpKind.RECV, chunks, peer, None, depends, round, phase)
+        # into a scratch slot: after the chunk's last write (as the builder) and the slot's last use
+        last = self.last_write[rank][chunks[0]]
+        after = {*depends, self.slot_use[rank].get(scratch, -1), last} - {-1}
+        rank_ops = self.ops[rank]
+        index = len(rank_ops)
+        rank_ops.append(Op(OpKind.RECV, chunks, peer, scratch, tuple(sorted(after)), round, phase))
+        self.slot_use[rank][scratch] = index
+        return index
+
+    def recv_reduce(
+        self,
+        rank: int,
+        peer: int,
+        chunks: tuple[int, int],
+        depends: Sequence[int] = (),
+        round: int | None = None,
+        phase: str = "",
+    ) -> int:
+        return self._write(rank, OpKind.RECV_REDUCE, chunks, peer, None, depends, round, phase)
+
+    def reduce(
+        self,
+        rank: int,
+        scratch: int,
+        chunks: tuple[int, int],
+        depends: Sequence[int] = (),
+        round: int | None = None,
+        phase: str = "",
+    ) -> int:
+        index = self._write(
+            rank, OpKind.REDUCE, chunks, None, scratch, [*depends, self.slot_use[rank][scratch]], round, phase
+        )
+        self.slot_use[rank][scratch] = index
+        return index
 
     def swap(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        """Send ``chunk`` to ``peer``, receive its copy into scratch 0 and add it in."""
-        span = (chunk, chunk + 1)
-        self.send(rank, peer, chunk, rnd)
-        recv_deps = {*self._read_deps(rank, chunk)}
-        if self.scratch_user[rank] >= 0:
-            recv_deps.add(self.scratch_user[rank])
-        recv = self._append(rank, Op(OpKind.RECV, span, peer, 0, tuple(sorted(recv_deps)), rnd, MATCHING_PHASE))
-        deps = tuple(sorted({*self._write_deps(rank, chunk), recv}))
-        reduce = self._append(rank, Op(OpKind.REDUCE, span, None, 0, deps, rnd, MATCHING_PHASE))
-        self.writer[rank][chunk] = reduce
-        self.readers[rank][chunk] = []
-        self.scratch_user[rank] = reduce
+        """Send ``chunk`` to ``peer``, receive the peer's copy into scratch 0 and add it in."""
+        span = self.spans[chunk]
+        self.send(rank, peer, span, round=rnd, phase=MATCHING_PHASE)
+        self.recv(rank, peer, span, scratch=0, round=rnd, phase=MATCHING_PHASE)
+        self.reduce(rank, 0, span, round=rnd, phase=MATCHING_PHASE)

@@ -245,18 +245,25 @@ class FitResult:
     """Largest |predicted - measured| / measured over the samples."""
     num_samples: int
     unidentified: tuple[str, ...]
-    """Parameters no sample exercises (their column is all zero); they are fixed at 0."""
+    """Requested parameters that no sample exercises (their column is all zero); fixed at 0."""
 
     def model(self) -> CostModel:
         return CostModel(self.config)
 
 
-def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.0) -> FitResult:
+def fit(
+    samples: Sequence[tuple[CostTerms, float]],
+    incast_threshold: float = 1.0,
+    params: Sequence[str] = _PARAMS,
+) -> FitResult:
     """Estimate non-negative alpha, beta, gamma, delta, epsilon from ``(terms, measured seconds)`` pairs.
 
     Non-negative least squares (``scipy.optimize.nnls``) on the *relative* error (each row divided
     by its measured time, so small and large buffers count alike), with columns scaled to unit
-    norm. Parameters that no sample exercises are reported in ``unidentified`` and fixed at 0.
+    norm. Only ``params`` are estimated (the others stay 0); of those, parameters that no sample
+    exercises are reported in ``unidentified`` and fixed at 0. Note that schedules whose only local
+    work is reductions have D = 3·C, so gamma and delta cannot both be fitted from them: pass
+    ``params=("alpha", "beta", "gamma")`` (or delta instead of gamma).
     Raises ``ValueError`` for non-positive or non-finite times, for fewer samples than free
     parameters plus one, and for samples that cannot separate the parameters (e.g. every schedule
     has the same A/B ratio: vary the buffer size).
@@ -274,6 +281,9 @@ def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.
         seconds = row[1]
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"sample {i}: measured time {seconds!r} must be a positive finite number of seconds")
+    unknown = [p for p in params if p not in _PARAMS]
+    if unknown or not params:
+        raise ValueError(f"params must name some of {', '.join(_PARAMS)}; got {list(params)!r}")
     if not (math.isfinite(incast_threshold) and incast_threshold >= 0):
         raise ValueError(f"incast_threshold = {incast_threshold!r} must be a finite number >= 0")
     design = np.array(
@@ -282,8 +292,10 @@ def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.
     measured = np.array([s for _, s in rows], dtype=np.float64)
     if not np.isfinite(design).all() or (design < 0).any():
         raise ValueError("sample terms must be finite and non-negative")
-    used = np.flatnonzero(np.abs(design).sum(axis=0) > 0)
-    unidentified = tuple(_PARAMS[j] for j in range(len(_PARAMS)) if j not in used)
+    wanted = np.array([name in params for name in _PARAMS])
+    exercised = np.abs(design).sum(axis=0) > 0
+    used = np.flatnonzero(wanted & exercised)
+    unidentified = tuple(_PARAMS[j] for j in np.flatnonzero(wanted & ~exercised))
     if used.size == 0:
         raise ValueError("every sample has zero terms (empty schedules?); nothing to fit")
     if len(rows) < used.size + 1:
@@ -297,16 +309,26 @@ def fit(samples: Sequence[tuple[CostTerms, float]], incast_threshold: float = 1.
     singular = np.linalg.svd(scaled, compute_uv=False)
     if singular[-1] < 1e-9 * singular[0]:
         raise ValueError(
-            f"the samples cannot tell {', '.join(_PARAMS[j] for j in used)} apart (their terms are proportional "
-            "across samples); add samples with other buffer sizes or algorithms"
+            f"the samples cannot tell {', '.join(_PARAMS[j] for j in used)} apart (some of their terms are "
+            "proportional across all samples); add samples with other buffer sizes or algorithms, or fit fewer "
+            "parameters (params=...)"
         )
     solution, _ = nnls(scaled, np.ones(len(rows)))
+<<<<<<< HEAD
     params = np.zeros(len(_PARAMS))
     params[used] = solution / norms
     config = CostModel.Config(
         **{name: float(params[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
     )
     relative = design @ params / measured - 1.0
+=======
+    estimate = np.zeros(len(_PARAMS))
+    estimate[used] = solution / norms
+    config = CostModel.Config(
+        **{name: float(estimate[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
+    )
+    relative = design @ estimate / measured - 1.0
+>>>>>>> main
     return FitResult(
         config=config,
         relative_rms=float(np.sqrt(np.mean(relative**2))),

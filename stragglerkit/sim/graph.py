@@ -34,9 +34,13 @@ buffer directly).
 from __future__ import annotations
 
 import gc
+import importlib
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,23 +100,26 @@ class TaskGraph:
     edge_dst: IntArray
     edge_from_op: IntArray
     """The op whose completion the edge waits for (-1: the transfer end of the source message)."""
+    one_flow_per_nic: bool
+    """True when the rules guarantee that no NIC direction ever carries two flows at once: rounds run
+    in order and every send and receive is round-tagged, at most one of each per rank and round."""
 
     def op_reduced_bytes(self, size_bytes: float) -> FloatArray:
         """Bytes reduced by each op (``reduce`` and ``recv_reduce``)."""
         reduces = (self.op_kind == _REDUCE) | (self.op_kind == _RECV_REDUCE)
-        return np.where(reduces, self.op_bytes(size_bytes), 0.0)
+        return np.where(reduces, self.op_bytes(size_bytes), 0.0).astype(np.float64)
 
     def op_memory_bytes(self, size_bytes: float) -> FloatArray:
         """Bytes each op moves through memory (3b for a reduction, 2b for a copy)."""
         b = self.op_bytes(size_bytes)
         reduces = (self.op_kind == _REDUCE) | (self.op_kind == _RECV_REDUCE)
-        return np.where(reduces, 3.0 * b, np.where(self.op_kind == _COPY, 2.0 * b, 0.0))
+        return np.where(reduces, 3.0 * b, np.where(self.op_kind == _COPY, 2.0 * b, 0.0)).astype(np.float64)
 
     def op_bytes(self, size_bytes: float) -> FloatArray:
-        return self.op_weight * (float(size_bytes) / self.total_weight)
+        return np.multiply(self.op_weight, float(size_bytes) / self.total_weight, dtype=np.float64)
 
     def task_bytes(self, size_bytes: float) -> FloatArray:
-        return self.task_weight * (float(size_bytes) / self.total_weight)
+        return np.multiply(self.task_weight, float(size_bytes) / self.total_weight, dtype=np.float64)
 
     def phase_mask(self, names: tuple[str, ...] | list[str]) -> npt.NDArray[np.bool_]:
         """Per-op mask of the ops whose phase is one of ``names``."""
@@ -127,10 +134,66 @@ def _flatten_ops(sched: Schedule) -> tuple[list[object], IntArray]:
     return list(chain.from_iterable(sched.ops)), offsets
 
 
+<<<<<<< HEAD
 def _extract_fields(
     sched: Schedule,
 ) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int]:
     """Pull every op's fields into arrays with C-level iteration only (no per-op Python code)."""
+=======
+_Fields = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int]
+
+
+_NATIVE_MIN_OPS = 200_000
+"""Below this many ops the Python reader is fast enough not to pay for importing torch (which _C needs)."""
+
+
+def _native_module(num_ops: int) -> Any:
+    """``stragglerkit._C`` when it is built and worth loading for ``num_ops`` ops, else ``None``."""
+    if num_ops < _NATIVE_MIN_OPS and "torch" not in sys.modules:
+        return None
+    try:
+        importlib.import_module("torch")  # loads the libraries stragglerkit._C links against
+        return importlib.import_module("stragglerkit._C")
+    except ImportError:
+        return None
+
+
+def _native_extractor(num_ops: int) -> Callable[..., tuple[Any, ...]] | None:
+    extractor: Callable[..., tuple[Any, ...]] | None = getattr(_native_module(num_ops), "sim_extract_ops", None)
+    return extractor
+
+
+def _extract_fields(sched: Schedule, native: bool = True) -> _Fields:
+    """Every op's fields as arrays: offsets, kind, weight, peer, round, phase, names, deps, total weight.
+
+    Uses the native extension's one-pass reader (csrc/sim_core.cpp) when it is built and the
+    schedule is large (``native``), else C-level iteration over the op objects (no per-op Python
+    code, but several passes over them; about 5x slower).
+    """
+    extract = _native_extractor(sum(map(len, sched.ops))) if native else None
+    if extract is None:
+        return _extract_fields_python(sched)
+    if not isinstance(sched.ops, list) or not all(isinstance(rank_ops, list) for rank_ops in sched.ops):
+        raise ScheduleError("schedule.ops must be a list of per-rank op lists")
+    try:
+        offsets, kind, start, stop, peer, rnd, phase, names, dep_counts, deps = extract(sched.ops, tuple(KIND_CODES))
+    except (ValueError, TypeError, AttributeError) as err:
+        raise ScheduleError(f"malformed op: {err}; run stragglerkit.schedules.check() on the schedule") from None
+    weight, total = _chunk_weights(sched, np.stack([start, stop], axis=1))
+    return offsets, kind, weight, peer, rnd, phase, list(names), dep_counts, deps, total
+
+
+def _chunk_weights(sched: Schedule, chunk_pairs: IntArray) -> tuple[IntArray, int]:
+    weights = np.asarray(sched.chunk_weights(), dtype=np.int64)
+    prefix = np.zeros(weights.size + 1, dtype=np.int64)
+    np.cumsum(weights, out=prefix[1:])
+    if chunk_pairs.size and (chunk_pairs.min() < 0 or chunk_pairs.max() > weights.size):
+        raise ScheduleError(f"an op's chunk range lies outside 0..{weights.size}; run check() on the schedule")
+    return prefix[chunk_pairs[:, 1]] - prefix[chunk_pairs[:, 0]], int(prefix[-1])
+
+
+def _extract_fields_python(sched: Schedule) -> _Fields:
+>>>>>>> main
     ops, offsets = _flatten_ops(sched)
     num_ops = len(ops)
     try:
@@ -142,12 +205,7 @@ def _extract_fields(
     chunk_pairs = np.fromiter(
         chain.from_iterable(map(attrgetter("chunks"), ops)), dtype=np.int64, count=2 * num_ops
     ).reshape(num_ops, 2)
-    weights = np.asarray(sched.chunk_weights(), dtype=np.int64)
-    prefix = np.zeros(weights.size + 1, dtype=np.int64)
-    np.cumsum(weights, out=prefix[1:])
-    if num_ops and (chunk_pairs.min() < 0 or chunk_pairs.max() > weights.size):
-        raise ScheduleError(f"an op's chunk range lies outside 0..{weights.size}; run check() on the schedule")
-    op_weight = prefix[chunk_pairs[:, 1]] - prefix[chunk_pairs[:, 0]]
+    op_weight, total = _chunk_weights(sched, chunk_pairs)
     peers = list(map(attrgetter("peer"), ops))
     op_peer = np.fromiter(map(_NONE_AS_MINUS_ONE.get, peers, peers), dtype=np.int64, count=num_ops)
     rounds = list(map(attrgetter("round"), ops))
@@ -158,6 +216,7 @@ def _extract_fields(
     dep_lists = list(map(attrgetter("depends"), ops))
     dep_counts = np.fromiter(map(len, dep_lists), dtype=np.int64, count=num_ops)
     dep_local = np.fromiter(chain.from_iterable(dep_lists), dtype=np.int64, count=int(dep_counts.sum()))
+<<<<<<< HEAD
     return (
         offsets,
         op_kind,
@@ -170,13 +229,17 @@ def _extract_fields(
         dep_local,
         int(prefix[-1]),
     )
+=======
+    return offsets, op_kind, op_weight, op_peer, op_round, op_phase, list(phase_names), dep_counts, dep_local, total
+>>>>>>> main
 
 
-def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
+def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = True) -> TaskGraph:
     """Flatten ``sched`` into a :class:`TaskGraph` (see the module docstring for the rules).
 
     The schedule is assumed to have passed :func:`stragglerkit.schedules.check`; unmatched messages
-    raise :class:`ScheduleError` here too.
+    raise :class:`ScheduleError` here too. ``native=False`` skips the native reader of
+    ``stragglerkit._C`` (used automatically when the extension is built).
 
     Example::
 
@@ -189,7 +252,7 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
     was_enabled = gc.isenabled()
     gc.disable()  # millions of short-lived lists: the cyclic collector would dominate the run time
     try:
-        fields = _extract_fields(sched)
+        fields = _extract_fields(sched, native)
     finally:
         if was_enabled:
             gc.enable()
@@ -197,6 +260,75 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
     num_ops = op_kind.size
     op_rank = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
 
+    module = _native_module(num_ops) if native else None
+    if module is not None and hasattr(module, "sim_build_edges"):
+        try:
+            edges = module.sim_build_edges(
+                offsets, op_kind, op_peer, op_round, op_phase, dep_counts, dep_local, sync_rounds
+            )
+        except ValueError as err:
+            raise ScheduleError(f"{err}; run stragglerkit.schedules.check() on the schedule for the details") from None
+    else:
+        edges = _edges_numpy(
+            n, offsets, op_rank, op_kind, op_peer, op_round, op_phase, dep_counts, dep_local, sync_rounds
+        )
+    send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from, one_flow_per_nic = edges
+    if not np.array_equal(op_weight[send_ops], op_weight[recv_ops]):
+        raise ScheduleError("a send and its matching receive move different chunk ranges; run check() for details")
+    num_messages = int(send_ops.size)
+    task_src = np.concatenate([op_rank[send_ops], op_rank[local_ops]])
+    task_dst = np.concatenate([op_rank[recv_ops], op_rank[local_ops]])
+    task_op = np.concatenate([send_ops, local_ops])
+
+    return TaskGraph(
+        world_size=n,
+        num_messages=num_messages,
+        num_tasks=int(task_op.size),
+        op_rank=op_rank,
+        op_kind=op_kind,
+        op_weight=op_weight,
+        op_phase=op_phase,
+        op_task=op_task,
+        rank_offsets=offsets,
+        phases=phase_names,
+        total_weight=total,
+        task_src=task_src,
+        task_dst=task_dst,
+        task_weight=op_weight[task_op],
+        task_op=task_op,
+        recv_op=recv_ops,
+        edge_ptr=edge_ptr,
+        edge_dst=edge_dst,
+        edge_from_op=edge_from,
+        one_flow_per_nic=bool(one_flow_per_nic),
+    )
+
+
+def _edges_numpy(
+    n: int,
+    offsets: IntArray,
+    op_rank: IntArray,
+    op_kind: IntArray,
+    op_peer: IntArray,
+    op_round: IntArray,
+    op_phase: IntArray,
+    dep_counts: IntArray,
+    dep_local: IntArray,
+    sync_rounds: bool,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, bool]:
+    """Messages and edges with numpy: (send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst, edge_from,
+    one_flow_per_nic).
+
+    The same result as ``sim_build_edges`` of csrc/sim_core.cpp (the tests compare them).
+    """
+    num_ops = op_kind.size
+    comm = op_kind <= _RECV_REDUCE
+    bad_peer = comm & ((op_peer < 0) | (op_peer >= n) | (op_peer == op_rank))
+    if bad_peer.any():
+        i = int(np.argmax(bad_peer))
+        raise ScheduleError(
+            f"rank {op_rank[i]} op {i - offsets[op_rank[i]]} has peer {op_peer[i]}, not another rank of 0..{n - 1}"
+        )
     # --- messages: k-th send a->b with k-th receive on b from a ---
     send_ops = np.flatnonzero(op_kind == _SEND)
     recv_ops = np.flatnonzero((op_kind == _RECV) | (op_kind == _RECV_REDUCE))
@@ -211,8 +343,6 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
             f"sends and receives do not pair up ({send_ops.size} sends, {recv_ops.size} receives); "
             "run stragglerkit.schedules.check() on the schedule for the details"
         )
-    if not np.array_equal(op_weight[send_ops], op_weight[recv_ops]):
-        raise ScheduleError("a send and its matching receive move different chunk ranges; run check() for details")
     num_messages = int(send_ops.size)
     local_ops = np.flatnonzero(op_kind >= _REDUCE)
     num_tasks = num_messages + int(local_ops.size)
@@ -221,15 +351,10 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
     op_task[recv_ops] = np.arange(num_messages)
     op_task[local_ops] = np.arange(num_messages, num_tasks)
 
-    task_src = np.concatenate([op_rank[send_ops], op_rank[local_ops]])
-    task_dst = np.concatenate([op_rank[recv_ops], op_rank[local_ops]])
-    task_op = np.concatenate([send_ops, local_ops])
-    task_weight = op_weight[task_op]
-
     # --- edges ---
     dep_of = np.repeat(np.arange(num_ops, dtype=np.int64), dep_counts)
     dep_global = offsets[op_rank[dep_of]] + dep_local
-    if dep_local.size and (np.any(dep_local < 0) or np.any(dep_global >= np.arange(num_ops)[dep_of])):
+    if dep_local.size and (np.any(dep_local < 0) or np.any(dep_global >= dep_of)):
         raise ScheduleError("an op depends on an op that is not an earlier op of its rank; run check() for details")
     srcs = [op_task[dep_global]]
     dsts = [op_task[dep_of]]
@@ -256,29 +381,32 @@ def build_task_graph(sched: Schedule, sync_rounds: bool = True) -> TaskGraph:
     edge_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
     np.cumsum(np.bincount(edge_src, minlength=num_tasks), out=edge_ptr[1:])
 
-    return TaskGraph(
-        world_size=n,
-        num_messages=num_messages,
-        num_tasks=num_tasks,
-        op_rank=op_rank,
-        op_kind=op_kind,
-        op_weight=op_weight,
-        op_phase=op_phase,
-        op_task=op_task,
-        rank_offsets=offsets,
-        phases=phase_names,
-        total_weight=total,
-        task_src=task_src,
-        task_dst=task_dst,
-        task_weight=task_weight,
-        task_op=task_op,
-        recv_op=recv_ops,
-        edge_ptr=edge_ptr,
-        edge_dst=edge_dst[order],
-        edge_from_op=edge_from[order],
-    )
+    one_flow = sync_rounds and _one_flow_per_nic(op_kind, op_rank, op_round, op_phase)
+    return send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst[order], edge_from[order], one_flow
 
 
+<<<<<<< HEAD
+=======
+def _one_flow_per_nic(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray) -> bool:
+    """Every send/receive round-tagged, at most one send and one receive per rank and round group."""
+    comm = op_kind <= _RECV_REDUCE
+    if (op_round[comm] < 0).any():
+        return False
+    sel = np.flatnonzero(comm)
+    if sel.size == 0:
+        return True
+    rank = op_rank[sel]
+    key = op_phase[sel] * (int(op_round.max()) + 1) + op_round[sel]
+    new_group = np.ones(sel.size, dtype=bool)
+    new_group[1:] = (key[1:] != key[:-1]) | (rank[1:] != rank[:-1])
+    starts = np.flatnonzero(new_group)
+    is_send = (op_kind[sel] == _SEND).astype(np.int64)
+    sends = np.add.reduceat(is_send, starts)
+    recvs = np.add.reduceat(1 - is_send, starts)
+    return bool(sends.max() <= 1 and recvs.max() <= 1)
+
+
+>>>>>>> main
 def _round_edges(
     op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray
 ) -> tuple[IntArray, IntArray]:
@@ -307,12 +435,19 @@ def _round_edges(
     return sel[first + within], sel[np.repeat(members, counts)]
 
 
+<<<<<<< HEAD
 def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray) -> FloatArray:
+=======
+def longest_path(
+    graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray, native: bool = True
+) -> FloatArray:
+>>>>>>> main
     """Earliest completion time of every task when nothing competes for bandwidth.
 
     ``done[t] = max(release[t], max over edges u->t of (done[u] + extra)) + duration[t]``, where
     ``extra`` is ``op_extra`` of the edge's op (the receive-side reduction of a ``recv_reduce``).
-    Processed level by level (Kahn's algorithm on whole frontiers with numpy). Raises
+    Kahn's algorithm: in C++ (``sim_longest_path``) when ``stragglerkit._C`` is built and the graph
+    is large (``native``), else level by level on whole frontiers with numpy. Raises
     :class:`ScheduleError` when the constraints form a cycle (the schedule would deadlock).
 
     Example::
@@ -321,6 +456,28 @@ def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op
     """
     num_tasks = graph.num_tasks
     edge_extra = np.where(graph.edge_from_op >= 0, op_extra[np.maximum(graph.edge_from_op, 0)], 0.0)
+    module = _native_module(num_tasks) if native else None
+    if module is not None and hasattr(module, "sim_longest_path"):
+        done, processed = module.sim_longest_path(graph.edge_ptr, graph.edge_dst, edge_extra, release, duration)
+    else:
+        done, processed = _longest_path_numpy(graph, edge_extra, release, duration)
+    if processed < num_tasks:
+        stuck = np.flatnonzero(np.isnan(done))[:3]
+        where = ", ".join(
+            f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck
+        )
+        raise ScheduleError(
+            f"deadlock: {num_tasks - processed} of {num_tasks} messages/ops can never start under the execution "
+            f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"
+        )
+    return done
+
+
+def _longest_path_numpy(
+    graph: TaskGraph, edge_extra: FloatArray, release: FloatArray, duration: FloatArray
+) -> tuple[FloatArray, int]:
+    """Level by level (Kahn's algorithm on whole frontiers); returns (done, tasks processed)."""
+    num_tasks = graph.num_tasks
     indeg = np.bincount(graph.edge_dst, minlength=num_tasks).astype(np.int64)
     ready = release.astype(np.float64, copy=True)
     done = np.full(num_tasks, np.nan)
@@ -343,6 +500,7 @@ def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op
         uniq, hits = np.unique(targets, return_counts=True)
         indeg[uniq] -= hits
         frontier = uniq[indeg[uniq] == 0]
+<<<<<<< HEAD
     if processed < num_tasks:
         stuck = np.flatnonzero(np.isnan(done))[:3]
         where = ", ".join(
@@ -353,3 +511,6 @@ def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op
             f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"
         )
     return done
+=======
+    return done, processed
+>>>>>>> main
