@@ -29,7 +29,8 @@
 // on a reserved tag. A rank that fails (header mismatch, timeout, dead peer) sends a small abort
 // note to every rank; a rank that receives one wakes its blocked wait (Work::abort) and raises,
 // so all ranks get an error that names the failing rank and its remote rank, and nobody waits for
-// a timeout. After an error the group's in-flight messages are undefined: the caller must treat
+// a timeout. Best effort: gloo closes a pair whose wait timed out, so a note cannot travel over
+// it; the rank at the other end then fails at once on the closed connection instead. After an error the group's in-flight messages are undefined: the caller must treat
 // the tensor as lost and re-create the process group, as after an NCCL abort.
 #include "executor.h"
 
@@ -391,7 +392,8 @@ class Run {
 
   ExecFailure peer_failure(int64_t peer, const std::string& doing, const std::string& error) const {
     return ExecFailure(context() + ": " + doing + " with " + rank_name(peer) + ": " + error +
-                           " (is rank " + std::to_string(physical(peer)) + " dead?)",
+                           " (the connection is gone: rank " + std::to_string(physical(peer)) +
+                           " exited, crashed, or gave up on this rank after a timeout)",
                        kReasonPeerFailure, physical(peer));
   }
 
@@ -562,8 +564,9 @@ class Run {
       } catch (const std::exception&) {
       }
     }
-    // Give the notes a moment to leave; a dead peer's note may never go.
-    const auto grace = std::min(timeout_, std::chrono::milliseconds(2000));
+    // Give the notes a moment to leave (a peer's listener starts with its first call); a dead
+    // peer's note may never go.
+    const auto grace = std::min(std::max(timeout_, std::chrono::milliseconds(2000)), std::chrono::milliseconds(10000));
     for (auto& work : sends) {
       try {
         work->wait(grace);
@@ -670,6 +673,22 @@ void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c
   std::function<void(int64_t, bool)> no_callback;
   Run run(state, plan, buffer, buffer, 2.0, no_callback);
   run.announce_failure(call, ExecFailure("invalid arguments", kReasonInvalid, -1));
+}
+
+std::vector<std::vector<int64_t>> abort_notes(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  std::vector<std::vector<int64_t>> out;
+  GroupState* state = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(group.get());
+    if (it == registry().end()) return out;
+    state = it->second;
+  }
+  std::lock_guard<std::mutex> lock(state->mu);
+  for (const auto& entry : state->aborts) {
+    out.push_back({entry.first, entry.second.origin, entry.second.reason, entry.second.remote});
+  }
+  return out;
 }
 
 void shutdown_listeners() {

@@ -69,6 +69,9 @@ torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
 void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
                           const std::string& algorithm);
 
+// The abort notes this rank has received: (call, origin rank, reason code, remote rank).
+std::vector<std::vector<int64_t>> abort_notes(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+
 // Stops the abort listeners of every group (called at interpreter exit).
 void shutdown_listeners();
 

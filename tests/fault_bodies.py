@@ -39,6 +39,7 @@ def bad_arguments_everywhere(rank: int, n: int) -> dict[str, Any]:
 
 
 def one_rank_bad_arguments(rank: int, n: int) -> str:
+    _call(torch.ones(24), algorithm="ring")  # warm: every rank's abort listener is up
     x = torch.ones(4, 6).t() if rank == 1 else torch.ones(24)
     return _call(x, algorithm="ring")
 
@@ -47,6 +48,7 @@ def size_mismatch(rank: int, n: int) -> dict[str, Any]:
     import stragglerkit.runtime.api as api
 
     api.runtime_for().timeout = 30.0
+    _call(torch.ones(1000), algorithm="ring")  # warm: every rank's abort listener is up
     numel = 1001 if rank == 2 else 1000
     x = torch.full((numel,), float(rank))
     before = x.clone()
@@ -57,6 +59,7 @@ def dtype_mismatch(rank: int, n: int) -> dict[str, Any]:
     import stragglerkit.runtime.api as api
 
     api.runtime_for().timeout = 30.0
+    _call(torch.ones(1000), algorithm="rhd")  # warm: every rank's abort listener is up
     dtype = torch.float64 if rank == 0 else torch.float32
     x = torch.ones(1000, dtype=dtype)
     before = x.clone()
@@ -83,11 +86,12 @@ def peer_stalls(rank: int, n: int) -> dict[str, Any]:
 
     import stragglerkit.runtime.api as api
 
-    api.runtime_for().timeout = 2.0
     x = torch.ones(1000)
     _call(x, algorithm="ring")
     dist.barrier()
+    api.runtime_for().timeout = 2.0
     if rank == 2:
+        api.runtime_for().timeout = 10.0  # so that failing fast on arrival is visible
         time.sleep(5.0)
     start = time.monotonic()
     error = _call(x, algorithm="ring")

@@ -31,8 +31,14 @@ def test_all_sizes(n: int) -> None:
     check_results(n, run_group(n, sweep))
 
 
-@pytest.mark.parametrize("n", [5, 6, 7, 8])
+@pytest.mark.parametrize("n", [5, 8])
 def test_small_sizes(n: int) -> None:
+    check_results(n, run_group(n, sweep, SMALL_SIZES))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [6, 7])
+def test_small_sizes_slow(n: int) -> None:
     check_results(n, run_group(n, sweep, SMALL_SIZES))
 
 

@@ -1,16 +1,8 @@
-"""Bad input and faults on real gloo groups: every rank gets a clear error, nobody hangs."""
+"""Bad input on real gloo groups: a clear error on every rank, before data moves, nobody hangs."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import tempfile
-import traceback
-from typing import Any
-
 import fault_bodies
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from _dist import run_group
 
 
@@ -57,48 +49,3 @@ def test_dtype_mismatch_is_caught_on_every_rank() -> None:
         assert out["error"].startswith("StragglerKitError") and "mismatch" in out["error"], (rank, out)
     assert "Double" in results[0]["error"] and "Float" in results[0]["error"]
     assert results[0]["unchanged"]
-
-
-def _dies_entry(rank: int, n: int, store_path: str, queue: Any) -> None:
-    store = dist.FileStore(store_path, n)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=n)
-    try:
-        queue.put((rank, fault_bodies.peer_dies(rank, n)))
-    except BaseException:
-        queue.put((rank, traceback.format_exc()))
-
-
-def test_dead_peer_raises_naming_it() -> None:
-    n = 3
-    ctx = mp.get_context("spawn")
-    queue: multiprocessing.Queue[Any] = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_dies_entry, args=(r, n, path, queue), daemon=True) for r in range(n)]
-        for p in procs:
-            p.start()
-        results = dict(queue.get(timeout=120) for _ in range(n - 1))
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-    assert sorted(results) == [0, 1]
-    for rank, error in results.items():
-        assert error.startswith("StragglerKitError"), (rank, error)
-        assert "algorithm ring" in error and f"on rank {rank}" in error
-    for rank in (0, 1):
-        assert "rank 2" in results[rank], results[rank]
-
-
-def test_stalled_peer_times_out_naming_it() -> None:
-    results = run_group(4, fault_bodies.peer_stalls)
-    for rank in (1, 3):
-        error = results[rank]["error"]
-        assert error.startswith("StragglerKitError") and "timed out after 2" in error, error
-        assert "rank 2 (logical 2)" in error and "algorithm ring" in error
-    # rank 0 either timed out itself (waiting for rank 1 or 3, which wait for rank 2) or was told
-    assert results[0]["error"].startswith("StragglerKitError")
-    assert "timed out" in results[0]["error"] or "(timeout involving rank" in results[0]["error"]
-    # the stalled rank learns on arrival that the call was aborted, without waiting for its own timeout
-    assert "aborted because rank" in results[2]["error"] and results[2]["seconds"] < 1.5, results[2]
-    assert results[0]["seconds"] < 10.0

@@ -45,7 +45,7 @@ from stragglerkit.report import nvtx
 from stragglerkit.runtime.executor import OpTiming, OpTimings, notify_local_failure, run_plan
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
-from stragglerkit.schedules import check
+from stragglerkit.schedules import Schedule, check
 from stragglerkit.schedules.registry import Situation, generate, names, why_not
 
 __all__ = [
@@ -189,7 +189,18 @@ class Runtime:
         rt.all_reduce(tensor, algorithm="ring")
     """
 
-    __slots__ = ("_cache", "_lock", "_pending", "_worker", "cache_size", "group", "rank_map", "timeout", "warned")
+    __slots__ = (
+        "_cache",
+        "_lock",
+        "_pending",
+        "_schedules",
+        "_worker",
+        "cache_size",
+        "group",
+        "rank_map",
+        "timeout",
+        "warned",
+    )
 
     def __init__(
         self,
@@ -208,6 +219,7 @@ class Runtime:
         self.cache_size = cache_size
         self.warned: set[str] = set()
         self._cache: OrderedDict[tuple[object, ...], _CachedPlan] = OrderedDict()
+        self._schedules: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
         self._lock = threading.Lock()
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
@@ -328,16 +340,31 @@ class Runtime:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        schedule = generate(algorithm, situation)
-        check(schedule)
-        plans = lower(schedule, tensor.numel(), tensor.element_size(), straggler=situation.straggler)
+        schedule = self._schedule(algorithm, situation)
         logical_rank = self.rank_map.logical(self.group.rank())
+        (plan,) = lower(
+            schedule, tensor.numel(), tensor.element_size(), straggler=situation.straggler, ranks=[logical_rank]
+        )
         ident = f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}|{op}"
-        cached = _CachedPlan(plans[logical_rank], plan_id(ident))
+        cached = _CachedPlan(plan, plan_id(ident))
         self._cache[key] = cached
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return cached
+
+    def _schedule(self, algorithm: str, situation: Situation) -> Schedule:
+        """The generated and checked schedule (cached: it does not depend on the bucket)."""
+        key = (algorithm, situation.world_size, situation.straggler, tuple(sorted(situation.slowdowns.items())))
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = generate(algorithm, situation)
+            check(schedule)
+            self._schedules[key] = schedule
+            if len(self._schedules) > self.cache_size:
+                self._schedules.popitem(last=False)
+        else:
+            self._schedules.move_to_end(key)
+        return schedule
 
 
 _RUNTIMES: dict[int, Runtime] = {}

@@ -310,11 +310,13 @@ def lower(
     element_size: int,
     straggler: int | None = None,
     pieces: int | None = None,
+    ranks: Sequence[int] | None = None,
 ) -> list[RankPlan]:
-    """Lower ``schedule`` for a bucket of ``numel`` elements; return every logical rank's plan.
+    """Lower ``schedule`` for a bucket of ``numel`` elements; return the plans of ``ranks``.
 
-    ``straggler`` (logical) only affects the wait order. ``pieces`` defaults to
-    :func:`choose_pieces`. The refined schedule is re-checked when ``pieces > 1``.
+    ``ranks`` are logical ranks (default: all). ``straggler`` (logical) only affects the wait
+    order. ``pieces`` defaults to :func:`choose_pieces`. The refined schedule is re-checked when
+    ``pieces > 1``.
 
     Example::
 
@@ -334,9 +336,10 @@ def lower(
         check(refined)
     empty = [[bounds[op.chunks[1]] == bounds[op.chunks[0]] for op in ops] for ops in refined.ops]
     order = message_order(refined, empty, straggler)
+    wanted = range(schedule.world_size) if ranks is None else ranks
     return [
         _lower_rank(schedule, refined, rank, bounds, empty[rank], order[rank], labels[rank], pieces, numel)
-        for rank in range(schedule.world_size)
+        for rank in wanted
     ]
 
 

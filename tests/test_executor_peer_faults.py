@@ -1,0 +1,63 @@
+"""Peer faults on real gloo groups: a dead or stalled peer gives a clear error naming it, no hang."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import traceback
+from typing import Any
+
+import fault_bodies
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _dist import run_group
+
+
+def _dies_entry(rank: int, n: int, store_path: str, queue: Any) -> None:
+    store = dist.FileStore(store_path, n)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n)
+    try:
+        queue.put((rank, fault_bodies.peer_dies(rank, n)))
+    except BaseException:
+        queue.put((rank, traceback.format_exc()))
+
+
+def test_dead_peer_raises_naming_it() -> None:
+    n = 3
+    ctx = mp.get_context("spawn")
+    queue: multiprocessing.Queue[Any] = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_dies_entry, args=(r, n, path, queue), daemon=True) for r in range(n)]
+        for p in procs:
+            p.start()
+        results = dict(queue.get(timeout=120) for _ in range(n - 1))
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    assert sorted(results) == [0, 1]
+    for rank, error in results.items():
+        assert error.startswith("StragglerKitError"), (rank, error)
+        assert "algorithm ring" in error and f"on rank {rank}" in error
+    for rank in (0, 1):
+        assert "rank 2" in results[rank], results[rank]
+
+
+def test_stalled_peer_times_out_naming_it() -> None:
+    results = run_group(4, fault_bodies.peer_stalls)
+    for rank in (1, 3):
+        error = results[rank]["error"]
+        assert error.startswith("StragglerKitError") and "timed out after 2" in error, error
+        assert "rank 2 (logical 2)" in error and "algorithm ring" in error
+    # rank 0 either timed out itself (waiting for rank 1 or 3, which wait for rank 2) or was told
+    assert results[0]["error"].startswith("StragglerKitError")
+    assert "timed out" in results[0]["error"] or "(timeout involving rank" in results[0]["error"]
+    # the stalled rank fails on arrival, without waiting for its own timeout: it was told, or finds
+    # its connections closed (gloo closes a pair whose wait timed out)
+    stalled = results[2]["error"]
+    assert stalled.startswith("StragglerKitError") and "algorithm ring" in stalled, stalled
+    assert "aborted because rank" in stalled or "the connection is gone" in stalled, stalled
+    assert results[2]["seconds"] < 5.0, results[2]  # its own timeout is 10 s
+    assert results[0]["seconds"] < 10.0
