@@ -314,21 +314,12 @@ def fit(
             "parameters (params=...)"
         )
     solution, _ = nnls(scaled, np.ones(len(rows)))
-<<<<<<< HEAD
-    params = np.zeros(len(_PARAMS))
-    params[used] = solution / norms
-    config = CostModel.Config(
-        **{name: float(params[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
-    )
-    relative = design @ params / measured - 1.0
-=======
     estimate = np.zeros(len(_PARAMS))
     estimate[used] = solution / norms
     config = CostModel.Config(
         **{name: float(estimate[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
     )
     relative = design @ estimate / measured - 1.0
->>>>>>> main
     return FitResult(
         config=config,
         relative_rms=float(np.sqrt(np.mean(relative**2))),

@@ -134,12 +134,6 @@ def _flatten_ops(sched: Schedule) -> tuple[list[object], IntArray]:
     return list(chain.from_iterable(sched.ops)), offsets
 
 
-<<<<<<< HEAD
-def _extract_fields(
-    sched: Schedule,
-) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int]:
-    """Pull every op's fields into arrays with C-level iteration only (no per-op Python code)."""
-=======
 _Fields = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, list[str], IntArray, IntArray, int]
 
 
@@ -193,7 +187,6 @@ def _chunk_weights(sched: Schedule, chunk_pairs: IntArray) -> tuple[IntArray, in
 
 
 def _extract_fields_python(sched: Schedule) -> _Fields:
->>>>>>> main
     ops, offsets = _flatten_ops(sched)
     num_ops = len(ops)
     try:
@@ -216,22 +209,7 @@ def _extract_fields_python(sched: Schedule) -> _Fields:
     dep_lists = list(map(attrgetter("depends"), ops))
     dep_counts = np.fromiter(map(len, dep_lists), dtype=np.int64, count=num_ops)
     dep_local = np.fromiter(chain.from_iterable(dep_lists), dtype=np.int64, count=int(dep_counts.sum()))
-<<<<<<< HEAD
-    return (
-        offsets,
-        op_kind,
-        op_weight,
-        op_peer,
-        op_round,
-        op_phase,
-        list(phase_names),
-        dep_counts,
-        dep_local,
-        int(prefix[-1]),
-    )
-=======
     return offsets, op_kind, op_weight, op_peer, op_round, op_phase, list(phase_names), dep_counts, dep_local, total
->>>>>>> main
 
 
 def build_task_graph(sched: Schedule, sync_rounds: bool = True, native: bool = True) -> TaskGraph:
@@ -385,8 +363,6 @@ def _edges_numpy(
     return send_ops, recv_ops, local_ops, op_task, edge_ptr, edge_dst[order], edge_from[order], one_flow
 
 
-<<<<<<< HEAD
-=======
 def _one_flow_per_nic(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray) -> bool:
     """Every send/receive round-tagged, at most one send and one receive per rank and round group."""
     comm = op_kind <= _RECV_REDUCE
@@ -406,7 +382,6 @@ def _one_flow_per_nic(op_kind: IntArray, op_rank: IntArray, op_round: IntArray, 
     return bool(sends.max() <= 1 and recvs.max() <= 1)
 
 
->>>>>>> main
 def _round_edges(
     op_kind: IntArray, op_rank: IntArray, op_round: IntArray, op_phase: IntArray
 ) -> tuple[IntArray, IntArray]:
@@ -435,13 +410,9 @@ def _round_edges(
     return sel[first + within], sel[np.repeat(members, counts)]
 
 
-<<<<<<< HEAD
-def longest_path(graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray) -> FloatArray:
-=======
 def longest_path(
     graph: TaskGraph, release: FloatArray, duration: FloatArray, op_extra: FloatArray, native: bool = True
 ) -> FloatArray:
->>>>>>> main
     """Earliest completion time of every task when nothing competes for bandwidth.
 
     ``done[t] = max(release[t], max over edges u->t of (done[u] + extra)) + duration[t]``, where
@@ -500,17 +471,4 @@ def _longest_path_numpy(
         uniq, hits = np.unique(targets, return_counts=True)
         indeg[uniq] -= hits
         frontier = uniq[indeg[uniq] == 0]
-<<<<<<< HEAD
-    if processed < num_tasks:
-        stuck = np.flatnonzero(np.isnan(done))[:3]
-        where = ", ".join(
-            f"rank {graph.task_src[t]} op {graph.task_op[t] - graph.rank_offsets[graph.task_src[t]]}" for t in stuck
-        )
-        raise ScheduleError(
-            f"deadlock: {num_tasks - processed} of {num_tasks} messages/ops can never start under the execution "
-            f"rules (e.g. {where}); run stragglerkit.schedules.check() on the schedule"
-        )
-    return done
-=======
     return done, processed
->>>>>>> main
