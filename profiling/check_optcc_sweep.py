@@ -1,7 +1,7 @@
 """Exhaustive symbolic check of OptCC schedules (too slow for the unit tests; run once, results kept).
 
-Sweep: p = 3..64, l in {1.14, 1.33, 1.5, 2, 3, 4}, m = 1, 2, 3 degraded servers (wherever the healthy
-ones outnumber them), g in {1, 2, 4, 8} GPUs per server (wherever g divides p and there are at
+Sweep: p = 3..64, l in {1.14, 1.33, 1.5, 2, 3, 4}, m = 1, 2, 3 degraded servers (wherever they do
+not outnumber the healthy ones), g in {1, 2, 4, 8} GPUs per server (wherever g divides p and there are at
 least 3 servers), at k = 4 segments; plus k in {8, 16, 64} for one straggler at every p up to 32
 and every g. Each schedule goes through stragglerkit.schedules.check.
 
@@ -37,7 +37,7 @@ def cases() -> list[tuple[int, int, dict[int, float], int]]:
             if p % g or servers < 3:
                 continue
             for m in (1, 2, 3):
-                if servers - m <= m:
+                if servers - m < m:
                     continue
                 for i, slowdown in enumerate(SLOWDOWNS):
                     # degraded servers spread over the ring (one GPU named each), slowdowns rotated

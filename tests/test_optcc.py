@@ -35,7 +35,9 @@ def test_single_straggler_passes_the_checker(p: int, slowdown: float, k: int) ->
 
 # several stragglers: every m in 1..3, every l, every k, p from 5 to 64
 MULTI_CASES = [
+    (4, {0: 2.0, 3: 1.5}, 8),
     (5, {0: 1.14, 3: 1.33}, 4),
+    (6, {0: 1.5, 2: 1.5, 4: 3.0}, 4),
     (6, {1: 2.0, 4: 4.0}, 8),
     (7, {0: 1.5, 1: 1.5, 2: 1.5}, 4),
     (9, {2: 3.0, 5: 1.14, 8: 2.0}, 16),
@@ -153,7 +155,7 @@ def test_registry_builds_optcc_for_the_degraded_rank() -> None:
         ((5, {7: 2.0}), ValueError, "not a rank"),
         ((5, {1: 0.5}), ValueError, "must be a finite number >= 1"),
         ((5, {1: float("nan")}), ValueError, "must be a finite number >= 1"),
-        ((6, {0: 2.0, 1: 2.0, 2: 2.0}), NotApplicableError, "than degraded ones"),
+        ((5, {0: 2.0, 1: 2.0, 2: 2.0}), NotApplicableError, "as many healthy ranks (servers) as degraded ones"),
         ((6, {0: 2.0}, 64, 3), NotApplicableError, "at least 3 servers"),
     ],
 )

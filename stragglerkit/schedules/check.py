@@ -371,7 +371,9 @@ def _execute(sched: Schedule) -> int:
                     buf[chunk] = data[offset]
             complete(rank, index)
 
-    stuck = [(rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])]
+    stuck = [
+        (rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])
+    ]
     if stuck:
         lines = []
         for rank, index in stuck[:6]:

@@ -93,7 +93,7 @@ Generation cost. :func:`optcc_plan` computes the whole pipeline in closed form i
 ``(rank, window)`` to its flows in ``O(1)``. :meth:`OptccPlan.rank_ops` lowers one rank's ops
 (``O(kq)`` ops, what an executor needs) and :func:`optcc` lowers the whole schedule (``O(kq^2)``
 ops, for the checker and the simulator). For p = 1024, k = 64: plan ~0.03 ms, one window of one
-rank ~3 us, one rank's whole op list ~3 s (profiling/results/optcc_generation.json).
+rank ~3 us, one rank's whole op list ~2 s (profiling/results/optcc_generation.json).
 
 Nomenclature: ``q`` healthy ranks, ``k`` segments, ``σ`` segment, ``x`` section (= owner index on
 the ring), ``t`` window, ``u``/``d`` upload/download window, ``i`` lane (edge position), ``m``
@@ -126,12 +126,12 @@ class Flow:
     chunk: int
     stage: str
     """``reduce_scatter`` (S1), ``upload`` (S2), ``download`` (S3), ``allgather`` (S4),
-    ``fill_up`` / ``fill_down`` (bubble filling)."""
+    ``fill_up`` / ``fill_down`` (bubble filling), ``attach_up`` / ``attach_down`` (other stragglers)."""
 
 
 @dataclass(slots=True, frozen=True)
 class OptccPlan:
-    """The closed-form OptCC pipeline for one straggler (see the module docstring).
+    """The closed-form OptCC pipeline: the generated schedule, before lowering (module docstring).
 
     Example::
 
@@ -461,6 +461,10 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
 def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
+    With ``gpus_per_server > 1`` the plan is built on the servers (its ranks are servers; a server
+    is degraded if any of its GPUs is, with the largest ``l`` named); :func:`optcc` lowers it to the
+    GPUs with :func:`~stragglerkit.schedules.optcc_servers.lower_servers`.
+
     Example::
 
         plan = optcc_plan(8, {5: 1.5}, segments=16)
@@ -478,11 +482,10 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
             )
         return optcc_plan(world_size // gpus_per_server, servers, segments)
     q = world_size - len(degraded)
-    if q <= len(degraded) or (len(degraded) > 1 and q < 3):
+    if q < len(degraded):
         raise NotApplicableError(
-            f"optcc needs more healthy ranks (servers) than degraded ones ({len(degraded)} of {world_size} are "
-            "degraded); "
-            "use ring"
+            f"optcc needs at least as many healthy ranks (servers) as degraded ones ({len(degraded)} of "
+            f"{world_size} are degraded); use ring"
         )
     # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
     order = sorted(degraded, key=lambda r: (-degraded[r], r))

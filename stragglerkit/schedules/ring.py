@@ -42,9 +42,7 @@ def add_ring_reduce_scatter(
         for i, rank in enumerate(members):
             send_chunk = owned[(i - 1 - step) % m]
             recv_chunk = owned[(i - 2 - step) % m]
-            builder.send(
-                rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase
-            )
+            builder.send(rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase)
             builder.recv_reduce(
                 rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=first_round + step, phase=phase
             )
@@ -64,12 +62,8 @@ def add_ring_allgather(
         for i, rank in enumerate(members):
             send_chunk = owned[(i - step) % m]
             recv_chunk = owned[(i - 1 - step) % m]
-            builder.send(
-                rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase
-            )
-            builder.recv(
-                rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=first_round + step, phase=phase
-            )
+            builder.send(rank, members[(i + 1) % m], (send_chunk, send_chunk + 1), round=first_round + step, phase=phase)
+            builder.recv(rank, members[(i - 1) % m], (recv_chunk, recv_chunk + 1), round=first_round + step, phase=phase)
     return first_round + max(m - 1, 0)
 
 
