@@ -106,7 +106,7 @@ def _run_group(
     job_path.write_text(json.dumps(asdict(job)), encoding="utf-8")
     entry = "import sys; from stragglerkit.bench.worker import main; sys.exit(main())"
     argv = [sys.executable, "-c", entry, str(config_path), str(job_path), str(out_path)]
-    logs = [open(workdir / f"rank{r}-{tag}.log", "w+b") for r in range(config.world_size)]  # noqa: SIM115
+    logs = [open(workdir / f"rank{r}-{tag}.log", "w+b") for r in range(config.world_size)]
     procs: list[subprocess.Popen[Any]] = []
     try:
         for rank in range(config.world_size):

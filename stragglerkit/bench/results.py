@@ -88,7 +88,8 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
     n = case["world_size"]
     straggler = case["straggler"]
     ends = [max(f) for f in case["finish"]]
-    own = [max(f - a for a, f in zip(arr, fin, strict=True)) for arr, fin in zip(case["arrival"], case["finish"], strict=True)]
+    iterations = list(zip(case["arrival"], case["finish"], strict=True))
+    own = [max(f - a for a, f in zip(arr, fin, strict=True)) for arr, fin in iterations]
     from_first = _median([end - min(arr) for end, arr in zip(ends, case["arrival"], strict=True)])
     from_straggler = None
     if straggler is not None:
@@ -190,7 +191,8 @@ def print_table(rows: list[dict[str, Any]], header: dict[str, Any], out: Any = N
     """The nccl-tests-style table, one block per scenario."""
     stream = out if out is not None else sys.stdout
     config = header["config"]
-    print(f"# stragglerkit bench: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})", file=stream)
+    where = f"{header['mode']} ({header['mode_reason']})"
+    print(f"# stragglerkit bench: {config['world_size']} ranks, {where}", file=stream)
     if header.get("model_bandwidth_Bps"):
         print(
             f"# model: flow-level simulator, NIC payload {header['model_bandwidth_Bps'] / 1e6:.1f} MB/s, "
@@ -244,7 +246,11 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
             str(row["wrong"]),
         ]
         if straggling:
-            cells += [_ms(row["time_from_first_arrival_s"]), _x(row["speedup_vs_gloo"]), _x(row["speedup_from_first_vs_gloo"])]
+            cells += [
+                _ms(row["time_from_first_arrival_s"]),
+                _x(row["speedup_vs_gloo"]),
+                _x(row["speedup_from_first_vs_gloo"]),
+            ]
         else:
             cells += [_x(row["speedup_vs_gloo"])]
         if degraded:

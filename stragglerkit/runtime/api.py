@@ -43,6 +43,7 @@ import torch.distributed as dist
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
 from stragglerkit.runtime.executor import OpTiming, OpTimings, notify_local_failure, run_plan
+from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules import Schedule, check
@@ -357,7 +358,7 @@ class Runtime:
         key = (algorithm, situation.world_size, situation.straggler, tuple(sorted(situation.slowdowns.items())))
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = generate(algorithm, situation)
+            schedule = in_round_order(generate(algorithm, situation))
             check(schedule)
             self._schedules[key] = schedule
             if len(self._schedules) > self.cache_size:
