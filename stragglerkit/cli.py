@@ -207,7 +207,7 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         situation = _situation(args, n)
         network = Network.uniform(n, alpha=args.alpha, bandwidth=args.bandwidth, slowdowns=dict(situation.slowdowns))
         straggler = args.straggler if args.straggler is not None else n - 1
-        delay_text = args.delay if args.delay is not None else ("0" if situation.slowdowns else "auto")
+        delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")
         if delay_text == "auto":
             reference = Situation(world_size=n, straggler=straggler)
             try:
@@ -241,14 +241,21 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float | None:
+    """OptCC's lower bound (optcc.txt Theorems 1-3) in seconds, or None where none is stated."""
+    from stragglerkit.sim import optcc_bounds
+
+    p, g, slowdowns = situation.world_size, situation.gpus_per_server, list(situation.slowdowns.values())
+    per_rank_seconds = size_bytes / bandwidth
     try:
-        from stragglerkit.sim import optcc_bounds
-    except ImportError:
+        if g > 1 and len(slowdowns) == 1:
+            return optcc_bounds.theorem3_bound(p, g, slowdowns[0], per_rank_seconds)
+        if g == 1 and len(slowdowns) == 1:
+            return optcc_bounds.theorem1_bound(p, slowdowns[0], per_rank_seconds)
+        if g == 1:
+            return optcc_bounds.theorem2_bound(p, slowdowns, per_rank_seconds)
+    except ValueError:
         return None
-    bound: float = optcc_bounds.lower_bound(
-        situation.world_size, situation.slowdowns, size_bytes / bandwidth, gpus_per_server=situation.gpus_per_server
-    )
-    return bound
+    return None
 
 
 def _print_simulation_table(rows: list[dict[str, Any]]) -> None:

@@ -192,7 +192,9 @@ class _Rank:
         for algorithm in algorithms:
             for _ in range(self.config.warmup):
                 self.iteration(algorithm, x, source, expected, delay)
-        samples = {a: {"arrival": [], "finish": [], "wrong": 0, "ran": a} for a in algorithms}
+        samples: dict[str, dict[str, Any]] = {
+            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a} for a in algorithms
+        }
         for it in range(self.config.iters):
             shift = it % len(algorithms)
             for algorithm in algorithms[shift:] + algorithms[:shift]:
