@@ -121,6 +121,7 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
         "lower_bound_s": _lower_bound(case, bandwidth),
         "calibration": case["calibration"],
         "samples": {"arrival": case["arrival"], "finish": case["finish"]},
+        "timeline": case.get("timeline"),
     }
 
 

@@ -108,31 +108,31 @@ class _Rank:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def all_reduce(self, algorithm: str, x: torch.Tensor) -> str:
-        """One AllReduce of ``x`` in place; returns the algorithm that ran."""
+    def all_reduce(self, algorithm: str, x: torch.Tensor, entered_ns: int) -> tuple[str, dict[str, list[float]]]:
+        """One AllReduce of ``x`` in place; the algorithm that ran and its per-phase/round timeline."""
         if algorithm == BASELINE:
             dist.all_reduce(x)
-            return BASELINE
+            return BASELINE, {}
         import stragglerkit
 
         record = stragglerkit.all_reduce(x, algorithm=algorithm, straggler=self.straggler, slowdowns=self.slowdowns)
-        return record.algorithm
+        return record.algorithm, _timeline(record.labelled_timings(), entered_ns)
 
     def iteration(
         self, algorithm: str, x: torch.Tensor, source: torch.Tensor, expected: torch.Tensor, delay: float
-    ) -> tuple[float, float, int, str]:
-        """(arrival, finish, wrong elements, algorithm that ran) of one timed AllReduce."""
+    ) -> tuple[float, float, int, str, dict[str, list[float]]]:
+        """(arrival, finish, wrong elements, algorithm that ran, timeline) of one timed AllReduce."""
         x.copy_(source)
         self.synchronize()
         dist.barrier()
         if self.rank == self.straggler:
             sleep_precisely(delay)
-        arrival = time.time()
-        ran = self.all_reduce(algorithm, x)
+        arrival, entered_ns = time.time(), time.monotonic_ns()
+        ran, timeline = self.all_reduce(algorithm, x, entered_ns)
         self.synchronize()
         finish = time.time()
         wrong = 0 if torch.equal(x, expected) else int((x != expected).sum().item())
-        return arrival, finish, wrong, ran
+        return arrival, finish, wrong, ran, timeline
 
     # -- the straggler's delay ------------------------------------------------------------------
     def measure_pre_phase(self, x: torch.Tensor, source: torch.Tensor, size_bytes: int) -> dict[str, Any]:
@@ -193,13 +193,14 @@ class _Rank:
             for _ in range(self.config.warmup):
                 self.iteration(algorithm, x, source, expected, delay)
         samples: dict[str, dict[str, Any]] = {
-            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a} for a in algorithms
+            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}} for a in algorithms
         }
         for it in range(self.config.iters):
             shift = it % len(algorithms)
             for algorithm in algorithms[shift:] + algorithms[:shift]:
-                arrival, finish, wrong, ran = self.iteration(algorithm, x, source, expected, delay)
+                arrival, finish, wrong, ran, timeline = self.iteration(algorithm, x, source, expected, delay)
                 sample = samples[algorithm]
+                sample["timeline"] = timeline  # the last iteration's
                 sample["arrival"].append(arrival)
                 sample["finish"].append(finish)
                 sample["wrong"] += wrong
@@ -227,9 +228,21 @@ class _Rank:
                     "arrival": [list(t) for t in zip(*(p["arrival"] for p in per_rank), strict=True)],
                     "finish": [list(t) for t in zip(*(p["finish"] for p in per_rank), strict=True)],
                     "wrong": sum(p["wrong"] for p in per_rank),
+                    # per rank: phase/round label -> [first post, last completion] in seconds after that
+                    # rank's own arrival, from the executor's per-op timings of the last iteration
+                    "timeline": [p["timeline"] for p in per_rank],
                 }
             )
         return cases
+
+
+def _timeline(timings: list[tuple[str, Any]], entered_ns: int) -> dict[str, list[float]]:
+    spans: dict[str, list[float]] = {}
+    for label, timing in timings:
+        start, end = (timing.start_ns - entered_ns) / 1e9, (timing.end_ns - entered_ns) / 1e9
+        span = spans.setdefault(label, [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return spans
 
 
 def run_job(config: BenchConfig, job: Job, device: torch.device | None = None) -> list[dict[str, Any]]:
