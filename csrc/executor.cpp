@@ -34,6 +34,8 @@
 // the tensor as lost and re-create the process group, as after an NCCL abort.
 #include "executor.h"
 
+#include "group_state.h"
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -49,25 +51,11 @@ namespace {
 
 constexpr int kDataTag = 1'839'100'000;
 constexpr int kHeaderTag = 1'839'100'001;
-constexpr int kAbortTag = 1'839'100'002;
 constexpr int64_t kHeaderMagic = 0x53544b48445231;  // "STKHDR1"
-constexpr int64_t kAbortMagic = 0x53544b41425431;   // "STKABT1"
-
-enum AbortReason : int64_t { kReasonMismatch = 1, kReasonTimeout = 2, kReasonPeerFailure = 3, kReasonOther = 4, kReasonInvalid = 5 };
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-const char* reason_text(int64_t reason) {
-  switch (reason) {
-    case kReasonMismatch: return "tensor or plan mismatch";
-    case kReasonTimeout: return "timeout";
-    case kReasonPeerFailure: return "peer failure";
-    case kReasonInvalid: return "invalid arguments";
-    default: return "error";
-  }
 }
 
 // An error raised on this rank; `reason` and `remote` travel in the abort note.
@@ -77,100 +65,6 @@ struct ExecFailure : std::runtime_error {
   int64_t reason;
   int64_t remote;
 };
-
-// An abort note received from another rank.
-struct AbortNote {
-  int64_t origin = -1;
-  int64_t reason = 0;
-  int64_t remote = -1;
-};
-
-// Per process group: call counter, abort listener, and a place to keep buffers that a failed call
-// may leave registered with the transport (never freed: the transport may still write to them).
-struct GroupState {
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::mutex mu;
-  int64_t calls = 0;
-  int64_t active_call = -1;
-  std::map<int64_t, AbortNote> aborts;  // call number -> note
-  c10::intrusive_ptr<c10d::Work> blocked_on;
-  c10::intrusive_ptr<c10d::Work> listen_work;
-  std::thread listener;
-  std::atomic<bool> stopping{false};
-  bool listens = false;
-  std::vector<c10::intrusive_ptr<c10d::Work>> graveyard;
-  std::vector<torch::Tensor> kept_tensors;
-};
-
-std::mutex& registry_mutex() {
-  static auto* mu = new std::mutex();
-  return *mu;
-}
-
-std::map<c10d::ProcessGroup*, GroupState*>& registry() {
-  // Leaked on purpose: the states own threads and transport buffers that must outlive exit.
-  static auto* groups = new std::map<c10d::ProcessGroup*, GroupState*>();
-  return *groups;
-}
-
-void listen_for_aborts(GroupState* state, c10::Device device) {
-  while (!state->stopping.load()) {
-    auto note = torch::zeros({kHeaderLength}, torch::dtype(torch::kInt64).device(device));
-    std::vector<torch::Tensor> tensors{note};
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = state->group->recvAnysource(tensors, kAbortTag);
-    } catch (const std::exception&) {
-      return;  // the group is gone or does not support it
-    }
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      state->listen_work = work;
-      state->graveyard.push_back(work);
-      state->kept_tensors.push_back(note);
-    }
-    bool received = false;
-    try {
-      received = work->wait();
-    } catch (const std::exception& err) {
-      const std::string what = err.what();
-      if (state->stopping.load() || what.find("imed out") == std::string::npos) return;
-      continue;  // the transport's default timeout: listen again
-    }
-    if (!received || state->stopping.load()) {
-      return;
-    }
-    auto host = note.cpu();
-    const int64_t* fields = host.data_ptr<int64_t>();
-    if (fields[0] != kAbortMagic) {
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(state->mu);
-    AbortNote abort_note{fields[2], fields[3], fields[4]};
-    state->aborts.emplace(fields[1], abort_note);
-    if (state->active_call == fields[1] && state->blocked_on) {
-      state->blocked_on->abort();
-    }
-  }
-}
-
-GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto& groups = registry();
-  auto it = groups.find(group.get());
-  if (it != groups.end()) {
-    return it->second;
-  }
-  auto* state = new GroupState();
-  state->group = group;
-  // Receive-from-any is a gloo feature; NCCL reports faults through its own watchdog.
-  state->listens = group->getBackendName() == "gloo";
-  if (state->listens) {
-    state->listener = std::thread(listen_for_aborts, state, device);
-  }
-  groups.emplace(group.get(), state);
-  return state;
-}
 
 std::string describe_bytes(int64_t count, int64_t element_size) {
   std::ostringstream out;
@@ -673,35 +567,6 @@ void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, c
   std::function<void(int64_t, bool)> no_callback;
   Run run(state, plan, buffer, buffer, 2.0, no_callback);
   run.announce_failure(call, ExecFailure("invalid arguments", kReasonInvalid, -1));
-}
-
-std::vector<std::vector<int64_t>> abort_notes(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-  std::vector<std::vector<int64_t>> out;
-  GroupState* state = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(group.get());
-    if (it == registry().end()) return out;
-    state = it->second;
-  }
-  std::lock_guard<std::mutex> lock(state->mu);
-  for (const auto& entry : state->aborts) {
-    out.push_back({entry.first, entry.second.origin, entry.second.reason, entry.second.remote});
-  }
-  return out;
-}
-
-void shutdown_listeners() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  for (auto& entry : registry()) {
-    GroupState* state = entry.second;
-    state->stopping.store(true);
-    {
-      std::lock_guard<std::mutex> state_lock(state->mu);
-      if (state->listen_work) state->listen_work->abort();
-    }
-    if (state->listener.joinable()) state->listener.join();
-  }
 }
 
 }  // namespace stragglerkit
