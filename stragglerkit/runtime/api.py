@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -42,7 +43,7 @@ import torch.distributed as dist
 
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
-from stragglerkit.runtime.executor import OpTiming, OpTimings, notify_local_failure, run_plan
+from stragglerkit.runtime.executor import OpTiming, OpTimings, duplex_group, notify_local_failure, run_plan
 from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
@@ -199,6 +200,7 @@ class Runtime:
         "cache_size",
         "group",
         "rank_map",
+        "reverse_group",
         "timeout",
         "warned",
     )
@@ -224,6 +226,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        duplex = os.environ.get("STRAGGLERKIT_DUPLEX", "1") != "0"
+        self.reverse_group = duplex_group(self.group) if duplex and self.group.size() > 1 else None
+        """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
 
     # -- public ---------------------------------------------------------------------------------
     def set_rank_map(self, ranks: Sequence[int] | None) -> None:
@@ -319,7 +324,14 @@ class Runtime:
         flat = tensor.view(-1)
         with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
             timings = run_plan(
-                self.group, flat, cached.scratch_for(flat), cached.plan, self.rank_map, cached.plan_id, self.timeout
+                self.group,
+                flat,
+                cached.scratch_for(flat),
+                cached.plan,
+                self.rank_map,
+                cached.plan_id,
+                self.timeout,
+                self.reverse_group,
             )
             if op == "avg":
                 tensor.div_(n)
