@@ -59,8 +59,12 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
     slowdowns = {int(k): float(v) for k, v in case["slowdowns"].items()}
     straggler = case["straggler"]
     algorithm = "ring" if case["ran"] == BASELINE else case["ran"]
+    from stragglerkit.runtime.api import optcc_segments
+
+    segments = optcc_segments(case["size_bytes"], n)  # what the runtime uses for this bucket
     try:
-        schedule = generate(algorithm, Situation(world_size=n, straggler=straggler, slowdowns=slowdowns))
+        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns, segments=segments)
+        schedule = generate(algorithm, situation)
     except NotApplicableError:
         return None, None
     arrivals = [0.0] * n
