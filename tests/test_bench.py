@@ -207,3 +207,12 @@ def test_emulated_bench_end_to_end(tmp_path: Path) -> None:
     header = json.loads(json_path.read_text())["header"]
     assert header["mode"] == "emulated" and header["cluster"]["shaping"] is not None
     assert _our_namespaces() == []
+
+
+def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
+    from stragglerkit.runtime.api import optcc_segments
+
+    assert optcc_segments(32 * 2**20, 8) == 9  # 32 MiB / (7 * 512 KiB)
+    assert optcc_segments(2**30, 8) == 64  # capped
+    assert optcc_segments(1000, 8) == 1
+    assert optcc_segments(2**30, 8, most=16) == 16
