@@ -24,7 +24,7 @@ def main() -> int:
     with open(args.path, encoding="utf-8") as handle:
         rows = json.load(handle)["rows"]
     for row in rows:
-        if not row.get("timeline") or (args.algorithm and row["algorithm"] != args.algorithm):
+        if not any(row.get("timeline") or []) or (args.algorithm and row["algorithm"] != args.algorithm):
             continue
         arrival, finish = row["samples"]["arrival"][-1], row["samples"]["finish"][-1]
         straggler = row["straggler"]
