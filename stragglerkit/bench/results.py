@@ -170,6 +170,7 @@ def header_record(config: BenchConfig, launched: LaunchResult, argv: list[str]) 
             "torch": torch_version,
         },
         "load_average": list(os.getloadavg()),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("STRAGGLERKIT_")},
         "mode": launched.mode,
         "mode_reason": launched.why,
         "config": json.loads(config.to_json()),
