@@ -173,7 +173,8 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
     _check_rows(rows, "straggler", {"gloo", "ring", "stragglar"})  # optcc does not apply: skipped
     for row in rows:
         assert row["time_from_straggler_s"] is not None
-        assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.004
+        # the straggler enters 5 ms after the others leave the barrier (which releases them within ~1 ms)
+        assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.0025
         assert row["predicted_s"] is None  # no bandwidth known over loopback
     data = json.loads(json_path.read_text())
     assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])
