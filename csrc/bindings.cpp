@@ -32,9 +32,12 @@ torch::Tensor execute(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch
                       torch::Tensor scratch, torch::Tensor ops, torch::Tensor dep_count, torch::Tensor child_ptr,
                       torch::Tensor child_idx, torch::Tensor wait_order, torch::Tensor peers, torch::Tensor rank_map,
                       std::vector<std::string> labels, std::string algorithm, int64_t logical_rank, int64_t plan_id,
-                      double timeout_seconds, const py::object& range_callback) {
+                      double timeout_seconds, const py::object& range_callback, const py::object& reverse_group) {
   stragglerkit::PlanTables plan{ops,    dep_count, child_ptr,         child_idx, wait_order, peers, rank_map,
                                 labels, algorithm, logical_rank, plan_id};
+  if (!reverse_group.is_none()) {
+    plan.reverse_group = reverse_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  }
   auto callback = range_callback_from(range_callback);
   py::gil_scoped_release no_gil;
   auto timings = stragglerkit::execute_plan(group, std::move(buffer), std::move(scratch), plan, timeout_seconds,
@@ -59,7 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("execute", &execute, py::arg("group"), py::arg("buffer"), py::arg("scratch"), py::arg("ops"),
         py::arg("dep_count"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("wait_order"), py::arg("peers"),
         py::arg("rank_map"), py::arg("labels"), py::arg("algorithm"), py::arg("logical_rank"), py::arg("plan_id"),
-        py::arg("timeout_seconds"), py::arg("range_callback"),
+        py::arg("timeout_seconds"), py::arg("range_callback"), py::arg("reverse_group") = py::none(),
         "Run one rank's lowered plan in place over a c10d ProcessGroup; returns the per-op timings.");
   m.def(
       "notify_local_failure",
@@ -74,5 +77,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Stop the abort listener threads (called at interpreter exit).");
 
   // -- simulator --
-  stragglerkit::register_simulator(m);  // sim_extract_ops, sim_build_edges
+  stragglerkit::register_simulator(m);  // sim_extract_ops, sim_build_edges, sim_longest_path
 }

@@ -274,13 +274,17 @@ class Run {
     start_ns_[op] = now_ns();
     std::vector<torch::Tensor> tensors;
     try {
+      // Messages from the higher to the lower physical rank use the reverse group when there is one.
+      const int sender = kind == kSend ? physical_rank_ : peer;
+      const int receiver = kind == kSend ? peer : physical_rank_;
+      const auto& group = plan_.reverse_group.defined() && sender > receiver ? plan_.reverse_group : group_;
       if (kind == kSend) {
         tensors.push_back(buffer_span(op));
-        works_[op] = group_->send(tensors, peer, kDataTag);
+        works_[op] = group->send(tensors, peer, kDataTag);
       } else {
         const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
         tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
-        works_[op] = group_->recv(tensors, peer, kDataTag);
+        works_[op] = group->recv(tensors, peer, kDataTag);
       }
     } catch (const std::exception& err) {
       throw peer_failure(col(op, kColPeer), "could not start the " + describe_op(op), err.what());

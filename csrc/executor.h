@@ -55,6 +55,10 @@ struct PlanTables {
   std::string algorithm;
   int64_t logical_rank = 0;
   int64_t plan_id = 0;
+  // Optional second group over the same ranks: data messages from a higher to a lower physical rank
+  // travel over it, so each direction of a pair has its own connection (gloo's one connection per
+  // pair carries one direction at a time; a swap then takes twice as long). Null: one group.
+  c10::intrusive_ptr<c10d::ProcessGroup> reverse_group;
 };
 
 // Runs the plan in place on `buffer` (1-D contiguous) with `scratch` (same dtype and device).

@@ -2,6 +2,7 @@
 
 ``stragglerkit schedule``  builds, checks and prints (or saves) one algorithm's schedule.
 ``stragglerkit simulate``  predicts AllReduce times of several algorithms on a simulated network.
+``stragglerkit bench``     measures them on real ranks: emulated cluster, loopback, or torchrun.
 
 Run ``stragglerkit COMMAND --help`` for the options of each.
 """
@@ -206,7 +207,7 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         situation = _situation(args, n)
         network = Network.uniform(n, alpha=args.alpha, bandwidth=args.bandwidth, slowdowns=dict(situation.slowdowns))
         straggler = args.straggler if args.straggler is not None else n - 1
-        delay_text = args.delay if args.delay is not None else ("0" if situation.slowdowns else "auto")
+        delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")
         if delay_text == "auto":
             reference = Situation(world_size=n, straggler=straggler)
             try:
@@ -309,6 +310,127 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# stragglerkit bench (implementation in stragglerkit/bench/)
+
+
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from stragglerkit.bench import BenchConfig, detect_mode, run
+    from stragglerkit.errors import StragglerKitError
+
+    mode, why = detect_mode(args.loopback)
+    if mode == "torchrun" and args.world_size is not None:
+        import os
+
+        if args.world_size != int(os.environ["WORLD_SIZE"]):
+            raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
+    world_size = args.world_size if args.world_size is not None else 8
+    if mode == "torchrun":
+        import os
+
+        world_size = int(os.environ["WORLD_SIZE"])
+    bandwidth = args.bandwidth
+    if bandwidth is None and mode == "emulated":
+        bandwidth = parse_bandwidth("1Gbit")
+    config = BenchConfig(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        sizes=args.sizes,
+        dtype=args.dtype,
+        iters=args.iters,
+        warmup=args.warmup,
+        algorithms=args.algorithms,
+        straggler=args.straggler,
+        delay=args.delay,
+        degrade=dict(args.degrade or []),
+        mode=mode,
+        alpha=args.alpha,
+        fault_free_baseline=not args.no_fault_free_baseline,
+        timeout=args.timeout,
+    )
+    if mode != "torchrun" or os_rank() == 0:
+        print(f"stragglerkit bench: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
+    try:
+        run(config, why=why, argv=list(argv), json_path=args.json, plot_path=args.plot)
+    except StragglerKitError as err:
+        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def os_rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _add_bench_parser(sub: Any) -> None:
+    from stragglerkit.bench import parse_algorithms, parse_degrade, parse_delay_option, parse_sizes
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure AllReduce algorithms against gloo on real ranks",
+        description="Measure the algorithms on real ranks, nccl-tests style, against the process group's own "
+        "all_reduce (gloo), with an optional persistent straggler or degraded NICs. Runs under torchrun when "
+        "its environment is set (NCCL on GPUs, gloo on CPUs); otherwise on the emulated cluster (one network "
+        "namespace per rank with a shaped NIC; needs root) or, failing that, over loopback.",
+        epilog="examples:\n  stragglerkit bench --world-size 8 --bandwidth 1Gbit --sizes 32MiB\n"
+        "  stragglerkit bench --sizes 32MiB --algorithms gloo,stragglar --straggler 7 --delay auto\n"
+        "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
+        "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
+    bench.add_argument(
+        "--bandwidth",
+        type=_unit(parse_bandwidth),
+        help="each host's NIC rate, e.g. 1Gbit (emulated cluster: shapes the links, default 1Gbit; "
+        "elsewhere only for the model's prediction)",
+    )
+    bench.add_argument(
+        "--sizes",
+        type=_unit(parse_sizes),
+        default=parse_sizes("1MiB..32MiB"),
+        help="buffer sizes: LOW..HIGH doubling (default 1MiB..32MiB), one size, or a comma list",
+    )
+    bench.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16, float16, int32, int64")
+    bench.add_argument("--iters", type=int, default=5, help="timed iterations per case (default 5; median)")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed iterations per case first (default 2)")
+    bench.add_argument(
+        "--algorithms",
+        type=_unit(parse_algorithms),
+        default=parse_algorithms("gloo,ring,rhd,stragglar,optcc"),
+        help="comma list; gloo = the group's own all_reduce (baseline), auto = the runtime's choice; "
+        "algorithms that do not apply to the scenario are skipped (default gloo,ring,rhd,stragglar,optcc)",
+    )
+    bench.add_argument("--straggler", type=int, metavar="RANK", help="this rank enters every AllReduce late")
+    bench.add_argument(
+        "--delay",
+        type=_unit(parse_delay_option),
+        metavar="MS|auto",
+        help="the straggler's delay: milliseconds, a time like 20ms, or auto (default: the others' "
+        "pre-phase ReduceScatter time, measured in the run)",
+    )
+    bench.add_argument(
+        "--degrade",
+        type=_unit(parse_degrade),
+        action="append",
+        metavar="RANK:L",
+        help="rank's NIC at 1/L of the bandwidth (emulated cluster: reshaped for real; repeatable)",
+    )
+    bench.add_argument("--alpha", type=_unit(parse_time), help="per-message latency for the model (default measured)")
+    bench.add_argument(
+        "--no-fault-free-baseline",
+        action="store_true",
+        help="with --degrade, skip measuring gloo with every NIC healthy",
+    )
+    bench.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the ranks (default 600)")
+    bench.add_argument("--json", metavar="FILE", help="write the header and rows as JSON")
+    bench.add_argument("--plot", metavar="FILE.png", help="plot time against size")
+    bench.add_argument("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
+    bench.set_defaults(func=cmd_bench)
+
+
+# ---------------------------------------------------------------------------------------------
 # parser
 
 
@@ -390,19 +512,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", metavar="FILE|-", help="write the rows as JSON ('-' prints only JSON on stdout)")
     sim.add_argument("--plot", metavar="FILE.png", help="plot time against n")
     sim.set_defaults(func=cmd_simulate)
+    _add_bench_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "delay", None) not in (None, "auto"):
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(arguments)
+    if args.command == "simulate" and args.delay not in (None, "auto"):
         try:
             parse_time(args.delay)
         except ValueError as err:
             parser.error(f"--delay: {err}")
     try:
-        code: int = args.func(args)
+        code: int = args.func(args, arguments[1:]) if args.command == "bench" else args.func(args)
     except (NotApplicableError, ScheduleError, ValueError) as err:
         print(f"stragglerkit {args.command}: error: {err}", file=sys.stderr)
         return 2

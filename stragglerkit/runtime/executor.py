@@ -20,7 +20,7 @@ from stragglerkit.report import nvtx
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
 from stragglerkit.runtime.remap import RankMap
 
-__all__ = ["OpTiming", "OpTimings", "native", "notify_local_failure", "run_plan"]
+__all__ = ["OpTiming", "OpTimings", "duplex_group", "native", "notify_local_failure", "run_plan"]
 
 _native = None
 
@@ -119,8 +119,13 @@ def run_plan(
     rank_map: RankMap,
     plan_id: int,
     timeout_seconds: float,
+    reverse_group: dist.ProcessGroup | None = None,
 ) -> OpTimings:
-    """Run ``plan`` in place on the 1-D contiguous ``buffer``; return the per-op timings."""
+    """Run ``plan`` in place on the 1-D contiguous ``buffer``; return the per-op timings.
+
+    ``reverse_group`` (same ranks as ``group``): messages from a higher to a lower rank go over it,
+    so that each direction of a pair has its own connection (see :func:`duplex_group`).
+    """
     c = native()
     try:
         table = c.execute(
@@ -140,10 +145,25 @@ def run_plan(
             plan_id,
             timeout_seconds,
             _range_callback(plan.labels),
+            reverse_group,
         )
     except RuntimeError as err:
         raise StragglerKitError(str(err).split("\nException raised from")[0]) from None
     return OpTimings(table)
+
+
+def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
+    """A second gloo group over the ranks of the default group ``group``, or None where not needed.
+
+    Gloo keeps one TCP connection per pair of ranks, and it carries one direction at a time: two
+    ranks that send each other a chunk at once (StragglAR's swaps, OptCC's upload/download) take
+    twice the time of a one-way transfer (profiling/bench_pair_exchange.py). With a second group,
+    each direction gets its own connection. NCCL needs none. Creating it is collective: every rank
+    of the default group must call this at the same point.
+    """
+    if dist.get_backend(group) != "gloo" or group is not dist.distributed_c10d._get_default_group():
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def notify_local_failure(group: dist.ProcessGroup, device: torch.device, algorithm: str) -> None:

@@ -1,0 +1,197 @@
+"""What one ``stragglerkit bench`` run measures: :class:`BenchConfig` and its option parsers.
+
+The configuration travels as JSON from the launcher to every rank (``to_json``/``from_json``), so
+every field is a plain value. Validation happens here, before any rank starts, with messages that
+say what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stragglerkit.schedules.registry import names
+from stragglerkit.units import parse_size, parse_time
+
+__all__ = [
+    "BASELINE",
+    "DTYPES",
+    "MODES",
+    "BenchConfig",
+    "parse_algorithms",
+    "parse_degrade",
+    "parse_delay_option",
+    "parse_sizes",
+]
+
+BASELINE = "gloo"
+"""The process group's own ``all_reduce`` (gloo on CPU, NCCL on GPU): what every speedup is against."""
+DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64")
+MODES = ("emulated", "loopback", "torchrun")
+_MAX_RANGE_STEPS = 40
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1MiB..256MiB"`` (doubling), ``"32MiB"`` or ``"1MiB,4MiB,1000"`` -> sizes in bytes.
+
+    Example::
+
+        parse_sizes("1MiB..8MiB")   # [1048576, 2097152, 4194304, 8388608]
+    """
+    text = text.strip()
+    if ".." in text:
+        low_text, high_text = text.split("..", 1)
+        low, high = parse_size(low_text), parse_size(high_text)
+        if low <= 0 or high < low:
+            raise ValueError(f"a size range LOW..HIGH needs 0 < LOW <= HIGH, got {text!r}")
+        sizes = [low]
+        while sizes[-1] * 2 <= high:
+            sizes.append(sizes[-1] * 2)
+            if len(sizes) > _MAX_RANGE_STEPS:
+                raise ValueError(f"size range {text!r} has more than {_MAX_RANGE_STEPS} steps")
+        return sizes
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise ValueError("--sizes needs at least one size, e.g. 32MiB, 1MiB..256MiB or 1MiB,4MiB")
+    bad = [s for s in sizes if s <= 0]
+    if bad:
+        raise ValueError(f"sizes must be positive byte counts, got {bad[0]}")
+    return sizes
+
+
+def parse_algorithms(text: str) -> list[str]:
+    """``"gloo,ring,stragglar"`` -> the list, checked against the registry (plus gloo and auto)."""
+    chosen = [a.strip() for a in text.split(",") if a.strip()]
+    known = [BASELINE, *names(), "auto"]
+    unknown = [a for a in chosen if a not in known]
+    if unknown or not chosen:
+        raise ValueError(f"unknown algorithm(s) {unknown or text!r}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(chosen))
+
+
+def parse_degrade(text: str) -> tuple[int, float]:
+    """``"3:2"`` -> (3, 2.0): rank 3's NIC at 1/2 of the bandwidth; ``"3:8/7"`` is allowed too."""
+    try:
+        rank_text, slow_text = text.split(":")
+        rank = int(rank_text)
+        if "/" in slow_text:
+            top, bottom = slow_text.split("/")
+            slowdown = float(top) / float(bottom)
+        else:
+            slowdown = float(slow_text)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"--degrade takes RANK:L (e.g. 3:2 = rank 3's NIC at half bandwidth), got {text!r}") from None
+    if not (slowdown >= 1.0 and math.isfinite(slowdown)):
+        raise ValueError(f"--degrade slowdown L must be a finite number >= 1 (1/L of the bandwidth), got {text!r}")
+    return rank, slowdown
+
+
+def parse_delay_option(text: str) -> float | None:
+    """``"auto"`` -> None (measured in the run); ``"50"`` -> 0.05 (plain numbers are ms); ``"2ms"``."""
+    text = text.strip()
+    if text == "auto":
+        return None
+    try:
+        seconds = float(text) / 1e3
+    except ValueError:
+        seconds = parse_time(text)
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ValueError(f"--delay must be 'auto' or a time >= 0 (e.g. 50 = 50 ms, 2ms), got {text!r}")
+    return seconds
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """One benchmark: which algorithms, on which buffers, in which fault scenario."""
+
+    world_size: int = 8
+    """Number of ranks (one per emulated host); under torchrun, WORLD_SIZE."""
+    bandwidth: float | None = 125e6
+    """NIC rate in bytes/s (whole frames). Shapes the emulated hosts; elsewhere only for the model."""
+    sizes: list[int] = field(default_factory=lambda: parse_sizes("1MiB..32MiB"))
+    """Buffer sizes in bytes."""
+    dtype: str = "float32"
+    """Element type of the buffer."""
+    iters: int = 5
+    """Timed iterations per (size, algorithm); the table shows their median."""
+    warmup: int = 2
+    """Untimed iterations per (size, algorithm) first (plans built, connections warm)."""
+    algorithms: list[str] = field(default_factory=lambda: [BASELINE, "ring", "rhd", "stragglar", "optcc"])
+    """Algorithms to run; ``gloo`` is the group's own all_reduce, ``auto`` lets the runtime choose."""
+    straggler: int | None = None
+    """Rank that enters every AllReduce late (persistent straggler scenario)."""
+    delay: float | None = None
+    """The straggler's delay in seconds; None = auto (the others' measured pre-phase time)."""
+    degrade: dict[int, float] = field(default_factory=dict)
+    """Degraded ranks: rank -> l (its NIC at bandwidth / l)."""
+    mode: str = "emulated"
+    """``emulated`` (namespaces with shaped NICs), ``loopback`` or ``torchrun``."""
+    alpha: float | None = None
+    """Per-message latency for the model; None = measured (emulated) or 50 us."""
+    fault_free_baseline: bool = True
+    """With --degrade on the emulated cluster, also run gloo with every NIC healthy."""
+    timeout: float = 600.0
+    """Seconds the launcher waits for one group of ranks."""
+
+    def __post_init__(self) -> None:
+        self.degrade = {int(k): float(v) for k, v in self.degrade.items()}
+        self.validate()
+
+    def validate(self) -> None:
+        n = self.world_size
+        if not isinstance(n, int) or n < 2:
+            raise ValueError(f"--world-size must be an integer >= 2, got {n!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.bandwidth is not None and not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"--bandwidth must be a positive rate like 1Gbit, got {self.bandwidth!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.iters < 1:
+            raise ValueError(f"--iters must be >= 1, got {self.iters}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if not self.sizes or any(s <= 0 for s in self.sizes):
+            raise ValueError("--sizes must name positive sizes, e.g. 32MiB or 1MiB..256MiB")
+        parse_algorithms(",".join(self.algorithms))
+        if self.straggler is not None and not 0 <= self.straggler < n:
+            raise ValueError(f"--straggler {self.straggler} is not a rank of 0..{n - 1} (--world-size {n})")
+        if self.straggler is None and self.delay is not None:
+            raise ValueError("--delay needs --straggler RANK (which rank is late)")
+        bad = [r for r in self.degrade if not 0 <= r < n]
+        if bad:
+            raise ValueError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{n - 1}")
+        if self.straggler is not None and self.degrade:
+            raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
+        if self.straggler is not None and self.delay is None and n % 2:
+            raise ValueError(
+                f"--delay auto times StragglAR's pre-phase, which needs an even world size (got {n}); "
+                "give --delay MS instead"
+            )
+        if self.degrade and self.mode == "loopback":
+            raise ValueError(
+                "--degrade reshapes a host's NIC, which needs the emulated cluster (root and iproute2); "
+                "over loopback there is no NIC to degrade"
+            )
+        if self.alpha is not None and not self.alpha >= 0:
+            raise ValueError(f"alpha must be >= 0 seconds, got {self.alpha!r}")
+
+    @property
+    def scenario(self) -> str:
+        """``straggler``, ``degraded`` or ``none``."""
+        if self.straggler is not None:
+            return "straggler"
+        if self.degrade:
+            return "degraded"
+        return "none"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchConfig:
+        data: dict[str, Any] = json.loads(text)
+        data["degrade"] = {int(k): v for k, v in data.get("degrade", {}).items()}
+        return cls(**data)

@@ -1,0 +1,258 @@
+"""Where ``stragglerkit bench`` runs its ranks: emulated cluster, loopback, or under torchrun.
+
+* **torchrun** (RANK, WORLD_SIZE and MASTER_ADDR set): this process *is* one rank; NCCL when it
+  has a GPU, gloo otherwise; the real network, no emulation. Rank 0 gets the results.
+* **emulated** (``EmulatedCluster.available()``): one host per rank, each a network namespace whose
+  NIC is shaped to ``--bandwidth``; ``--degrade`` reshapes a host's link for the degraded scenario
+  (and, by default, gloo is then also measured with every NIC healthy, as the fault-free baseline).
+* **loopback**: ranks as local processes over 127.0.0.1 (no shaping; only CPU and memory limit).
+
+A group of ranks runs one :class:`~stragglerkit.bench.worker.Job`; each rank is
+``stragglerkit.bench.worker.main``; rank 0 writes the case records to a file that the launcher
+reads. Every process started here is ended, and every namespace removed, on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stragglerkit.bench.config import BASELINE, BenchConfig
+from stragglerkit.bench.worker import Job
+from stragglerkit.errors import StragglerKitError
+
+__all__ = ["LaunchResult", "detect_mode", "jobs_for", "launch"]
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_DEFAULT_ALPHA = 50e-6
+_TAIL = 3000
+
+
+@dataclass(slots=True)
+class LaunchResult:
+    """What the ranks measured, and where: the case records plus a description of the setting."""
+
+    mode: str
+    why: str
+    cases: list[dict[str, Any]] = field(default_factory=list)
+    cluster: dict[str, Any] | None = None
+    """``EmulatedCluster.describe()`` (healthy), plus ``degraded_links`` as measured after reshaping."""
+    alpha: float = _DEFAULT_ALPHA
+    """Per-message latency used by the model (half the median TCP round trip on the emulated cluster)."""
+    is_reporter: bool = True
+    """False on torchrun ranks other than 0 (they print nothing)."""
+
+
+def torchrun_env(env: Mapping[str, str]) -> bool:
+    return all(key in env for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def detect_mode(loopback: bool, env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """``(mode, why)``: torchrun if its environment is set, else emulated when possible, else loopback."""
+    environ = os.environ if env is None else env
+    if torchrun_env(environ):
+        return "torchrun", f"torchrun environment (RANK={environ['RANK']}, WORLD_SIZE={environ['WORLD_SIZE']})"
+    if loopback:
+        return "loopback", "asked for with --loopback"
+    from stragglerkit.testbed import EmulatedCluster
+
+    ok, reason = EmulatedCluster.available()
+    if ok:
+        return "emulated", "emulated cluster: one network namespace per rank with a shaped NIC"
+    return "loopback", f"no emulated cluster ({reason}); falling back to loopback"
+
+
+def jobs_for(config: BenchConfig) -> list[Job]:
+    """The groups of ranks a run needs: its scenario, plus the healthy gloo baseline with --degrade."""
+    jobs = [Job(scenario=config.scenario, algorithms=list(config.algorithms))]
+    if config.scenario == "degraded" and config.mode == "emulated" and config.fault_free_baseline:
+        jobs.append(Job(scenario="none", algorithms=[BASELINE]))
+    return jobs
+
+
+# --------------------------------------------------------------------------- spawning ranks
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _python_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1"}
+
+
+Starter = Callable[[int, list[str], dict[str, str], Any], "subprocess.Popen[Any]"]
+
+
+def _run_group(
+    config: BenchConfig, job: Job, workdir: Path, start: Starter, env_for: Callable[[int], dict[str, str]]
+) -> list[dict[str, Any]]:
+    """Start every rank of ``job``, wait for all, return rank 0's case records."""
+    tag = f"{job.scenario}-{len(list(workdir.glob('job-*.json')))}"
+    config_path, job_path, out_path = workdir / "config.json", workdir / f"job-{tag}.json", workdir / f"out-{tag}.json"
+    config_path.write_text(config.to_json(), encoding="utf-8")
+    job_path.write_text(json.dumps(asdict(job)), encoding="utf-8")
+    entry = "import sys; from stragglerkit.bench.worker import main; sys.exit(main())"
+    argv = [sys.executable, "-c", entry, str(config_path), str(job_path), str(out_path)]
+    logs = [open(workdir / f"rank{r}-{tag}.log", "w+b") for r in range(config.world_size)]
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        for rank in range(config.world_size):
+            stderr = None if rank == 0 else logs[rank]
+            procs.append(start(rank, argv, {**_python_env(), **env_for(rank)}, stderr))
+        failed = _wait_all(procs, config.timeout)
+        if failed:
+            raise StragglerKitError(_failure_text(failed, logs, job))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        for log in logs:
+            log.close()
+    data = json.loads(out_path.read_text(encoding="utf-8"))
+    cases: list[dict[str, Any]] = data["cases"]
+    return cases
+
+
+def _wait_all(procs: list[subprocess.Popen[Any]], timeout: float) -> list[tuple[int, int | None]]:
+    """Wait for every rank; as soon as one fails, give the others a moment and stop them."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(2.0)  # let the other ranks raise their own errors (abort notes)
+            return [(r, p.poll()) for r, p in enumerate(procs) if p.poll() != 0]
+        if all(c == 0 for c in codes):
+            return []
+        time.sleep(0.05)
+    return [(r, p.poll()) for r, p in enumerate(procs) if p.poll() != 0]
+
+
+def _failure_text(failed: list[tuple[int, int | None]], logs: list[Any], job: Job) -> str:
+    lines = [f"bench ranks failed in the {job.scenario!r} scenario:"]
+    for rank, code in failed:
+        state = "timed out" if code is None else f"exit code {code}"
+        lines.append(f"  rank {rank}: {state}")
+    for rank, _ in failed:
+        if rank == 0:
+            continue  # its stderr went to the terminal
+        logs[rank].flush()
+        logs[rank].seek(0)
+        tail = logs[rank].read().decode(errors="replace")[-_TAIL:].strip()
+        if tail:
+            lines.append(f"--- rank {rank} stderr (end) ---\n{tail}")
+            break
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the three modes
+
+
+def _launch_loopback(config: BenchConfig, workdir: Path) -> LaunchResult:
+    cases: list[dict[str, Any]] = []
+    for job in jobs_for(config):
+        port = _free_port()
+
+        def env_for(rank: int, port: int = port) -> dict[str, str]:
+            return {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(config.world_size),
+                "GLOO_SOCKET_IFNAME": "lo",
+            }
+
+        def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+            return subprocess.Popen(argv, env={**os.environ, **env}, stderr=stderr)
+
+        cases.extend(_run_group(config, job, workdir, start, env_for))
+    return LaunchResult(mode="loopback", why="", cases=cases, alpha=config.alpha or _DEFAULT_ALPHA)
+
+
+def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
+    from stragglerkit.testbed import EmulatedCluster, NicDegradation
+
+    assert config.bandwidth is not None
+    cluster_config = EmulatedCluster.Config(hosts=config.world_size, bandwidth=config.bandwidth)
+    cases: list[dict[str, Any]] = []
+    with EmulatedCluster(cluster_config) as cluster:
+        description = cluster.describe()
+        alpha = config.alpha
+        if alpha is None:
+            alpha = statistics.median(cluster.ping(0, 1, rounds=20)) / 2.0
+        for index, job in enumerate(jobs_for(config)):
+
+            def env_for(rank: int, port: int = 29500 + index) -> dict[str, str]:
+                return cluster.torch_env(rank, port=port)
+
+            def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+                return cluster.popen(rank, argv, env=env, stderr=stderr)
+
+            if job.scenario == "degraded":
+                with NicDegradation(config.degrade).applied(cluster, verify=True) as rates:
+                    description["degraded_links"] = [
+                        [r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)
+                    ]
+                    cases.extend(_run_group(config, job, workdir, start, env_for))
+            else:
+                cases.extend(_run_group(config, job, workdir, start, env_for))
+    return LaunchResult(mode="emulated", why="", cases=cases, cluster=description, alpha=alpha)
+
+
+def _launch_torchrun(config: BenchConfig) -> LaunchResult:
+    import torch
+    import torch.distributed as dist
+
+    from stragglerkit.bench.worker import run_job
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available()
+    backend = "nccl" if use_cuda else "gloo"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    if dist.get_world_size() != config.world_size:
+        raise ValueError(
+            f"--world-size {config.world_size} differs from torchrun's WORLD_SIZE={dist.get_world_size()}; "
+            "leave --world-size out under torchrun"
+        )
+    cases: list[dict[str, Any]] = []
+    for job in jobs_for(config):
+        cases.extend(run_job(config, job, device))
+    reporter = dist.get_rank() == 0
+    dist.barrier()
+    dist.destroy_process_group()
+    return LaunchResult(
+        mode="torchrun", why=backend, cases=cases, alpha=config.alpha or _DEFAULT_ALPHA, is_reporter=reporter
+    )
+
+
+def launch(config: BenchConfig, why: str = "") -> LaunchResult:
+    """Run every job of ``config`` in ``config.mode``; the case records and the setting."""
+    if config.mode == "torchrun":
+        result = _launch_torchrun(config)
+    else:
+        with tempfile.TemporaryDirectory(prefix="stragglerkit-bench-") as tmp:
+            if config.mode == "emulated":
+                result = _launch_emulated(config, Path(tmp))
+            else:
+                result = _launch_loopback(config, Path(tmp))
+    result.why = why or result.why
+    return result

@@ -1,0 +1,289 @@
+"""From the ranks' raw timings to the table, the JSON rows, the model's prediction and a plot.
+
+Per iteration the ranks recorded wall-clock ``arrival`` (entering the AllReduce, after the
+straggler's delay) and ``finish`` (``time.time()``; one machine, so one clock). Per case:
+
+* ``time_s``: median over iterations of the slowest rank's own time (``finish - arrival``, the
+  nccl-tests way); in the straggler scenario the time from the straggler's arrival to the last
+  finish, which is what a straggler-aware algorithm can shorten.
+* ``time_from_straggler_s`` / ``time_from_first_arrival_s``: last finish minus the straggler's /
+  the first rank's arrival (medians over iterations).
+* ``algbw = size / time`` and ``busbw = algbw · 2(n-1)/n`` in GB/s (GB = 1e9), ``wrong`` the
+  number of elements that differed from the exact sum, over every iteration and rank.
+* ``predicted_s``: the flow-level simulator (:func:`stragglerkit.sim.simulate`) on the same setting:
+  per-rank NICs at the payload rate of the links, the measured latency, the straggler arriving
+  ``delay`` late, the degraded NICs; gloo is modelled as a ring.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from typing import Any
+
+from stragglerkit.bench.config import BASELINE, BenchConfig
+from stragglerkit.bench.launch import LaunchResult
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.units import format_bytes
+
+__all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
+
+_MTU_PAYLOAD = (1500 - 52) / (1500 + 14)  # TCP payload share of a frame at MTU 1500 (docs/testbed.md)
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _payload_bandwidth(config: BenchConfig, launched: LaunchResult) -> float | None:
+    if launched.cluster is not None:
+        rates: list[float] = launched.cluster["expected_payload_Bps"]
+        return float(min(rates))
+    if config.bandwidth is None:
+        return None
+    return config.bandwidth * (_MTU_PAYLOAD if launched.mode == "torchrun" else 1.0)
+
+
+def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tuple[float | None, float | None]:
+    """(predicted time as ``time_s`` counts it, predicted time from the first arrival)."""
+    if bandwidth is None:
+        return None, None
+    from stragglerkit.schedules.registry import Situation, generate
+    from stragglerkit.sim import Network, simulate
+
+    n = case["world_size"]
+    slowdowns = {int(k): float(v) for k, v in case["slowdowns"].items()}
+    straggler = case["straggler"]
+    algorithm = "ring" if case["ran"] == BASELINE else case["ran"]
+    from stragglerkit.runtime.api import optcc_segments
+
+    segments = optcc_segments(case["size_bytes"], n)  # what the runtime uses for this bucket
+    try:
+        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns, segments=segments)
+        schedule = generate(algorithm, situation)
+    except NotApplicableError:
+        return None, None
+    arrivals = [0.0] * n
+    if straggler is not None:
+        arrivals[straggler] = case["delay_s"]
+    network = Network.uniform(n, alpha=alpha, bandwidth=bandwidth, slowdowns=slowdowns)
+    result = simulate(schedule, case["size_bytes"], network, arrivals=arrivals)
+    return result.time_from_last_arrival, result.time_from_first_arrival
+
+
+def _lower_bound(case: dict[str, Any], bandwidth: float | None) -> float | None:
+    """OptCC's lower bound (optcc.txt Theorems 1 and 2) for the degraded NICs, in seconds."""
+    slowdowns = [float(v) for v in case["slowdowns"].values()]
+    if not slowdowns or bandwidth is None or case["world_size"] < 3:
+        return None
+    from stragglerkit.sim import optcc_bounds
+
+    n_seconds = case["size_bytes"] / bandwidth
+    if len(slowdowns) == 1:
+        return optcc_bounds.theorem1_bound(case["world_size"], slowdowns[0], n_seconds)
+    return optcc_bounds.theorem2_bound(case["world_size"], slowdowns, n_seconds)
+
+
+def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[str, Any]:
+    n = case["world_size"]
+    straggler = case["straggler"]
+    ends = [max(f) for f in case["finish"]]
+    iterations = list(zip(case["arrival"], case["finish"], strict=True))
+    own = [max(f - a for a, f in zip(arr, fin, strict=True)) for arr, fin in iterations]
+    from_first = _median([end - min(arr) for end, arr in zip(ends, case["arrival"], strict=True)])
+    from_straggler = None
+    if straggler is not None:
+        from_straggler = _median([end - arr[straggler] for end, arr in zip(ends, case["arrival"], strict=True)])
+    time_s = from_straggler if from_straggler is not None else _median(own)
+    algbw = case["size_bytes"] / time_s / 1e9 if time_s > 0 else 0.0
+    predicted, predicted_first = _predict(case, alpha, bandwidth)
+    return {
+        "algorithm": case["algorithm"],
+        "ran": case["ran"],
+        "world_size": n,
+        "size_bytes": case["size_bytes"],
+        "count": case["count"],
+        "dtype": case["dtype"],
+        "scenario": case["scenario"],
+        "straggler": straggler,
+        "slowdowns": case["slowdowns"],
+        "delay_s": case["delay_s"],
+        "iterations": len(ends),
+        "time_s": time_s,
+        "time_from_straggler_s": from_straggler,
+        "time_from_first_arrival_s": from_first,
+        "time_min_s": min(own) if straggler is None else None,
+        "algbw_GBps": algbw,
+        "busbw_GBps": algbw * 2 * (n - 1) / n,
+        "wrong": case["wrong"],
+        "predicted_s": predicted,
+        "predicted_from_first_arrival_s": predicted_first,
+        "lower_bound_s": _lower_bound(case, bandwidth),
+        "calibration": case["calibration"],
+        "samples": {"arrival": case["arrival"], "finish": case["finish"]},
+        "timeline": case.get("timeline"),
+    }
+
+
+def _add_speedups(rows: list[dict[str, Any]]) -> None:
+    gloo = {(r["scenario"], r["size_bytes"]): r for r in rows if r["algorithm"] == BASELINE}
+    for row in rows:
+        base = gloo.get((row["scenario"], row["size_bytes"]))
+        row["speedup_vs_gloo"] = base["time_s"] / row["time_s"] if base and row["time_s"] > 0 else None
+        row["speedup_from_first_vs_gloo"] = (
+            base["time_from_first_arrival_s"] / row["time_from_first_arrival_s"]
+            if base and row["straggler"] is not None
+            else None
+        )
+        healthy = gloo.get(("none", row["size_bytes"])) if row["scenario"] == "degraded" else None
+        row["speedup_vs_fault_free_gloo"] = healthy["time_s"] / row["time_s"] if healthy else None
+
+
+def rows_from_cases(config: BenchConfig, launched: LaunchResult) -> list[dict[str, Any]]:
+    """One row per (scenario, size, algorithm), with speedups against gloo and the model's prediction."""
+    bandwidth = _payload_bandwidth(config, launched)
+    rows = [_row(case, launched.alpha, bandwidth) for case in launched.cases]
+    _add_speedups(rows)
+    return rows
+
+
+def header_record(config: BenchConfig, launched: LaunchResult, argv: list[str]) -> dict[str, Any]:
+    """Command line, machine, date, load average, mode and the verified shaping of the links."""
+    try:
+        import torch
+
+        torch_version: str | None = torch.__version__
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch_version = None
+    return {
+        "command": " ".join(["stragglerkit", "bench", *argv]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch_version,
+        },
+        "load_average": list(os.getloadavg()),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("STRAGGLERKIT_")},
+        "mode": launched.mode,
+        "mode_reason": launched.why,
+        "config": json.loads(config.to_json()),
+        "alpha_s": launched.alpha,
+        "model_bandwidth_Bps": _payload_bandwidth(config, launched),
+        "cluster": launched.cluster,
+    }
+
+
+def write_json(path: str, header: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({"header": header, "rows": rows}, handle, indent=1)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def print_table(rows: list[dict[str, Any]], header: dict[str, Any], out: Any = None) -> None:
+    """The nccl-tests-style table, one block per scenario."""
+    stream = out if out is not None else sys.stdout
+    config = header["config"]
+    where = f"{header['mode']} ({header['mode_reason']})"
+    print(f"# stragglerkit bench: {config['world_size']} ranks, {where}", file=stream)
+    if header.get("model_bandwidth_Bps"):
+        print(
+            f"# model: flow-level simulator, NIC payload {header['model_bandwidth_Bps'] / 1e6:.1f} MB/s, "
+            f"alpha {header['alpha_s'] * 1e6:.0f} us; load average {header['load_average'][0]:.2f}",
+            file=stream,
+        )
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        mine = [r for r in rows if r["scenario"] == scenario]
+        _print_block(scenario, mine, stream)
+    print(
+        "# time: median over iterations of the slowest rank's time (straggler scenario: from the straggler's "
+        "arrival); GB = 1e9; busbw = algbw*2(n-1)/n; #wrong: elements differing from the exact sum, all "
+        "iterations; model: simulator's prediction",
+        file=stream,
+    )
+
+
+def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None:
+    first = rows[0]
+    straggling = scenario == "straggler"
+    degraded = scenario == "degraded"
+    if straggling:
+        title = f"persistent straggler: rank {first['straggler']}, delay {first['delay_s'] * 1e3:.2f} ms"
+        if first["calibration"]:
+            title += " (auto: the others' measured pre-phase ReduceScatter)"
+    elif degraded:
+        title = "degraded NICs: " + ", ".join(f"rank {k} at 1/{v:.3g}" for k, v in first["slowdowns"].items())
+    else:
+        title = "no fault"
+    print(f"#\n# scenario: {title}", file=stream)
+    columns = ["size", "count", "type", "algorithm", "time(ms)", "algbw", "busbw", "#wrong"]
+    if straggling:
+        columns += ["first(ms)", "speedup", "spd-first"]
+    else:
+        columns += ["speedup"]
+    if degraded:
+        columns += ["vs-healthy", "bound(ms)"]
+    columns += ["model(ms)"]
+    widths = [9, 10, 8, 10, 9, 7, 7, 6, 9, 8, 9, 9, 9]
+    print("# " + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=False)), file=stream)
+    for row in rows:
+        name = row["algorithm"] if row["ran"] == row["algorithm"] else f"{row['algorithm']}>{row['ran']}"
+        cells = [
+            format_bytes(row["size_bytes"]),
+            str(row["count"]),
+            row["dtype"],
+            name,
+            _ms(row["time_s"]),
+            f"{row['algbw_GBps']:.3f}",
+            f"{row['busbw_GBps']:.3f}",
+            str(row["wrong"]),
+        ]
+        if straggling:
+            cells += [
+                _ms(row["time_from_first_arrival_s"]),
+                _x(row["speedup_vs_gloo"]),
+                _x(row["speedup_from_first_vs_gloo"]),
+            ]
+        else:
+            cells += [_x(row["speedup_vs_gloo"])]
+        if degraded:
+            cells += [_x(row["speedup_vs_fault_free_gloo"]), _ms(row["lower_bound_s"])]
+        cells += [_ms(row["predicted_s"])]
+        print("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False)), file=stream)
+
+
+def plot_rows(rows: list[dict[str, Any]], path: str) -> None:
+    """Time against buffer size, one line per (algorithm, scenario), log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key in dict.fromkeys((r["algorithm"], r["scenario"]) for r in rows):
+        mine = [r for r in rows if (r["algorithm"], r["scenario"]) == key]
+        label = key[0] if len({r["scenario"] for r in rows}) == 1 else f"{key[0]} ({key[1]})"
+        ax.plot([r["size_bytes"] for r in mine], [r["time_s"] * 1e3 for r in mine], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("buffer size (bytes)")
+    ax.set_ylabel("AllReduce time (ms)")
+    ax.set_title(f"stragglerkit bench, {rows[0]['world_size']} ranks" if rows else "stragglerkit bench")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

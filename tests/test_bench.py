@@ -1,0 +1,219 @@
+"""stragglerkit bench: option parsing, exact inputs, round ordering, and small end-to-end runs.
+
+The loopback runs always happen; the emulated-cluster run needs root and iproute2 and is skipped
+otherwise with EmulatedCluster.available()'s reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from stragglerkit.bench import BenchConfig, parse_algorithms, parse_degrade, parse_delay_option, parse_sizes, run
+from stragglerkit.bench.launch import detect_mode, jobs_for
+from stragglerkit.bench.worker import exact_inputs
+from stragglerkit.cli import main
+from stragglerkit.runtime.ordering import in_round_order
+from stragglerkit.schedules import check
+from stragglerkit.schedules.registry import Situation, generate
+from stragglerkit.testbed import EmulatedCluster
+
+ROW_FIELDS = {
+    "algorithm",
+    "world_size",
+    "size_bytes",
+    "dtype",
+    "scenario",
+    "time_s",
+    "time_from_straggler_s",
+    "time_from_first_arrival_s",
+    "algbw_GBps",
+    "busbw_GBps",
+    "wrong",
+    "predicted_s",
+}
+
+
+# ------------------------------------------------------------------------------------- options
+
+
+def test_parse_sizes_range_list_and_single() -> None:
+    assert parse_sizes("1MiB..8MiB") == [2**20, 2**21, 2**22, 2**23]
+    assert parse_sizes("1MiB..3MiB") == [2**20, 2**21]
+    assert parse_sizes("32MiB") == [32 * 2**20]
+    assert parse_sizes("1KiB,1000") == [1024, 1000]
+
+
+@pytest.mark.parametrize("text", ["8MiB..1MiB", "", "0", "abc", "1..4TiB"])
+def test_parse_sizes_rejects_bad_input(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_sizes(text)
+
+
+def test_parse_other_options() -> None:
+    assert parse_algorithms("gloo,ring,auto") == ["gloo", "ring", "auto"]
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        parse_algorithms("gloo,bogus")
+    assert parse_degrade("3:2") == (3, 2.0)
+    assert parse_degrade("3:8/7") == (3, pytest.approx(8 / 7))
+    with pytest.raises(ValueError, match=">= 1"):
+        parse_degrade("3:0.5")
+    assert parse_delay_option("auto") is None
+    assert parse_delay_option("50") == pytest.approx(0.05)
+    assert parse_delay_option("2ms") == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 1}, "world-size"),
+        ({"straggler": 8}, "not a rank"),
+        ({"delay": 0.01}, "needs --straggler"),
+        ({"degrade": {9: 2.0}}, "not a rank"),
+        ({"degrade": {1: 2.0}, "mode": "loopback"}, "emulated cluster"),
+        ({"world_size": 5, "straggler": 4}, "even world size"),
+        ({"straggler": 1, "degrade": {2: 2.0}}, "either"),
+        ({"dtype": "int8"}, "not supported"),
+        ({"iters": 0}, "iters"),
+    ],
+)
+def test_config_rejects_bad_combinations(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_cli_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--loopback", "--delay", "5", "--sizes", "1KiB"]) == 2
+    assert "needs --straggler" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--sizes", "lots"])
+    assert "--sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--algorithms", "gloo,fastest"])
+    assert "unknown algorithm" in capsys.readouterr().err
+
+
+def test_mode_detection() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
+    assert detect_mode(False, env)[0] == "torchrun"
+    assert detect_mode(True, {})[0] == "loopback"
+    degraded = BenchConfig(degrade={1: 2.0}, mode="emulated")
+    assert [job.scenario for job in jobs_for(degraded)] == ["degraded", "none"]
+
+
+# ------------------------------------------------------------------------------------- pieces
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
+@pytest.mark.parametrize("world_size", [2, 7, 64])
+def test_exact_inputs_sum_exactly(dtype: torch.dtype, world_size: int) -> None:
+    numel = 1001
+    total = torch.zeros(numel, dtype=torch.float64)
+    for rank in range(world_size):
+        own, expected = exact_inputs(numel, rank, world_size, dtype)
+        total += own.double()
+    assert torch.equal(total.to(dtype), expected)
+    assert torch.equal(total, expected.double())  # no rounding anywhere
+
+
+@pytest.mark.parametrize("n", [4, 6, 8, 16])
+def test_in_round_order_adds_only_round_dependencies(n: int) -> None:
+    for name in ("stragglar", "direct"):
+        schedule = generate(name, Situation(world_size=n, straggler=n - 1))
+        ordered = in_round_order(schedule)
+        check(ordered)
+        phase = schedule.round_phase
+        for rank_ops, new_ops in zip(schedule.ops, ordered.ops, strict=True):
+            rounds = [op.round for op in rank_ops if op.is_comm and op.phase == phase]
+            for index, (old, new) in enumerate(zip(rank_ops, new_ops, strict=True)):
+                assert set(old.depends) <= set(new.depends)
+                if not (old.is_comm and old.phase == phase) or old.round == rounds[0]:
+                    assert new.depends == old.depends
+                    continue
+                earlier = [i for i in new.depends if rank_ops[i].is_comm and rank_ops[i].phase == phase]
+                assert earlier, f"{name} rank op {index}: round {old.round} does not wait for the previous round"
+                assert all(rank_ops[i].round != old.round for i in set(new.depends) - set(old.depends))
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+
+def _check_rows(rows: list[dict[str, object]], scenario: str, algorithms: set[str]) -> None:
+    assert {r["algorithm"] for r in rows if r["scenario"] == scenario} == algorithms
+    for row in rows:
+        assert ROW_FIELDS <= set(row)
+        assert row["wrong"] == 0
+        assert isinstance(row["time_s"], float) and row["time_s"] > 0
+        assert row["iterations"] == 2
+
+
+def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
+    out = io.StringIO()
+    json_path = tmp_path / "bench.json"
+    config = BenchConfig(
+        world_size=4,
+        bandwidth=None,
+        sizes=[2**20],
+        iters=2,
+        warmup=1,
+        algorithms=["gloo", "ring", "stragglar", "optcc"],
+        straggler=3,
+        delay=0.005,
+        mode="loopback",
+        timeout=120,
+    )
+    rows = run(config, argv=["--loopback"], json_path=str(json_path), out=out)
+    assert rows is not None
+    _check_rows(rows, "straggler", {"gloo", "ring", "stragglar"})  # optcc does not apply: skipped
+    for row in rows:
+        assert row["time_from_straggler_s"] is not None
+        # the straggler enters 5 ms after the others leave the barrier (which releases them within ~1 ms)
+        assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.0025
+        assert row["predicted_s"] is None  # no bandwidth known over loopback
+    data = json.loads(json_path.read_text())
+    assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])
+    assert len(data["rows"]) == 3
+    table = out.getvalue()
+    assert "persistent straggler: rank 3" in table and "stragglar" in table
+
+
+def _our_namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(f"sk-{os.getpid()}-")]
+
+
+def test_emulated_bench_end_to_end(tmp_path: Path) -> None:
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    out = io.StringIO()
+    base = {"world_size": 4, "bandwidth": 125e6, "sizes": [2**20], "iters": 2, "warmup": 1, "mode": "emulated"}
+    rows = run(BenchConfig(**base, algorithms=["gloo", "ring"]), out=out)  # type: ignore[arg-type]
+    assert rows is not None
+    _check_rows(rows, "none", {"gloo", "ring"})
+    assert all(r["predicted_s"] is not None and r["predicted_s"] > 0 for r in rows)
+    json_path = tmp_path / "straggler.json"
+    config = BenchConfig(**base, algorithms=["gloo", "stragglar"], straggler=3)  # type: ignore[arg-type]
+    rows = run(config, json_path=str(json_path), out=out)
+    assert rows is not None
+    _check_rows(rows, "straggler", {"gloo", "stragglar"})
+    calibration = rows[0]["calibration"]
+    assert isinstance(calibration, dict) and calibration["delay_s"] > 0
+    header = json.loads(json_path.read_text())["header"]
+    assert header["mode"] == "emulated" and header["cluster"]["shaping"] is not None
+    assert _our_namespaces() == []
+
+
+def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
+    from stragglerkit.runtime.api import optcc_segments
+
+    assert optcc_segments(32 * 2**20, 8) == 9  # 32 MiB / (7 * 512 KiB)
+    assert optcc_segments(2**30, 8) == 64  # capped
+    assert optcc_segments(1000, 8) == 1
+    assert optcc_segments(2**30, 8, most=16) == 16
