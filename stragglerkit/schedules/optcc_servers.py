@@ -106,7 +106,10 @@ def _lower_gpu(
     builder: ScheduleBuilder, plan: OptccPlan, script: _ServerScript, server: int, copy: int, g: int
 ) -> None:
     rank = server * g + copy
-    others = [server * g + c for c in range(g) if c != copy]
+    # shift order: in step j every GPU c sends to c+j and receives from c-j, so the g GPUs of a
+    # server form a permutation at every step and no NVLink port waits for another
+    send_to = [server * g + (copy + j) % g for j in range(1, g)]
+    recv_from = [server * g + (copy - j) % g for j in range(1, g)]
     chains = _Chains()
 
     def nvlink_send(peer: int, chunks: tuple[int, int], phase: str) -> None:
@@ -117,11 +120,11 @@ def _lower_gpu(
         chains.put("nv_recv", op(rank, peer, chunks, depends=chains.after("nv_recv"), phase=phase))
 
     for unit in script.reduce_order:  # my share of the other copies' units, in the order they need them
-        for peer in others:
+        for peer in send_to:
             nvlink_send(peer, _unit_range(plan, peer - server * g, unit), "local_reduce")
     for index, flow in enumerate(script.flows):
         for unit in script.reduce_before.get(index, ()):
-            for peer in others:
+            for peer in recv_from:
                 nvlink_recv(peer, _unit_range(plan, copy, unit), "local_reduce", add=True)
         chunk = copy * plan.num_chunks + flow.chunk
         if flow.src == server:
@@ -137,10 +140,10 @@ def _lower_gpu(
                 "nic_recv", op(rank, src, (chunk, chunk + 1), depends=chains.after("nic_recv"), phase=flow.stage)
             )
         for unit in script.broadcast_after.get(index, ()):
-            for peer in others:
+            for peer in send_to:
                 nvlink_send(peer, _unit_range(plan, copy, unit), "local_broadcast")
     for unit in script.broadcast_order:  # the other copies' sums, in the order their GPUs send them
-        for peer in others:
+        for peer in recv_from:
             nvlink_recv(peer, _unit_range(plan, peer - server * g, unit), "local_broadcast", add=False)
 
 

@@ -13,6 +13,14 @@ The model (one paragraph per rule; :mod:`stragglerkit.sim.graph` derives the con
   moves its bytes as a *flow* through the sender's transmit NIC and the receiver's receive NIC.
   Concurrent flows share every NIC direction max-min fairly (progressive filling), so a degraded
   rank (its NIC at ``bandwidth / l``) and an incast (several flows into one rank) slow things down.
+* Servers (``gpus_per_server = g``, optcc.txt App. E): ranks ``v·g .. v·g+g-1`` are the GPUs of
+  server ``v``. A flow between two GPUs of one server goes over NVLink: it uses the sender's NVLink
+  transmit port and the receiver's NVLink receive port (``nvlink_bandwidth`` each, by default
+  ``g-1`` times the healthy NIC, the paper's assumption), never a NIC. A flow between servers uses
+  the sender's own NIC and the receiver's own NIC: every GPU has a dedicated NIC (App. E, Fig. 13),
+  not a share of a pooled server NIC; a degraded server is modelled by giving each of its GPUs'
+  NICs the slowdown ``l`` (PXN spreads the loss evenly). NVLink ports are shared max-min fairly
+  like NICs, and NVLink and NIC ports of one GPU are independent. ``g = 1`` is the plain model.
 * Local ``reduce``/``copy`` ops take ``gamma`` seconds per byte reduced plus ``delta`` seconds per
   byte of memory traffic (both 0 by default: instantaneous); a ``recv_reduce`` pays the same after
   its transfer.
@@ -69,6 +77,10 @@ class Network:
     """Seconds per byte reduced by ``reduce``/``recv_reduce`` (0: reductions are free)."""
     delta: float = 0.0
     """Seconds per byte of local memory traffic of ``reduce``/``copy``/``recv_reduce`` (0: free)."""
+    gpus_per_server: int = 1
+    """GPUs per server ``g``: ranks ``v·g .. v·g+g-1`` share server ``v`` (NVLink between them)."""
+    nvlink_bandwidth: float | None = None
+    """Per-GPU NVLink bandwidth in each direction (bytes/s); ``None``: ``g-1`` times the fastest NIC."""
 
     def __post_init__(self) -> None:
         if len(self.tx_bandwidth) != len(self.rx_bandwidth) or not self.tx_bandwidth:
@@ -83,6 +95,22 @@ class Network:
         for name, value in (("alpha", self.alpha), ("gamma", self.gamma), ("delta", self.delta)):
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} = {value!r} must be a finite number >= 0 (seconds)")
+        g = self.gpus_per_server
+        if not (isinstance(g, int) and g >= 1 and self.world_size % g == 0):
+            raise ValueError(
+                f"gpus_per_server = {g!r} must be a positive integer dividing the {self.world_size} ranks "
+                "(ranks v*g .. v*g+g-1 form server v)"
+            )
+        nvlink = self.nvlink_bandwidth
+        if nvlink is not None and not (nvlink > 0 and math.isfinite(nvlink)):
+            raise ValueError(f"nvlink_bandwidth = {self.nvlink_bandwidth!r} must be positive finite bytes/s (or None)")
+
+    @property
+    def nvlink_rate(self) -> float:
+        """The NVLink bandwidth in use: ``nvlink_bandwidth``, or ``(g-1)·`` the fastest NIC (optcc.txt App. E)."""
+        if self.nvlink_bandwidth is not None:
+            return self.nvlink_bandwidth
+        return max(self.gpus_per_server - 1, 1) * max(max(self.tx_bandwidth), max(self.rx_bandwidth))
 
     @property
     def world_size(self) -> int:
@@ -97,12 +125,20 @@ class Network:
         slowdowns: dict[int, float] | None = None,
         gamma: float = 0.0,
         delta: float = 0.0,
+        *,
+        gpus_per_server: int = 1,
+        nvlink_bandwidth: float | None = None,
     ) -> Network:
         """Every NIC at ``bandwidth`` both ways, except rank r at ``bandwidth / slowdowns[r]``.
+
+        With ``gpus_per_server = g > 1`` the ranks are grouped into servers of ``g`` GPUs joined by
+        NVLink at ``nvlink_bandwidth`` per GPU and direction (default ``(g-1)·bandwidth``). To model
+        a degraded server, give every one of its GPUs the slowdown.
 
         Example::
 
             net = Network.uniform(4, alpha=3e-6, bandwidth=450e9)
+            servers = Network.uniform(16, 0.0, 50e9, {4: 2.0, 5: 2.0, 6: 2.0, 7: 2.0}, gpus_per_server=4)
         """
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
@@ -113,7 +149,15 @@ class Network:
             if not (slowdown >= 1 and math.isfinite(slowdown)):
                 raise ValueError(f"slowdown of rank {rank} is {slowdown!r}; use a finite l >= 1 (1 = healthy)")
             per_rank[rank] = bandwidth / slowdown
-        return cls(alpha=alpha, tx_bandwidth=tuple(per_rank), rx_bandwidth=tuple(per_rank), gamma=gamma, delta=delta)
+        return cls(
+            alpha=alpha,
+            tx_bandwidth=tuple(per_rank),
+            rx_bandwidth=tuple(per_rank),
+            gamma=gamma,
+            delta=delta,
+            gpus_per_server=gpus_per_server,
+            nvlink_bandwidth=nvlink_bandwidth,
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -158,6 +202,10 @@ class SimResult:
     """Per rank: time its transmit NIC carried at least one flow."""
     rx_busy: FloatArray
     """Per rank: time its receive NIC carried at least one flow."""
+    nvlink_tx_busy: FloatArray
+    """Per rank: time its NVLink transmit port carried at least one flow (zeros when ``g = 1``)."""
+    nvlink_rx_busy: FloatArray
+    """Per rank: time its NVLink receive port carried at least one flow (zeros when ``g = 1``)."""
     phase_done: dict[str, float]
     """Per phase label: when its last op completed."""
     engine: str
@@ -223,14 +271,13 @@ def simulate_graph(
     if engine not in _ENGINES:
         raise ValueError(f"engine {engine!r} is not one of {', '.join(_ENGINES)}")
     arrival = _arrivals(arrivals, n)
-    tx = np.asarray(network.tx_bandwidth, dtype=np.float64)
-    rx = np.asarray(network.rx_bandwidth, dtype=np.float64)
 
     m = graph.num_messages
     task_bytes = graph.task_bytes(size_bytes)
     msg_bytes = task_bytes[:m]
     src, dst = graph.task_src[:m], graph.task_dst[:m]
-    transfer = msg_bytes / np.minimum(tx[src], rx[dst])
+    ports = _Ports(network, src, dst)
+    transfer = msg_bytes / ports.path_bandwidth()
     op_extra = _local_seconds(graph, size_bytes, network)
     is_receive = np.isin(graph.op_kind, _RECEIVE_CODES)
     recv_extra = np.where(graph.op_kind == _RECV_REDUCE_CODE, op_extra, 0.0)
@@ -241,14 +288,17 @@ def simulate_graph(
     xfer_start = done[:m] - transfer
     used = "contention-free"
     happened = np.where(np.isfinite(done[:m]), transfer, 0.0)
-    tx_busy = np.bincount(src, weights=happened, minlength=n).astype(np.float64)
-    rx_busy = np.bincount(dst, weights=happened, minlength=n).astype(np.float64)
-    shared = not graph.one_flow_per_nic and _nic_shared(src, dst, xfer_start, done[:m], msg_bytes)
+    busy = np.bincount(ports.tx, weights=happened, minlength=ports.count) + np.bincount(
+        ports.rx, weights=happened, minlength=ports.count
+    )
+    shared = not graph.one_flow_per_nic and _nic_shared(ports.tx, ports.rx, xfer_start, done[:m], msg_bytes)
     if engine == "events" or (engine == "auto" and shared):
-        done, xfer_start, tx_busy, rx_busy = _EventEngine(
-            graph, msg_bytes, release, duration, recv_extra, network.alpha, tx, rx
+        done, xfer_start, busy = _EventEngine(
+            graph, msg_bytes, release, duration, recv_extra, network.alpha, ports
         ).run()
         used = "events"
+    busy = busy.astype(np.float64).reshape(-1, n)  # rows: NIC tx, NIC rx (, NVLink tx, NVLink rx)
+    nvlink_busy = busy[2:] if busy.shape[0] == 4 else np.zeros((2, n))
 
     op_done = done[graph.op_task] + np.where(is_receive, recv_extra, 0.0)
     completion = _per_rank_max(op_done, graph.rank_offsets, arrival)
@@ -270,8 +320,10 @@ def simulate_graph(
         last_arrival=last,
         time_from_last_arrival=end - last,
         time_from_first_arrival=end - first,
-        tx_busy=tx_busy,
-        rx_busy=rx_busy,
+        tx_busy=busy[0],
+        rx_busy=busy[1],
+        nvlink_tx_busy=nvlink_busy[0],
+        nvlink_rx_busy=nvlink_busy[1],
         phase_done={name: float(phase_done[i]) for i, name in enumerate(graph.phases)},
         engine=used,
         flows=flows,
@@ -348,14 +400,42 @@ def _per_rank_max(op_done: FloatArray, offsets: IntArray, arrival: FloatArray) -
     return completion
 
 
-def _nic_shared(src: IntArray, dst: IntArray, start: FloatArray, end: FloatArray, nbytes: FloatArray) -> bool:
-    """Do two flows with bytes overlap in time on one NIC direction?"""
+class _Ports:
+    """The two ports (transmit, receive) each message uses, and every port's bandwidth.
+
+    Port ``r`` is rank r's transmit NIC, ``n + r`` its receive NIC; with servers (``g > 1``)
+    ``2n + r`` and ``3n + r`` are its NVLink transmit and receive ports, used by messages whose two
+    ranks share a server.
+    """
+
+    __slots__ = ("capacity", "count", "rx", "tx")
+
+    def __init__(self, network: Network, src: IntArray, dst: IntArray) -> None:
+        n, g = network.world_size, network.gpus_per_server
+        nic = np.concatenate([np.asarray(network.tx_bandwidth), np.asarray(network.rx_bandwidth)]).astype(np.float64)
+        self.tx, self.rx = src, dst + n
+        if g == 1:
+            self.capacity = nic
+        else:
+            self.capacity = np.concatenate([nic, np.full(2 * n, network.nvlink_rate)])
+            intra = (src // g) == (dst // g)
+            self.tx = src + 2 * n * intra
+            self.rx = self.rx + 2 * n * intra
+        self.count = self.capacity.size
+
+    def path_bandwidth(self) -> FloatArray:
+        """Per message: the rate it gets alone, ``min(transmit port, receive port)``."""
+        return np.minimum(self.capacity[self.tx], self.capacity[self.rx])
+
+
+def _nic_shared(tx: IntArray, rx: IntArray, start: FloatArray, end: FloatArray, nbytes: FloatArray) -> bool:
+    """Do two flows with bytes overlap in time on one port (NIC or NVLink direction)?"""
     live = (nbytes > 0) & np.isfinite(end)
     if not live.any():
         return False
     start, end = start[live], end[live]
     tol = 1e-9 * max(float(end.max()), 1e-12)
-    for nic in (src[live], dst[live]):
+    for nic in (tx[live], rx[live]):
         order = np.lexsort((start, nic))
         same = nic[order][1:] == nic[order][:-1]
         if np.any(same & (start[order][1:] < end[order][:-1] - tol)):
@@ -381,7 +461,7 @@ def _flow_list(graph: TaskGraph, nbytes: FloatArray, start: FloatArray, end: Flo
 
 
 class _EventEngine:
-    """Event loop with max-min fair sharing of NIC directions among concurrent flows."""
+    """Event loop with max-min fair sharing of ports (NIC/NVLink directions) among concurrent flows."""
 
     _START, _FLOW, _END, _DONE = range(4)
 
@@ -393,10 +473,8 @@ class _EventEngine:
         duration: FloatArray,
         recv_extra: FloatArray,
         alpha: float,
-        tx: FloatArray,
-        rx: FloatArray,
+        ports: _Ports,
     ) -> None:
-        self.n = graph.world_size
         self.m = graph.num_messages
         self.alpha = alpha
         self.ptr = graph.edge_ptr.tolist()
@@ -407,26 +485,26 @@ class _EventEngine:
         self.ready = release.tolist()
         self.duration = duration.tolist()
         self.nbytes = msg_bytes.tolist()
-        self.nic = list(zip(graph.task_src[: self.m].tolist(), (graph.task_dst[: self.m] + self.n).tolist()))
-        self.capacity = np.concatenate([tx, rx]).tolist()
+        self.nic = list(zip(ports.tx.tolist(), ports.rx.tolist()))
+        self.capacity = ports.capacity.tolist()
         self.done = [math.inf] * graph.num_tasks
         self.xfer_start = [math.inf] * self.m
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         # active flows
-        self.on_nic: list[set[int]] = [set() for _ in range(2 * self.n)]
+        self.on_nic: list[set[int]] = [set() for _ in range(ports.count)]
         self.left: dict[int, float] = {}
         self.rate: dict[int, float] = {}
         self.since: dict[int, float] = {}
         self.version: dict[int, int] = {}
-        self.busy = [0.0] * (2 * self.n)
-        self.busy_from = [0.0] * (2 * self.n)
+        self.busy = [0.0] * ports.count
+        self.busy_from = [0.0] * ports.count
 
     def push(self, time: float, kind: int, task: int, version: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (time, self.seq, kind, task, version))
 
-    def run(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    def run(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         for task, count in enumerate(self.pending):
             if count == 0 and self.ready[task] < math.inf:
                 self.push(self.ready[task], self._START, task)
@@ -446,8 +524,7 @@ class _EventEngine:
                     self.flow_end(time, task)
             else:
                 self.finish(time, task)
-        busy = np.asarray(self.busy)
-        return np.asarray(self.done), np.asarray(self.xfer_start), busy[: self.n], busy[self.n :]
+        return np.asarray(self.done), np.asarray(self.xfer_start), np.asarray(self.busy)
 
     def finish(self, time: float, task: int) -> None:
         self.done[task] = time
