@@ -73,3 +73,29 @@ def test_bad_input_is_rejected() -> None:
         ob.theorem6_bound(8, 0.5)
     with pytest.raises(ValueError, match="divide"):
         ob.theorem3_bound(10, 4, 1.5)
+
+
+def test_all_links_bound_counts_nvlink() -> None:
+    # g = 1: no NVLink, the counting argument of Theorem 1's first branch
+    for p, slowdown in [(5, 1.5), (16, 8 / 7), (64, 1.14)]:
+        balanced = 2 * slowdown * (p - 1) / (slowdown * (p - 1) + 1)
+        assert ob.all_links_bound(p, 1, slowdown) == pytest.approx(balanced)
+    # v = g - 1: (2n/g)(p-1)/(p-1+1/l), e.g. p = 32, g = 4, l = 8/7: 0.5 * 31/31.875
+    assert ob.all_links_bound(32, 4, 8 / 7) == pytest.approx(0.5 * 31 / 31.875)
+    assert ob.all_links_bound(32, 4, 8 / 7) > ob.theorem13_bound(32, 4, 8 / 7)
+    # infinitely fast NVLink leaves nothing of it
+    assert ob.all_links_bound(32, 4, 2.0, nvlink=1e12) < 1e-9
+    with pytest.raises(ValueError, match="nvlink"):
+        ob.all_links_bound(32, 4, 2.0, nvlink=-1.0)
+
+
+def test_attached_limit_is_the_per_body_work() -> None:
+    # p = 16, two stragglers at 8/7: q = 14 healthy, each body 2*13 + 16/7 section-times
+    assert ob.attached_limit(16, [8 / 7, 8 / 7]) == pytest.approx((26 + 16 / 7) / 14)
+    assert ob.attached_limit(32, [3.0, 1.5]) == pytest.approx(3.0)  # the slowest straggler's q sections
+    # never above App. D.3's limit: equal when every l_i = 2, below by D.3's 2(m-1)/q term for large l_1
+    for p, ls in [(16, [1.5, 2.0]), (32, [1.33, 1.33, 1.33]), (64, [4.0, 4.0]), (20, [2.0, 2.0])]:
+        assert ob.attached_limit(p, ls) <= ob.optcc_multi_time(p, ls, 10**9) + 1e-9
+        assert ob.attached_limit(p, ls) >= ob.theorem2_bound(p, ls) - 1e-9
+    assert ob.attached_limit(20, [2.0, 2.0]) == pytest.approx(ob.optcc_multi_time(20, [2.0, 2.0], 10**9), rel=1e-8)
+    assert ob.attached_limit(32, [3.0, 3.0]) == pytest.approx(ob.optcc_multi_time(32, [3.0, 3.0], 10**9) - 2 / 30)

@@ -13,12 +13,16 @@ Lower bounds (any correct algorithm):
 * :func:`theorem6_bound` its tight form: ``max{2l(p-1)/(l(p-2)+2), l} · n``;
 * :func:`theorem2_bound` m stragglers: ``max{2(p-1)/(p-m+Σ 1/l_i), max l_i} · n``;
 * :func:`theorem3_bound` g GPUs per server: ``n/g · max{2l(q-1)/(1+l(q-1)), l}``;
-* :func:`theorem13_bound` its tight form: ``n/g · max{2l(q-1)/(l(q-2)+2), l}``.
+* :func:`theorem13_bound` its tight form: ``n/g · max{2l(q-1)/(l(q-2)+2), l}``;
+* :func:`all_links_bound` g GPUs per server with NVLink counted (ours, from Lemma 4):
+  ``2(p-1) n / (g(q-1) + g/l + p v)``, ``v`` = NVLink per GPU in NIC units (``g-1`` by default).
 
 Closed forms of the OptCC schedules (the paper's analysis, what the simulator is compared with):
 
 * :func:`optcc_single_time` eq. (1)/(2): ``l n (k+1)/k`` (l >= 2), ``2(p-1) l n/((p-2)l+2) · (k+l-1)/k``;
 * :func:`optcc_multi_time` App. D.3: ``(k+4)/k · max{2(p-1), l_1(p-m)+2(m-1)}/(p-m) · n``;
+* :func:`attached_limit` our several-straggler timetable (``stragglerkit.schedules.optcc``) as
+  ``k -> inf``: ``max{2(q-1) + Σ l_i, q l_1}/q · n``, ``q = p - m``;
 * :func:`optcc_multigpu_time` App. E.4: ``max{l, 2} n/g · (k+5.5)/k``;
 * :func:`ring_degraded_time`: plain ring with the slowest NIC on its path, ``2(p-1)/p · max l · n``.
 """
@@ -28,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "all_links_bound",
+    "attached_limit",
     "fault_free_time",
     "lower_bound",
     "optcc_multi_time",
@@ -96,6 +102,41 @@ def theorem13_bound(p: int, g: int, slowdown: float, n: float = 1.0) -> float:
     _check(p, (slowdown,), g)
     q, lv = p // g, slowdown
     return max(2.0 * lv * (q - 1) / (lv * (q - 2) + 2.0), lv) * n / g
+
+
+def all_links_bound(p: int, g: int, slowdown: float, n: float = 1.0, nvlink: float | None = None) -> float:
+    """g GPUs per server, NVLink counted too: ``2(p-1) n / (g(q-1) + g/l + p v)``.
+
+    Lemma 4 (at least ``2(p-1) n`` element transfers over all links) divided by the total send rate
+    of all links: the ``g`` NICs of each of the ``q-1`` healthy servers at 1, the ``g`` NICs of the
+    degraded server at ``1/l``, and the ``p`` NVLink ports at ``v = nvlink`` (in NIC units; the
+    paper's assumption ``v = g-1`` by default). With ``v = g-1`` it is
+    ``(2n/g)(p-1)/(p-1+1/l)``, above Theorem 13 for ``l < 2`` and large ``q``: NVLink, not the NICs,
+    then sets the limit (the paper's Remark 14 puts the NVLink term at ``2n/g`` but assumes the
+    NIC traffic at its minimum). With ``g = 1`` it is Theorem 1's first branch.
+    """
+    _check(p, (slowdown,), g)
+    q = p // g
+    v = float(g - 1) if nvlink is None else nvlink
+    if not v >= 0:
+        raise ValueError(f"nvlink = {v} must be >= 0 (NVLink bandwidth per GPU in healthy-NIC units)")
+    return 2.0 * (p - 1) * n / (g * (q - 1) + g / slowdown + p * v)
+
+
+def attached_limit(p: int, slowdowns: Sequence[float], n: float = 1.0) -> float:
+    """Our several-straggler timetable as ``k -> inf``: ``max{2(q-1) + Σ l_i, q l_1}/q · n``, ``q = p-m``.
+
+    Per body (one segment of ``q`` sections of ``n/(kq)``) a healthy rank sends and receives
+    ``2(q-1)`` ring sections, one section to/from the slowest straggler (``l_1`` each) and one
+    exchange with every other straggler (``l_a``); the slowest straggler moves ``q`` sections each
+    way at ``l_1``. No bubble filling (see :mod:`stragglerkit.schedules.optcc`).
+    """
+    _check(p, slowdowns)
+    m = len(slowdowns)
+    q = p - m
+    if not 1 <= m <= q:
+        raise ValueError(f"need between 1 and p/2 stragglers, got {m} for p={p}")
+    return max(2.0 * (q - 1) + sum(slowdowns), q * max(slowdowns)) / q * n
 
 
 def optcc_single_time(p: int, slowdown: float, k: int, n: float = 1.0) -> float:

@@ -288,17 +288,18 @@ def simulate_graph(
     xfer_start = done[:m] - transfer
     used = "contention-free"
     happened = np.where(np.isfinite(done[:m]), transfer, 0.0)
-    busy = np.bincount(ports.tx, weights=happened, minlength=ports.count) + np.bincount(
-        ports.rx, weights=happened, minlength=ports.count
-    )
+    busy = (
+        np.bincount(ports.tx, weights=happened, minlength=ports.count)
+        + np.bincount(ports.rx, weights=happened, minlength=ports.count)
+    ).astype(np.float64)
     shared = not graph.one_flow_per_nic and _nic_shared(ports.tx, ports.rx, xfer_start, done[:m], msg_bytes)
     if engine == "events" or (engine == "auto" and shared):
         done, xfer_start, busy = _EventEngine(
             graph, msg_bytes, release, duration, recv_extra, network.alpha, ports
         ).run()
         used = "events"
-    busy = busy.astype(np.float64).reshape(-1, n)  # rows: NIC tx, NIC rx (, NVLink tx, NVLink rx)
-    nvlink_busy = busy[2:] if busy.shape[0] == 4 else np.zeros((2, n))
+    port_busy = busy.astype(np.float64).reshape(-1, n)  # rows: NIC tx, NIC rx (, NVLink tx, NVLink rx)
+    nvlink_busy = port_busy[2:] if port_busy.shape[0] == 4 else np.zeros((2, n))
 
     op_done = done[graph.op_task] + np.where(is_receive, recv_extra, 0.0)
     completion = _per_rank_max(op_done, graph.rank_offsets, arrival)
@@ -320,8 +321,8 @@ def simulate_graph(
         last_arrival=last,
         time_from_last_arrival=end - last,
         time_from_first_arrival=end - first,
-        tx_busy=busy[0],
-        rx_busy=busy[1],
+        tx_busy=port_busy[0],
+        rx_busy=port_busy[1],
         nvlink_tx_busy=nvlink_busy[0],
         nvlink_rx_busy=nvlink_busy[1],
         phase_done={name: float(phase_done[i]) for i, name in enumerate(graph.phases)},
