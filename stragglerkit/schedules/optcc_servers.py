@@ -13,7 +13,11 @@ copy ``c`` owns part ``c`` of the buffer (``1/g`` of it) and uses GPU ``c`` of e
   unit to the other ``g-1`` GPUs of its server.
 
 A GPU's NVLink sends are chained among themselves, and so are its NVLink receives; the NIC flows
-keep their own chains, so NVLink and NIC work overlap. Unlike the paper's eight-phase alternation
+keep their own chains, so NVLink and NIC work overlap. Each exchange with the ``g-1`` siblings goes
+in shift order (step ``j``: GPU ``c`` sends to ``c+j``, receives from ``c-j``), a permutation at
+every step, so with NVLink at ``g-1`` times the NIC (App. E) a local reduce or broadcast of a unit
+takes as long as one NIC flow of it, and each GPU's NVLink carries ``2(g-1)/g`` of the buffer each
+way in all: ``2n/g`` time, the NIC time at ``l = 2``. Unlike the paper's eight-phase alternation
 (App. E.2) the NVLink steps here move whole segments, not sections: the same NIC timetable, one
 segment of extra latency at the head and at the tail.
 
@@ -166,14 +170,12 @@ def lower_servers(plan: OptccPlan, gpus_per_server: int) -> Schedule:
 
 
 def nic_projection(sched: Schedule, gpus_per_server: int) -> Schedule:
-    """``sched`` without its intra-server (NVLink) messages: only the NIC flows, for timing.
+    """``sched`` without its intra-server (NVLink) messages: only the NIC flows, for comparison.
 
-    The flow simulator models one NIC per rank and no NVLink, so it would charge NVLink transfers
-    to the NICs. This projection drops every send/receive between two GPUs of one server; an op that
-    depended on a dropped op inherits that op's dependencies, so the NIC flows keep their order.
-    Simulating it gives the schedule's time with NVLink taken as free (App. E assumes NVLink at least
-    ``g-1`` times faster than a NIC, so its work hides behind the NIC flows except at the two ends).
-    It is *not* an AllReduce: never run or check it.
+    The simulator times NVLink itself (``Network.uniform(..., gpus_per_server=g)``); this projection
+    answers "what if NVLink were free": it drops every send/receive between two GPUs of one server,
+    and an op that depended on a dropped op inherits that op's dependencies, so the NIC flows keep
+    their order. It is *not* an AllReduce: never run or check it.
     """
     g = gpus_per_server
     new_ops = []
