@@ -8,7 +8,7 @@ Bandwidth only (alpha = 0), k = 64, times in units of n (buffer / healthy NIC ba
   NIC; NVLink ports at g-1 times the NIC, App. E's assumption) vs App. E.4, Theorems 3 and 13 and
   the all-links bound; also with NVLink taken as free (``nic_projection``) for comparison.
 
-Every row also checks that no NIC or NVLink direction carries two flows at once. The issue's
+Every row also checks that no NIC or NVLink direction carries two flows at once. The acceptance
 criteria are recorded per row: within 3% of App. D.3, within 5% of App. E.4, never below a bound.
 
     PYTHONPATH=$PWD python profiling/optcc_extensions.py
