@@ -14,13 +14,16 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stragglerkit.errors import NotApplicableError, ScheduleError
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 from stragglerkit.schedules.registry import Situation, generate, names
 from stragglerkit.units import format_bytes, format_seconds, parse_bandwidth, parse_size, parse_time
+
+if TYPE_CHECKING:
+    from stragglerkit.sim import Network
 
 __all__ = ["main"]
 
@@ -200,12 +203,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from stragglerkit.sim import Network, auto_delay, simulate
+    from stragglerkit.sim import auto_delay, simulate
 
     rows: list[dict[str, Any]] = []
     for n in args.world_sizes:
         situation = _situation(args, n)
-        network = Network.uniform(n, alpha=args.alpha, bandwidth=args.bandwidth, slowdowns=dict(situation.slowdowns))
+        network = _network(situation, args.alpha, args.bandwidth)
         straggler = args.straggler if args.straggler is not None else n - 1
         delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")
         if delay_text == "auto":
@@ -238,6 +241,26 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row["lower_bound_s"] = lower_bound
             rows.append(row)
     return rows
+
+
+def _network(situation: Situation, alpha: float, bandwidth: float) -> Network:
+    """Per-GPU NICs; with ``--gpus-per-server g > 1`` servers of g GPUs joined by NVLink (default
+    ``(g-1)x`` the NIC), and a degraded GPU's whole server at its slowdown (PXN spreads the loss)."""
+    from stragglerkit.sim import Network
+
+    n, g = situation.world_size, situation.gpus_per_server
+    slowdowns = dict(situation.slowdowns)
+    if g == 1:
+        return Network.uniform(n, alpha=alpha, bandwidth=bandwidth, slowdowns=slowdowns)
+    if g < 1 or n % g:
+        raise NotApplicableError(
+            f"--gpus-per-server {g} must divide the world size {n} (ranks v*g..v*g+g-1 form a server)"
+        )
+    for rank, slowdown in situation.slowdowns.items():
+        first = rank // g * g
+        for peer in range(first, first + g):
+            slowdowns[peer] = max(slowdown, slowdowns.get(peer, 1.0))
+    return Network.uniform(n, alpha=alpha, bandwidth=bandwidth, slowdowns=slowdowns, gpus_per_server=g)
 
 
 def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float:
@@ -450,7 +473,11 @@ def _add_situation_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--segments", type=int, default=64, help="OptCC pipeline segments k (default 64)")
     parser.add_argument(
-        "--gpus-per-server", type=int, default=1, help="ranks sharing one server's NICs, for OptCC (default 1)"
+        "--gpus-per-server",
+        type=int,
+        default=1,
+        help="GPUs per server (default 1): ranks v*g..v*g+g-1 share a server, talk over NVLink, and a degraded "
+        "rank degrades its whole server (PXN); OptCC plans on the servers",
     )
 
 

@@ -101,6 +101,22 @@ def test_simulate_degraded_rows_carry_lower_bound(capsys: pytest.CaptureFixture[
     assert rows["optcc"]["delay_s"] == 0.0
 
 
+def test_simulate_servers_use_nvlink_and_degrade_the_whole_server(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--algorithms", "ring,optcc", "--world-sizes", "16", "--size", "64MiB", "--alpha", "0"]
+    argv += ["--bandwidth", "1GB/s", "--degrade", "4:2", "--segments", "16", "--gpus-per-server", "4", "--json", "-"]
+    assert main(argv) == 0
+    rows = {row["algorithm"]: row for row in json.loads(capsys.readouterr().out)}
+    size_time = 64 * 2**20 / 1e9
+    bound = rows["optcc"]["lower_bound_s"]
+    assert bound == pytest.approx(2.0 * size_time / 4)  # Theorem 3 at l = 2: l n / g
+    # App. E.4 at k = 16: l n/g (k + 5.5)/k; every GPU's NVLink also carries 2n/g
+    assert bound <= rows["optcc"]["time_s"] <= bound * (16 + 5.5) / 16
+    # one ring over all 16 GPUs; rank 7 -> 8 leaves the degraded server 1 (ranks 4..7) through a slow NIC
+    assert rows["ring"]["time_s"] == pytest.approx(2 * 15 / 16 * 2.0 * size_time, rel=0.01)
+    assert main(["simulate", "--world-sizes", "6", "--gpus-per-server", "4", "--degrade", "1:2"]) != 0
+    assert "--gpus-per-server 4 must divide the world size 6" in capsys.readouterr().err
+
+
 def test_schedule_optcc_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schedule", "optcc", "-n", "6", "--degrade", "2:1.5", "--segments", "4", "--summary-json"]) == 0
     summary = json.loads(capsys.readouterr().out)
