@@ -126,7 +126,8 @@ class Flow:
     chunk: int
     stage: str
     """``reduce_scatter`` (S1), ``upload`` (S2), ``download`` (S3), ``allgather`` (S4),
-    ``fill_up`` / ``fill_down`` (bubble filling), ``attach_up`` / ``attach_down`` (other stragglers)."""
+    ``fill_up`` / ``fill_down`` (bubble filling), ``attach_up`` / ``attach_down`` (other stragglers),
+    ``raw_down`` / ``final_up`` (S3 and S2 of the second ordering)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,6 +157,8 @@ class OptccPlan:
     global sum back from the rank that S returned it to, one exchange per window on a rotating edge."""
     q: int = 0
     """Number of healthy ranks (``len(healthy)``; filled in when left 0)."""
+    orderings: int = 1
+    """1: every segment S1→S2→S3→S4; 2: odd segments use S3→S1→S4→S2 (see ``_second``)."""
 
     def __post_init__(self) -> None:
         if self.q == 0:
@@ -188,6 +191,11 @@ class OptccPlan:
             return segment * self.q + window % self.q
         return None
 
+    def _second(self, window: int) -> bool:
+        """Whether the section uploaded in ``window`` belongs to a segment of the second ordering."""
+        segment = window // self.q - 1
+        return self.orderings == 2 and segment % 2 == 1 and 0 <= segment < self.segments
+
     def fill_chunk(self, body: int) -> int | None:
         if self.fill_weight and 0 <= body < self.segments:
             return self.segments * self.q + body
@@ -199,24 +207,39 @@ class OptccPlan:
         batch = window // (self.q - 1)
         return self.section_chunk(self.q + lane + batch * (self.q - 1))
 
-    def _ag_chunk(self, lane: int, window: int) -> int | None:
-        """Section carried by the S4 chain of ``lane`` in ``window``."""
+    def _ag_chunks(self, lane: int, window: int) -> Iterator[int]:
+        """Sections carried by the S4 chain of ``lane`` in ``window`` (two at an ordering boundary).
+
+        The slot of download window ``d`` starts at ``h_{d+1}``: S returned section ``d-1`` there
+        (first ordering), and ``h_{d+1}`` owns section ``d+1`` (second ordering).
+        """
         start = window - window % (self.q - 1)
         download = start - self.q + lane
-        return self.section_chunk(download - 1) if download >= 1 else None
+        if download >= 1 and not self._second(download - 1):
+            chunk = self.section_chunk(download - 1)
+            if chunk is not None:
+                yield chunk
+        if self._second(download + 1):
+            chunk = self.section_chunk(download + 1)
+            if chunk is not None:
+                yield chunk
 
     def _straggler_flows(self, window: int) -> Iterator[Flow]:
         q, h, s = self.q, self.healthy, self.straggler
         uploader, downloader = h[window % q], h[(window + 1) % q]
         chunk = self.section_chunk(window)
         if chunk is not None:
-            yield Flow(window, uploader, s, chunk, "upload")
+            yield Flow(window, uploader, s, chunk, "final_up" if self._second(window) else "upload")
         fill = self.fill_chunk(window // q)
         if fill is not None:
             yield Flow(window, uploader, s, fill, "fill_up")
         chunk = self.section_chunk(window - 1)
-        if chunk is not None:
+        if chunk is not None and not self._second(window - 1):
             yield Flow(window, s, downloader, chunk, "download")
+        raw = window + 2 * q - 1  # second ordering: S's own value, to the second rank of the S1 chain
+        chunk = self.section_chunk(raw)
+        if chunk is not None and self._second(raw):
+            yield Flow(window, s, downloader, chunk, "raw_down")
         fill = self.fill_chunk(window // q - 1)
         if fill is not None:
             yield Flow(window, s, downloader, fill, "fill_down")
@@ -273,8 +296,7 @@ class OptccPlan:
             chunk = self._rs_chunk(position, window)
             if chunk is not None:
                 yield Flow(window, me, nxt, chunk, "reduce_scatter")
-            chunk = self._ag_chunk(position, window)
-            if chunk is not None:
+            for chunk in self._ag_chunks(position, window):
                 yield Flow(window, me, nxt, chunk, "allgather")
         if position == 0:  # the downloader: its ring input is the gap
             for flow in self._straggler_flows(window):
@@ -285,8 +307,7 @@ class OptccPlan:
             chunk = self._rs_chunk(position - 1, window)
             if chunk is not None:
                 yield Flow(window, prev, me, chunk, "reduce_scatter")
-            chunk = self._ag_chunk(position - 1, window)
-            if chunk is not None:
+            for chunk in self._ag_chunks(position - 1, window):
                 yield Flow(window, prev, me, chunk, "allgather")
 
     def rank_flows(self, rank: int, window: int) -> Iterator[Flow]:
@@ -302,6 +323,23 @@ class OptccPlan:
             yield from self._attached_sends(j, window)
             yield from self._attached_receives(j, window)
         yield from self._healthy_flows(window, (j - window - 1) % self.q)
+
+    def brings_a_final(self, rank: int, flow: Flow) -> bool:
+        """Whether ``rank`` holds the global sum of ``flow.chunk`` once it has received ``flow``."""
+        if flow.dst != rank:
+            return False
+        if rank == self.straggler:  # S adds its own value last, or receives the final sum
+            return flow.stage in ("upload", "fill_up", "final_up")
+        if flow.stage in ("download", "allgather", "fill_down", "attach_down"):
+            return True
+        # second ordering: the S1 chain (which took in S's value) completes at the section's owner
+        return (
+            flow.stage == "reduce_scatter"
+            and self.orderings == 2
+            and flow.chunk < self.segments * self.q
+            and (flow.chunk // self.q) % 2 == 1
+            and self.healthy[flow.chunk % self.q] == rank
+        )
 
     def flows(self, window: int) -> Iterator[Flow]:
         """Every flow of ``window`` (each once, listed by its sender)."""
@@ -366,6 +404,7 @@ class OptccPlan:
             "segments": self.segments,
             "section_weight": self.section_weight,
             "fill_weight": self.fill_weight,
+            "orderings": self.orderings,
         }
 
     def lower(self) -> Schedule:
@@ -382,11 +421,13 @@ class OptccPlan:
         )
 
 
-ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up"})
+ADDING_STAGES = frozenset({"reduce_scatter", "upload", "fill_up", "attach_up", "raw_down"})
 _STAGE_MARK = {
     "reduce_scatter": "r",
     "upload": "U",
     "download": "D",
+    "raw_down": "X",
+    "final_up": "V",
     "allgather": "a",
     "fill_up": "F",
     "fill_down": "f",
@@ -409,7 +450,7 @@ def timetable_text(plan: OptccPlan, windows: range) -> str:
             else:
                 segment, section = divmod(flow.chunk, plan.q)
                 label = f"{_STAGE_MARK[flow.stage]}{section}.{segment}"
-            if flow.stage == "download":
+            if flow.stage in ("download", "raw_down"):
                 label += f">{flow.dst}"
             cells.setdefault((flow.src, window), []).append(label)
     width = max((len(" ".join(c)) for c in cells.values()), default=1)
@@ -458,7 +499,9 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
     return degraded
 
 
-def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> OptccPlan:
+def optcc_plan(
+    world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1, orderings: int = 1
+) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
     With ``gpus_per_server > 1`` the plan is built on the servers (its ranks are servers; a server
@@ -471,6 +514,8 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
         assert plan.fill_weight * 3 == plan.section_weight   # (2 - 1.5) / 1.5 = 1/3
     """
     degraded = _validate(world_size, slowdowns, segments, gpus_per_server)
+    if orderings not in (1, 2):
+        raise ValueError(f"orderings must be 1 (S1→S2→S3→S4 only) or 2 (alternate with S3→S1→S4→S2), got {orderings}")
     if gpus_per_server > 1:  # plan on the servers: a server is degraded if any of its GPUs is (PXN pools NICs)
         servers: dict[int, float] = {}
         for rank, slowdown in degraded.items():
@@ -480,7 +525,7 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
                 f"optcc needs at least 3 servers, got {world_size // gpus_per_server} "
                 f"({world_size} ranks, {gpus_per_server} per server); use ring"
             )
-        return optcc_plan(world_size // gpus_per_server, servers, segments)
+        return optcc_plan(world_size // gpus_per_server, servers, segments, orderings=orderings)
     q = world_size - len(degraded)
     if q < len(degraded):
         raise NotApplicableError(
@@ -490,6 +535,10 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
     # the slowest straggler takes the detour; the others exchange with the ring on rotating edges
     order = sorted(degraded, key=lambda r: (-degraded[r], r))
     straggler, attached = order[0], tuple(order[1:])
+    if orderings == 2 and attached:
+        raise NotApplicableError(
+            f"the second stage ordering is built for one degraded rank (server), got {len(degraded)}; use orderings=1"
+        )
     slowdown = degraded[straggler]
     fill = _fill_ratio(slowdown) if not attached else Fraction(0)
     return OptccPlan(
@@ -501,21 +550,25 @@ def optcc_plan(world_size: int, slowdowns: dict[int, float], segments: int = 64,
         section_weight=fill.denominator,
         fill_weight=fill.numerator,
         attached=attached,
+        orderings=orderings,
     )
 
 
-def optcc(world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1) -> Schedule:
+def optcc(
+    world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1, orderings: int = 1
+) -> Schedule:
     """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
 
     ``slowdowns`` maps rank -> ``l`` (the rank's NIC runs at ``1/l`` of healthy bandwidth; ``l = 1``
-    entries are treated as healthy); ``segments`` is the pipeline depth ``k``.
+    entries are treated as healthy); ``segments`` is the pipeline depth ``k``; ``orderings=2``
+    alternates the two stage orderings per segment (one degraded rank or server only).
 
     Example::
 
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server)
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings)
     if gpus_per_server == 1:
         return plan.lower()
     from stragglerkit.schedules.optcc_servers import lower_servers

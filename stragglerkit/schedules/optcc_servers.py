@@ -66,7 +66,7 @@ def _server_script(plan: OptccPlan, server: int) -> _ServerScript:
             seen.add(unit)
             reduce_before.setdefault(index, []).append(unit)
             reduce_order.append(unit)
-        if flow.dst != server or not _brings_a_final(plan, server, flow):
+        if not plan.brings_a_final(server, flow):
             continue
         finals[unit] = finals.get(unit, 0) + 1
         whole = plan.q if unit < plan.segments or server == plan.straggler else 1
@@ -74,13 +74,6 @@ def _server_script(plan: OptccPlan, server: int) -> _ServerScript:
             broadcast_after.setdefault(index, []).append(unit)
             broadcast_order.append(unit)
     return _ServerScript(flows, reduce_before, broadcast_after, reduce_order, broadcast_order)
-
-
-def _brings_a_final(plan: OptccPlan, server: int, flow: Flow) -> bool:
-    """Whether this receive leaves a global sum on ``server`` (S adds the last contribution itself)."""
-    if server == plan.straggler:
-        return flow.stage in ("upload", "fill_up")
-    return flow.stage in ("download", "allgather", "fill_down", "attach_down")
 
 
 def _unit_range(plan: OptccPlan, copy: int, unit: int) -> tuple[int, int]:
