@@ -70,7 +70,7 @@ def test_every_slowdown_and_depth_on_a_small_ring(slowdown: float, k: int) -> No
 
 def _sends_and_receives_are_chained(sched: Schedule) -> None:
     for rank, ops in enumerate(sched.ops):
-        last = {"send": None, "recv": None}
+        last: dict[str, int | None] = {"send": None, "recv": None}
         for index, op in enumerate(ops):
             if not op.is_comm:
                 continue
@@ -115,7 +115,7 @@ def test_direct_dependencies_equal_the_builders(p: int, slowdown: float) -> None
     builder = ScheduleBuilder(p, plan.num_chunks)
     for rank in range(p):
         assert plan.rank_ops(rank) == whole.ops[rank]
-        last = {OpKind.SEND: None}
+        last: dict[OpKind, int | None] = {OpKind.SEND: None}
         for op in whole.ops[rank]:
             side = OpKind.SEND if op.kind is OpKind.SEND else OpKind.RECV
             previous = last.get(side)
@@ -202,3 +202,58 @@ def test_multi_gpu_servers_pass_the_checker(p: int, g: int, slowdowns: dict[int,
             if key in last:
                 assert last[key] in op.depends, f"rank {rank} op {index} does not wait for op {last[key]}"
             last[key] = index
+
+
+# second stage ordering (S3 -> S1 -> S4 -> S2) on odd segments: every l, small and mid p, both k
+SECOND_ORDERING_CASES = [(p, SLOWDOWNS[p % 6], (4, 8)[p % 2], 1) for p in range(3, 17)] + [
+    (12, 1.5, 4, 2),
+    (16, 2.0, 8, 4),
+    (24, 1.14, 4, 2),
+]
+
+
+@pytest.mark.parametrize(("p", "slowdown", "k", "g"), SECOND_ORDERING_CASES)
+def test_second_ordering_passes_the_checker(p: int, slowdown: float, k: int, g: int) -> None:
+    degraded = {r: slowdown for r in range(g, 2 * g)}
+    sched = optcc(p, degraded, segments=k, gpus_per_server=g, orderings=2)
+    check(sched)
+    assert sched.params["orderings"] == 2
+
+
+@pytest.mark.parametrize(("p", "slowdown"), [(5, 2.0), (7, 1.5), (9, 3.0)])
+def test_second_ordering_runs_s3_first_on_odd_segments(p: int, slowdown: float) -> None:
+    """Odd segments: S sends its own value (S3) before the S1 chain passes, the chain's owner ends
+    with the global sum and sends it to S last (S2, not added); even segments keep S1->S2->S3->S4."""
+    plan = optcc_plan(p, {0: slowdown}, segments=4, orderings=2)
+    q = plan.q
+    seen: dict[int, dict[str, list[tuple[int, int, int]]]] = {}
+    for window in range(plan.num_windows):
+        for flow in plan.flows(window):
+            if flow.chunk < plan.segments * q:
+                seen.setdefault(flow.chunk, {}).setdefault(flow.stage, []).append((window, flow.src, flow.dst))
+    for chunk, stages in seen.items():
+        owner = plan.healthy[chunk % q]
+        if (chunk // q) % 2 == 0:
+            assert set(stages) == {"reduce_scatter", "upload", "download", "allgather"}
+            continue
+        assert set(stages) == {"raw_down", "reduce_scatter", "allgather", "final_up"}
+        ((raw_window, _, raw_rank),) = stages["raw_down"]
+        ((final_window, final_src, _),) = stages["final_up"]
+        hops = sorted(stages["reduce_scatter"])
+        assert len(hops) == q - 1 and hops[-1][2] == owner and final_src == owner
+        assert raw_rank in {dst for _, _, dst in hops}  # S's value joins the chain ...
+        assert all(w > raw_window for w, src, _ in hops if src == raw_rank)  # ... before it moves on
+        assert final_window > hops[-1][0]
+        gathers = sorted(stages["allgather"])
+        assert len(gathers) == q - 1 and gathers[0][1] == owner  # S4 starts at the owner
+        assert {dst for _, _, dst in gathers} == set(plan.healthy) - {owner}
+    ops = plan.rank_ops(plan.straggler)
+    kinds = {op.phase: op.kind for op in ops}
+    assert kinds["final_up"] is OpKind.RECV and kinds["upload"] is OpKind.RECV_REDUCE
+
+
+def test_second_ordering_needs_one_degraded_rank() -> None:
+    with pytest.raises(NotApplicableError, match="one degraded rank"):
+        optcc(16, {0: 2.0, 8: 1.5}, orderings=2)
+    with pytest.raises(ValueError, match="orderings must be 1"):
+        optcc(16, {0: 2.0}, orderings=3)

@@ -112,3 +112,14 @@ def test_multi_gpu_servers_meet_appendix_e_with_nvlink_modelled(p: int, g: int, 
     # with NVLink taken as free (nic_projection) it can only be as fast or faster
     free = simulate(nic_projection(sched, g), SIZE, Network.uniform(p, 0.0, 1.0, degraded)).makespan
     assert free <= time + 1e-9
+
+
+@pytest.mark.parametrize(("p", "slowdown"), [(8, 2.0), (12, 1.5), (16, 3.0)])
+def test_second_ordering_respects_the_bounds_and_one_flow_per_nic(p: int, slowdown: float) -> None:
+    degraded = {p // 2: slowdown}
+    sched = optcc(p, degraded, segments=64, orderings=2)
+    result = simulate(sched, SIZE, Network.uniform(p, 0.0, 1.0, degraded), record_flows=True)
+    assert result.flows is not None
+    assert result.makespan >= ob.theorem6_bound(p, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(result.flows)
+    assert {"raw_down", "final_up"} <= {flow.phase for flow in result.flows}
