@@ -85,9 +85,10 @@ def test_each_nic_runs_one_flow_per_direction_at_a_time(p: int, slowdown: float)
     _sends_and_receives_are_chained(optcc(p, {1: slowdown}, segments=8))
 
 
+@pytest.mark.parametrize("orderings", [1, 2])
 @pytest.mark.parametrize(("p", "slowdown"), [(3, 1.5), (5, 2.0), (9, 1.14), (16, 4.0)])
-def test_timetable_windows_respect_the_gap(p: int, slowdown: float) -> None:
-    plan = optcc_plan(p, {p - 1: slowdown}, segments=6)
+def test_timetable_windows_respect_the_gap(p: int, slowdown: float, orderings: int) -> None:
+    plan = optcc_plan(p, {p - 1: slowdown}, segments=6, orderings=orderings)
     q, h, s = plan.q, plan.healthy, plan.straggler
     for window in range(plan.num_windows):
         gap = window % q
@@ -108,9 +109,10 @@ def test_timetable_windows_respect_the_gap(p: int, slowdown: float) -> None:
 
 
 @pytest.mark.parametrize(("p", "slowdown"), [(3, 1.5), (7, 1.5), (9, 3.0)])
-def test_direct_dependencies_equal_the_builders(p: int, slowdown: float) -> None:
+@pytest.mark.parametrize("orderings", [1, 2])
+def test_direct_dependencies_equal_the_builders(p: int, slowdown: float, orderings: int) -> None:
     """The lowering derives data dependencies itself; they must be what ScheduleBuilder derives."""
-    plan = optcc_plan(p, {2: slowdown}, segments=5)
+    plan = optcc_plan(p, {2: slowdown}, segments=5, orderings=orderings)
     whole = plan.lower()
     builder = ScheduleBuilder(p, plan.num_chunks)
     for rank in range(p):

@@ -60,6 +60,17 @@ all-gathered by the chain h2 -> h3 -> h0 -> h1 in windows 9..11.
 Per body (4 windows) each healthy rank sends ``2(q-1) = 6`` ring sections and one upload
 (``2s`` at l = 2): in steady state the ring and S's link are both full.
 
+Second stage ordering (``orderings=2``, optcc.txt §4.1: S3→S1→S4→S2 on the odd segments, the
+even ones keep S1→S2→S3→S4). Same S1 chains and the same straggler slots; for a section uploaded
+in window ``u`` (owner ``h_u``): S sends its own value in window ``u - 2q + 1`` (the download slot,
+to ``h_{u-2q+2}``, the chain's second rank, before the chain gets there); the chain thus ends at
+the owner with the global sum, which starts the S4 chain in the slot that starts at ``h_u`` (that
+of download window ``u - 1``, or ``u - 1 + q`` for a segment's first two sections, whose slots
+the previous segment's last two use), and sends it to S in window ``u`` (S2, replacing S's copy).
+The odd segments' S3 slots are the even segments' spare ones (two bodies earlier), so the
+straggler's downloads end one body sooner; the simulated time is within about 1% of one ordering
+(``profiling/optcc_orderings.py``), so ``orderings=1`` stays the default.
+
 Bubble filling (l < 2, optcc.txt §4.2 and App. C). A window is 2 section-times long but a
 straggler flow of one section only ``l``: the straggler link idles ``(2-l)s`` per window. Each
 upload/download is therefore followed by a *fill* piece of ``(2-l)/l`` sections: in body ``b``
@@ -208,19 +219,22 @@ class OptccPlan:
         return self.section_chunk(self.q + lane + batch * (self.q - 1))
 
     def _ag_chunks(self, lane: int, window: int) -> Iterator[int]:
-        """Sections carried by the S4 chain of ``lane`` in ``window`` (two at an ordering boundary).
+        """Section carried by the S4 chain of ``lane`` in ``window`` (none or one).
 
-        The slot of download window ``d`` starts at ``h_{d+1}``: S returned section ``d-1`` there
-        (first ordering), and ``h_{d+1}`` owns section ``d+1`` (second ordering).
+        The slot of download window ``d`` starts at ``h_{d+1}``. First ordering: S returned section
+        ``d-1`` there. Second ordering: ``h_{d+1}`` owns section ``d+1``; but the first two
+        sections of a segment find that slot taken by the previous segment's last two, so they take
+        the slot one body later (``d+1-q``), which the next segment leaves free.
         """
-        start = window - window % (self.q - 1)
-        download = start - self.q + lane
-        if download >= 1 and not self._second(download - 1):
-            chunk = self.section_chunk(download - 1)
-            if chunk is not None:
-                yield chunk
-        if self._second(download + 1):
-            chunk = self.section_chunk(download + 1)
+        q = self.q
+        start = window - window % (q - 1)
+        download = start - q + lane
+        for upload, second in ((download - 1, False), (download + 1, True), (download + 1 - q, True)):
+            if upload < 0 or self._second(upload) != second:
+                continue
+            if second and (upload % q < 2) != (upload == download + 1 - q):
+                continue
+            chunk = self.section_chunk(upload)
             if chunk is not None:
                 yield chunk
 
