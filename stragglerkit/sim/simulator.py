@@ -49,6 +49,7 @@ import numpy as np
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.sim.graph import FloatArray, IntArray, TaskGraph, build_task_graph, longest_path
+from stragglerkit.sim.ports import Ports, ports_shared
 
 __all__ = ["Flow", "Network", "SimResult", "auto_delay", "simulate"]
 
@@ -276,7 +277,7 @@ def simulate_graph(
     task_bytes = graph.task_bytes(size_bytes)
     msg_bytes = task_bytes[:m]
     src, dst = graph.task_src[:m], graph.task_dst[:m]
-    ports = _Ports(network, src, dst)
+    ports = Ports(network, src, dst)
     transfer = msg_bytes / ports.path_bandwidth()
     op_extra = _local_seconds(graph, size_bytes, network)
     is_receive = np.isin(graph.op_kind, _RECEIVE_CODES)
@@ -292,7 +293,7 @@ def simulate_graph(
         np.bincount(ports.tx, weights=happened, minlength=ports.count)
         + np.bincount(ports.rx, weights=happened, minlength=ports.count)
     ).astype(np.float64)
-    shared = not graph.one_flow_per_nic and _nic_shared(ports.tx, ports.rx, xfer_start, done[:m], msg_bytes)
+    shared = not graph.one_flow_per_nic and ports_shared(ports.tx, ports.rx, xfer_start, done[:m], msg_bytes)
     if engine == "events" or (engine == "auto" and shared):
         done, xfer_start, busy = _EventEngine(
             graph, msg_bytes, release, duration, recv_extra, network.alpha, ports
@@ -401,49 +402,6 @@ def _per_rank_max(op_done: FloatArray, offsets: IntArray, arrival: FloatArray) -
     return completion
 
 
-class _Ports:
-    """The two ports (transmit, receive) each message uses, and every port's bandwidth.
-
-    Port ``r`` is rank r's transmit NIC, ``n + r`` its receive NIC; with servers (``g > 1``)
-    ``2n + r`` and ``3n + r`` are its NVLink transmit and receive ports, used by messages whose two
-    ranks share a server.
-    """
-
-    __slots__ = ("capacity", "count", "rx", "tx")
-
-    def __init__(self, network: Network, src: IntArray, dst: IntArray) -> None:
-        n, g = network.world_size, network.gpus_per_server
-        nic = np.concatenate([np.asarray(network.tx_bandwidth), np.asarray(network.rx_bandwidth)]).astype(np.float64)
-        self.tx, self.rx = src, dst + n
-        if g == 1:
-            self.capacity = nic
-        else:
-            self.capacity = np.concatenate([nic, np.full(2 * n, network.nvlink_rate)])
-            intra = (src // g) == (dst // g)
-            self.tx = src + 2 * n * intra
-            self.rx = self.rx + 2 * n * intra
-        self.count = self.capacity.size
-
-    def path_bandwidth(self) -> FloatArray:
-        """Per message: the rate it gets alone, ``min(transmit port, receive port)``."""
-        return np.minimum(self.capacity[self.tx], self.capacity[self.rx])
-
-
-def _nic_shared(tx: IntArray, rx: IntArray, start: FloatArray, end: FloatArray, nbytes: FloatArray) -> bool:
-    """Do two flows with bytes overlap in time on one port (NIC or NVLink direction)?"""
-    live = (nbytes > 0) & np.isfinite(end)
-    if not live.any():
-        return False
-    start, end = start[live], end[live]
-    tol = 1e-9 * max(float(end.max()), 1e-12)
-    for nic in (tx[live], rx[live]):
-        order = np.lexsort((start, nic))
-        same = nic[order][1:] == nic[order][:-1]
-        if np.any(same & (start[order][1:] < end[order][:-1] - tol)):
-            return True
-    return False
-
-
 def _flow_list(graph: TaskGraph, nbytes: FloatArray, start: FloatArray, end: FloatArray) -> list[Flow]:
     phase_of = graph.op_phase[graph.task_op[: graph.num_messages]]
     order = np.argsort(start, kind="stable")
@@ -474,7 +432,7 @@ class _EventEngine:
         duration: FloatArray,
         recv_extra: FloatArray,
         alpha: float,
-        ports: _Ports,
+        ports: Ports,
     ) -> None:
         self.m = graph.num_messages
         self.alpha = alpha
