@@ -189,6 +189,7 @@ class Controller:
         "_last_sizes",
         "_log_path",
         "_plan_start",
+        "_planned_for",
         "_seq",
         "_step_times",
         "_verify",
@@ -215,6 +216,7 @@ class Controller:
         self._blocked: dict[tuple[object, ...], int] = {}
         self._verify: dict[str, Any] | None = None
         self._last_sizes: list[int] = []
+        self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
         window = config.detector.window
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
         self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
@@ -239,7 +241,8 @@ class Controller:
         for i, step in enumerate(stats.steps):
             spans = stats.bucket_spans[i]
             self._bucket_window.append(spans)
-            self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
+            if not np.isnan(stats.totals[i]).all():
+                self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
             if step < self._plan_start + cfg.settle_steps:
                 continue
             for b, algorithm in enumerate(stats.algorithms[i]):
@@ -257,10 +260,15 @@ class Controller:
         findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical)
         if apply_step < cfg.warmup_steps or not sizes:
             return self._decision(apply_step, self.plan, findings, {})
-        verdict = self._judge_switch(apply_step)
+        verdict = self._judge_switch(apply_step, findings)
         if verdict is not None:
             return verdict
-        target = self._best_plan(stats.bucket_bytes, apply_step)
+        believed = (self.detector.straggler, tuple(sorted(self.detector.degraded)))
+        if believed == self._planned_for and self.plan.algorithm != cfg.baseline:
+            target = None  # same situation, plan in use: keep it (no per-bucket flapping)
+        else:
+            target = self._best_plan(stats.bucket_bytes, apply_step)
+            self._planned_for = believed
         if target is None or target == self.plan:
             return self._decision(apply_step, self.plan, findings, {}) if findings else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
@@ -278,7 +286,8 @@ class Controller:
         """Per bucket: median over the window of (fastest other rank's span - straggler's span), >= 0."""
         window = np.stack(self._bucket_window)  # [step, rank, bucket]
         others = np.delete(window, straggler, axis=1)
-        gaps = np.nanmin(others, axis=1) - window[:, straggler, :]
+        fastest_other = np.where(np.isnan(others), np.inf, others).min(axis=1)
+        gaps = np.where(np.isinf(fastest_other), np.nan, fastest_other) - window[:, straggler, :]
         gaps = np.where(np.isnan(gaps), 0.0, np.maximum(gaps, 0.0))
         return np.asarray(np.median(gaps, axis=0))
 
@@ -328,7 +337,10 @@ class Controller:
             if nbytes <= 0:
                 continue
             delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
-            total += self.model.predict(plan.algorithm_for(b), nbytes, straggler=straggler, delay=delay, slowdowns=slow)
+            planned = dict(plan.slowdowns) if plan.slowdowns else None
+            total += self.model.predict(
+                plan.algorithm_for(b), nbytes, straggler=straggler, delay=delay, slowdowns=slow, planned_slowdowns=planned
+            )
         return total
 
     def _is_blocked(self, algorithm: str, straggler: int | None, slow: dict[int, float], step: int) -> bool:
@@ -361,7 +373,7 @@ class Controller:
         extra = {} if cleared else {"switch": evidence}
         return self._decision(step, target, findings, extra)
 
-    def _judge_switch(self, step: int) -> Decision | None:
+    def _judge_switch(self, step: int, findings: list[Finding]) -> Decision | None:
         """Roll back a switch that did not pay (see the module docstring)."""
         cfg = self.config
         if self._verify is None or self.plan != self._verify["target"]:
@@ -371,15 +383,27 @@ class Controller:
         if count < cfg.verify_steps:
             return None
         record, self._verify = self._verify, None
-        before = record["evidence"]["measured_before_s"]
-        evidence = dict(record["evidence"], measured_after_s=after, measured_after_steps=count)
+        switch = record["evidence"]
+        before = switch["measured_before_s"]
         if not math.isfinite(before) or after < (1 - cfg.rollback_margin) * before:
             return None
         target: Plan = record["target"]
+        previous: Plan = record["previous"]
         key = (target.algorithm, target.straggler, tuple(sorted(r for r, _ in target.slowdowns)))
         self._blocked[key] = step + cfg.cooldown_steps
-        evidence["blocked_until_step"] = step + cfg.cooldown_steps
-        return self._decision(step, record["previous"], [], {"rollback": evidence})
+        evidence = {
+            "rejected": target.describe(),
+            "restored": previous.describe(),
+            "switched_at_step": record["step"],
+            "predicted_before_s": switch["predicted_before_s"],
+            "predicted_after_s": switch["predicted_after_s"],
+            "measured_before_s": before,
+            "measured_after_s": after,
+            "measured_after_steps": count,
+            "rollback_margin": cfg.rollback_margin,
+            "blocked_until_step": step + cfg.cooldown_steps,
+        }
+        return self._decision(step, previous, findings, {"rollback": evidence})
 
     def _decision(self, step: int, plan: Plan, findings: list[Finding], extra: dict[str, dict[str, Any]]) -> Decision:
         events = [

@@ -10,7 +10,9 @@ slowdowns. The parameters come from the job itself:
   this is one row of :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
-  at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is.
+  at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
+  the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
+  the model is latency-only (beta = 1e-12 s/B) and says so in ``fit_info``.
 * **Predicting** runs the flow-level simulator (:func:`stragglerkit.sim.simulator.simulate`) on a
   network of per-rank NICs at ``1/beta`` (``1/(l·beta)`` for a degraded rank), latency alpha, the
   straggler arriving ``delay`` late: ``time_from_last_arrival`` is the figure compared. It models
@@ -47,6 +49,8 @@ from stragglerkit.sim.simulator import Network, auto_delay, simulate
 
 __all__ = ["BASELINES", "OnlineModel"]
 
+UNRESOLVED_BETA = 1e-12
+"""Seconds per byte used when the fit finds no bandwidth term (1 TB/s: transfers cost ~nothing)."""
 BASELINES = ("ring", "rhd", "direct")
 """Algorithms whose runs feed the fit (they do not depend on who is late)."""
 
@@ -106,8 +110,9 @@ class OnlineModel:
             beta = float(max((x @ y) / max(x @ x, 1e-300), 0.0))
             rms = float(np.sqrt(np.mean(((terms @ [alpha, beta]) / seconds - 1.0) ** 2)))
             params = "beta (one bucket size: alpha held at the prior)"
-        if beta <= 0:
-            return self.fit_info
+        if beta <= 0:  # noise hid the bandwidth term (latency-bound buckets): a latency-only model
+            beta = UNRESOLVED_BETA
+            params += "; bandwidth unresolved, taken as 1 TB/s"
         self.config = dataclasses.replace(self.config, alpha=alpha, beta=beta)
         self._predictions.clear()
         self.fit_info = {
@@ -151,18 +156,24 @@ class OnlineModel:
         straggler: int | None = None,
         delay: float = 0.0,
         slowdowns: dict[int, float] | None = None,
+        planned_slowdowns: dict[int, float] | None = None,
     ) -> float:
-        """Predicted seconds from the last arrival; ``straggler`` arrives ``delay`` s after the others."""
+        """Predicted seconds from the last arrival; ``straggler`` arrives ``delay`` s after the others.
+
+        ``slowdowns``: the network's degraded ranks; ``planned_slowdowns``: those an OptCC schedule
+        was built for (default: the same).
+        """
         slow = tuple(sorted((slowdowns or {}).items()))
+        planned = slow if planned_slowdowns is None else tuple(sorted(planned_slowdowns.items()))
         delay = max(float(delay), 0.0)
-        key = (algorithm, nbytes, straggler, float(f"{delay:.3g}"), slow)
+        key = (algorithm, nbytes, straggler, float(f"{delay:.3g}"), slow, planned)
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
         segments = optcc_segments(nbytes, self.world_size) if algorithm == "optcc" else 1
         uses_straggler = algorithm in ("stragglar", "direct")
         late = straggler if uses_straggler else None
-        schedule = self.schedule(algorithm, late, slow if algorithm == "optcc" else (), segments)
+        schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), segments)
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay

@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import warnings
 from typing import Any
 
 import torch
@@ -168,7 +169,10 @@ class DDPState:
             sizes, algorithms = self._own_buckets(steps)
             stats = self.exchange.stats(rows, sizes, algorithms)
             apply_step = self.step + self.config.exchange_every
-            self._decision_in_flight = self.controller.observe(stats, apply_step)
+            try:
+                self._decision_in_flight = self.controller.observe(stats, apply_step)
+            except Exception as err:  # a controller fault must not stop training: keep the plan, say so
+                warnings.warn(f"stragglerkit controller failed at step {self.step}, plan kept: {err!r}", stacklevel=2)
 
     def _own_buckets(self, steps: range) -> tuple[list[int], list[list[str]]]:
         sizes: dict[int, int] = {}
@@ -231,6 +235,10 @@ def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
     handle.future.add_done_callback(finish)
     return result
+
+
+# DDP checks the hook's annotations as objects; ``from __future__ import annotations`` made them strings.
+ddp_hook.__annotations__ = {"state": DDPState, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
 def _plain(state: DDPState, tensor: torch.Tensor, timing: BucketTiming) -> torch.futures.Future[torch.Tensor]:
