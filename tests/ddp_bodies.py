@@ -44,7 +44,9 @@ def hook_vs_plain(
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
-    algorithms = []
+    algorithms: list[str] = []
+    diffs: list[float] = []
+    checksums: list[float] = []
     for step in range(steps):
         if step == force_optcc_at:  # white-box: every rank adopts the same OptCC plan at this step
             plan = Plan("ring", ("optcc",) * 8, None, ((1, 2.0),))
@@ -59,23 +61,34 @@ def hook_vs_plain(
             loss.backward()
             opt.step()
         algorithms.append(state.algorithm)
+        with torch.no_grad():
+            flat_plain = torch.cat([p.flatten() for p in plain.parameters()])
+            flat_hooked = torch.cat([p.flatten() for p in hooked.parameters()])
+            diffs.append(float((flat_plain - flat_hooked).abs().max()))
+            checksums.append(flat_hooked.double().mul(torch.arange(flat_hooked.numel()) % 7 + 1).sum().item())
     state.close()
     return {
-        "plain": [p.detach().numpy().copy() for p in plain.parameters()],
-        "hooked": [p.detach().numpy().copy() for p in hooked.parameters()],
+        "diffs": diffs,
+        "checksums": checksums,
+        "hooked": torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy(),
+        "scale": max(float(p.detach().abs().max()) for p in plain.parameters()),
         "algorithms": algorithms,
         "events": state.events,
         "step": state.step,
-        "buckets": len(plain.bucket_bytes_cap_list) if hasattr(plain, "bucket_bytes_cap_list") else None,
     }
 
 
-def straggler_run(rank: int, n: int, steps: int, phases: list[tuple[int, int, float]], jitter_s: float, cfg: dict) -> Any:
-    """Hooked training where ``phases`` = [(from_step, late_rank, seconds)] say who sleeps before backward.
+def straggler_run(
+    rank: int, n: int, steps: int, phases: list[tuple[int, int]], jitter: bool, floor_s: float, cfg: dict
+) -> Any:
+    """Hooked training; ``phases`` = [(from_step, late_rank)] say who sleeps before backward.
 
-    ``jitter_s``: every rank also sleeps uniform(0, jitter_s) each step (its own random stream).
+    The sleep is ``delay = max(2 x StragglAR's measured pre-phase time, floor_s)``. With ``jitter``
+    every rank instead sleeps uniform(0, delay) each step (its own random stream).
     """
     import stragglerkit
+
+    delay = max(2 * prephase_seconds(rank, n, gradient_numel(), n - 1), floor_s)
 
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
     state = stragglerkit.DDPState(None, _config(dict(cfg)), event_log=os.environ.get("SK_TEST_EVENT_LOG"))
@@ -87,17 +100,17 @@ def straggler_run(rank: int, n: int, steps: int, phases: list[tuple[int, int, fl
         x, y = _batch(rank, step)
         opt.zero_grad()
         loss = nn.functional.mse_loss(hooked(x), y)
-        late = [(start, who, seconds) for start, who, seconds in phases if step >= start]
-        if late and late[-1][1] == rank:
-            time.sleep(late[-1][2])
-        if jitter_s > 0:
-            time.sleep(rng.uniform(0, jitter_s))
+        late = [who for start, who in phases if step >= start]
+        if late and late[-1] == rank:
+            time.sleep(delay)
+        if jitter:
+            time.sleep(rng.uniform(0, delay))
         loss.backward()
         opt.step()
-        algorithms.append(state.algorithm)
+        algorithms.append((state.algorithm, list(state.runtime.rank_map.to_physical)))
     state.close()
     params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
-    return {"events": state.events, "algorithms": algorithms, "params": params, "step": state.step}
+    return {"events": state.events, "algorithms": algorithms, "params": params, "step": state.step, "delay": delay}
 
 
 def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
@@ -123,3 +136,29 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
         return f"{type(err).__name__}: {err}"
     dist.barrier()
     return "ok"
+
+
+def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: float = 0.2) -> float:
+    """StragglAR's pre-phase time on ``numel`` floats here: the punctual ranks' reduce-scatter, measured
+    with the straggler held back (the slowest punctual rank's last pre-phase completion, max over 3 runs)."""
+    import stragglerkit
+
+    x = torch.ones(numel)
+    stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)  # plan built, connections open
+    longest = 0.0
+    for _ in range(3):
+        dist.barrier()
+        if rank == straggler:
+            time.sleep(hold_s)
+        start = time.monotonic_ns()
+        record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        ends = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
+        if ends:
+            longest = max(longest, (max(ends) - start) / 1e9)
+    result = torch.tensor([longest], dtype=torch.float64)
+    dist.all_reduce(result, op=dist.ReduceOp.MAX)
+    return float(result[0])
+
+
+def gradient_numel() -> int:
+    return sum(p.numel() for p in _model(0).parameters())

@@ -339,7 +339,12 @@ class Controller:
             delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
             planned = dict(plan.slowdowns) if plan.slowdowns else None
             total += self.model.predict(
-                plan.algorithm_for(b), nbytes, straggler=straggler, delay=delay, slowdowns=slow, planned_slowdowns=planned
+                plan.algorithm_for(b),
+                nbytes,
+                straggler=straggler,
+                delay=delay,
+                slowdowns=slow,
+                planned_slowdowns=planned,
             )
         return total
 

@@ -58,14 +58,14 @@ class LinkRates:
 
     Example::
 
-        rates = LinkRates(world_size=8, me=3, min_bytes=64 * 1024)
+        rates = LinkRates(world_size=8, me=3, min_bytes=32 * 1024)
         rates.add(record.timings.records())
         rates.row()[4]                      # median bytes/s of 3 -> 4 (NaN without a sample)
     """
 
     __slots__ = ("_samples", "me", "min_bytes", "world_size")
 
-    def __init__(self, world_size: int, me: int, min_bytes: int = 64 * 1024) -> None:
+    def __init__(self, world_size: int, me: int, min_bytes: int = 32 * 1024) -> None:
         if not 0 <= me < world_size:
             raise ValueError(f"rank {me} is not a rank of a {world_size}-rank group")
         if min_bytes < 1:
