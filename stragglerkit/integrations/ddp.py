@@ -64,6 +64,7 @@ class DDPState:
     """
 
     __slots__ = (
+        "_algorithm",
         "_decision_in_flight",
         "_host",
         "_link_rates",
@@ -118,14 +119,14 @@ class DDPState:
         self._decision_in_flight: Decision | None = None
         self._shipped: Decision | None = None
         self._step_open = False
+        self._algorithm = "allreduce"
 
     # -- the interface the training loop reads ---------------------------------------------------
     @property
     def algorithm(self) -> str:
-        """The algorithm in use (``allreduce`` during warm-up)."""
-        if self.step < self.config.warmup_steps:
-            return "allreduce"
-        return self.controller.plan.algorithm
+        """The algorithm of the step in progress, or of the last completed one between steps
+        (``allreduce`` during warm-up; a plan's straggler-aware algorithm if any bucket runs one)."""
+        return self._algorithm
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -145,6 +146,7 @@ class DDPState:
         if self._pending is not None:
             self._receive(self._pending)
             self._pending = None
+        self._algorithm = "allreduce" if self.step < self.config.warmup_steps else self.controller.plan.algorithm
         k = self.config.exchange_every
         if self.world_size > 1 and self.step > 0 and self.step % k == 0:
             first = self.step - k
