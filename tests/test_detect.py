@@ -10,13 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from stragglerkit.detect.arrival import ArrivalProfiler, ClockOffsets, last_arrivers, wall_clock_lateness
+from stragglerkit.detect.arrival import (
+    ArrivalProfiler,
+    ClockOffsets,
+    StepArrival,
+    last_arrivers,
+    wall_clock_lateness,
+)
 from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan, WindowStats
 from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.nic_health import (
-    LinkRates,
+    first_receives,
+    link_rates,
     local_link_speed,
     server_slowdowns,
     slowdowns_from_links,
@@ -109,20 +116,47 @@ def test_healthy_ring_and_unobserved_ranks() -> None:
         slowdowns_from_links(np.ones((2, 3)))
 
 
-def test_link_rates_from_executor_timings() -> None:
-    rates = LinkRates(world_size=3, me=0, min_bytes=1000)
-    rates.add(
+def test_first_receives_per_peer() -> None:
+    enter = 1_000_000_000
+    done, nbytes = first_receives(
         [
-            OpTiming(0, 1, 1_000_000, "send", 0, 1_000_000),  # 1e9 B/s
-            OpTiming(1, 2, 1_000_000, "send", 0, 2_000_000),  # 5e8 B/s
-            OpTiming(2, 2, 1_000_000, "recv", 0, 9_000_000),  # receives include waiting: ignored
-            OpTiming(3, 1, 10, "send", 0, 1_000_000),  # too small
-        ]
+            OpTiming(0, 1, 4096, "send", enter, enter + 10),  # sends are not receives
+            OpTiming(1, 3, 1000, "recv", enter + 5_000_000, enter + 9_000_000),  # the later one from 3
+            OpTiming(2, 3, 2000, "recv_reduce", enter, enter + 4_000_000),  # first posted from 3
+            OpTiming(3, 1, 3000, "recv", enter + 1_000, enter + 2_000_000),
+        ],
+        enter,
+        4,
     )
-    row = rates.row()
-    assert math.isnan(row[0]) and row[1] == pytest.approx(1e9) and row[2] == pytest.approx(5e8)
-    rates.clear()
-    assert np.isnan(rates.row()).all()
+    assert done[3] == pytest.approx(0.004) and nbytes[3] == 2000
+    assert done[1] == pytest.approx(0.002) and nbytes[1] == 3000
+    assert np.isnan(done[[0, 2]]).all() and (nbytes[[0, 2]] == 0).all()
+
+
+def test_link_rates_discount_a_late_sender() -> None:
+    """Ring, 3 ranks, 1 MB first chunks at 100 MB/s except the links of rank 2 (50 MB/s); rank 0
+    enters 5 ms late in the second run, so its first chunk to rank 1 leaves 5 ms late."""
+    n, size = 3, 1e6
+    enter = np.array([[0.0, 0.0, 0.0], [0.005, 0.0, 0.0]])
+    done = np.full((2, n, n), np.nan)
+    nbytes = np.zeros((2, n, n))
+    for run in range(2):
+        for src in range(n):
+            dst = (src + 1) % n
+            rate = 50e6 if 2 in (src, dst) else 100e6
+            start = max(enter[run, src], enter[run, dst])
+            done[run, dst, src] = start + size / rate - enter[run, dst]
+            nbytes[run, dst, src] = size
+    rates = link_rates(enter, done, nbytes)
+    assert (
+        rates[0, 1] == pytest.approx(100e6)
+        and rates[1, 2] == pytest.approx(50e6)
+        and rates[2, 0] == pytest.approx(50e6)
+    )
+    assert np.isnan(rates[1, 0])
+    assert slowdowns_from_links(rates) == pytest.approx([1.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="run, dst, src"):
+        link_rates(enter, done[:, :2], nbytes)
 
 
 def test_speeds_and_servers() -> None:
@@ -328,14 +362,52 @@ def test_exchange_roundtrip_of_a_decision() -> None:
     decision = Decision(
         3, 40, plan, [{"kind": "detected_straggler", "evidence": {}}, {"kind": "switch", "evidence": {}}]
     )
-    row = exchange.pack(38, [None, None], np.full(4, 1e9), float("nan"), 7, decision)
+    row = exchange.pack(38, [None, None], float("nan"), 7, decision)
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
     assert decoded is not None and decoded.plan == plan and decoded.step == 40 and decoded.seq == 3
     assert [e["kind"] for e in decoded.events] == ["detected_straggler", "switch"]
     optcc = Plan("ring", ("optcc",), None, ((1, 2.5),))
-    row = exchange.pack(38, [None, None], np.full(4, 1e9), 1e9, 7, Decision(4, 42, optcc, []))
+    row = exchange.pack(38, [None, None], 1e9, 7, Decision(4, 42, optcc, []))
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
     assert decoded is not None and decoded.plan == optcc
+
+
+def test_exchange_carries_spans_and_link_figures() -> None:
+    """Four ranks' vectors as rank 0 unpacks them: totals, bucket spans, link rates with clock offsets."""
+    n = 4
+    exchange = StatsExchange(group=None, world_size=n, rank=0, steps=2, buckets=3)  # type: ignore[arg-type]
+    exchange.offsets = ClockOffsets((0, 0, 0, 1_000_000_000), (0, 0, 0, 0))  # rank 3's clock is 1 s behind
+    rows = []
+    for rank in range(n):
+        arrivals = []
+        for step in range(2):
+            done = np.full(n, np.nan)
+            nbytes = np.zeros(n)
+            src = (rank - 1) % n
+            done[src] = 1e6 / (50e6 if 1 in (src, rank) else 100e6)  # rank 1's links at half speed
+            nbytes[src] = 1e6
+            arrivals.append(
+                StepArrival(
+                    step=10 + step,
+                    total_span=0.01 * (rank + 1),
+                    arrival_wall=0.0,
+                    bucket_spans=(0.004 * (rank + 1), 0.006 * (rank + 1)),
+                    bucket_bytes=(1000, 2000),
+                    algorithms=("ring", "ring"),
+                    link_enter_wall=1000.0 - (1.0 if rank == 3 else 0.0),
+                    link_done=done,
+                    link_bytes=nbytes,
+                )
+            )
+        exchange.rank = rank
+        rows.append(exchange.pack(10, arrivals, float("nan"), 7, None))
+    stats = exchange.stats(torch.stack(rows).numpy(), [1000, 2000], [["ring", "ring"]] * 2)
+    assert stats.steps == [10, 11]
+    assert stats.totals[0] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert stats.bucket_spans.shape == (2, n, 3) and stats.bucket_spans[1, 2, 1] == pytest.approx(0.018)
+    assert np.isnan(stats.bucket_spans[:, :, 2]).all()
+    assert slowdowns_from_links(stats.link_rates) == pytest.approx([1.0, 2.0, 1.0, 1.0])
+    assert exchange.decision(torch.stack(rows).numpy()) is None
 
 
 def test_controller_config_is_validated() -> None:

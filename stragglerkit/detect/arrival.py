@@ -64,6 +64,14 @@ class BucketTiming:
     """When its AllReduce could start: max(hook, end of the previous AllReduce on this rank)."""
     finish_ns: int = 0
     algorithm: str = ""
+    first_done: np.ndarray | None = None
+    """Per peer: when the first message from it completed, s after ``start_ns`` (NIC health)."""
+    first_bytes: np.ndarray | None = None
+
+    @property
+    def start_wall(self) -> float:
+        """``start_ns`` in this rank's wall clock (s)."""
+        return (self.start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
 
     @property
     def span(self) -> float:
@@ -84,6 +92,11 @@ class StepArrival:
     """Span of each bucket, by bucket index (NaN where a bucket index did not occur)."""
     bucket_bytes: tuple[int, ...]
     algorithms: tuple[str, ...]
+    link_enter_wall: float = float("nan")
+    """Start (wall clock, s) of the step's largest bucket with first-message figures (NaN: none)."""
+    link_done: np.ndarray | None = None
+    """That bucket's per-peer first-receive completion (s after its start)."""
+    link_bytes: np.ndarray | None = None
 
 
 class ArrivalProfiler:
@@ -115,8 +128,20 @@ class ArrivalProfiler:
                 del self._steps[old]
         return timing
 
-    def finish(self, timing: BucketTiming, algorithm: str, finish_ns: int | None = None) -> None:
-        """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value)."""
+    def finish(
+        self,
+        timing: BucketTiming,
+        algorithm: str,
+        finish_ns: int | None = None,
+        first_receives: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value).
+
+        ``first_receives``: ``(done, nbytes)`` per peer from
+        :func:`stragglerkit.detect.nic_health.first_receives`, relative to the AllReduce's start.
+        """
+        if first_receives is not None:
+            timing.first_done, timing.first_bytes = first_receives
         end = time.monotonic_ns() if finish_ns is None else finish_ns
         with self._lock:
             # AllReduces run one at a time in call order: this one started when the previous ended
@@ -124,6 +149,12 @@ class ArrivalProfiler:
             timing.finish_ns = max(end, timing.start_ns)
             timing.algorithm = algorithm
             self._last_finish_ns = timing.finish_ns
+
+    @property
+    def last_finish_ns(self) -> int:
+        """When the latest finished AllReduce ended (monotonic ns; 0 before the first)."""
+        with self._lock:
+            return self._last_finish_ns
 
     def buckets(self, step: int) -> list[BucketTiming]:
         with self._lock:
@@ -143,6 +174,8 @@ class ArrivalProfiler:
                 sizes[t.bucket] = t.nbytes
                 algorithms[t.bucket] = t.algorithm
         first = min(done, key=lambda t: t.hook_ns)
+        measured = [t for t in done if t.first_done is not None]
+        link = max(measured, key=lambda t: t.nbytes) if measured else None
         return StepArrival(
             step=step,
             total_span=sum(t.span for t in done),
@@ -150,6 +183,9 @@ class ArrivalProfiler:
             bucket_spans=tuple(spans),
             bucket_bytes=tuple(sizes),
             algorithms=tuple(algorithms),
+            link_enter_wall=link.start_wall if link is not None else float("nan"),
+            link_done=link.first_done if link is not None else None,
+            link_bytes=link.first_bytes if link is not None else None,
         )
 
 

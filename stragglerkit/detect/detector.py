@@ -12,8 +12,10 @@ What it decides and why.
   so a fraction rather than an average delay: random jitter spread over all ranks makes each rank
   last in about ``1/n`` of the steps and is never acted on.
 * **Degraded ranks.** ``l_i`` (:mod:`stragglerkit.detect.nic_health`) is estimated once per stats
-  exchange. A rank is degraded when every estimate in the window is at least
-  ``degraded_threshold``; the figure reported is the median.
+  exchange (when a ring run gave first-message figures). A rank is degraded when, over the
+  estimates of the last ``W`` steps, the median and at least a fraction ``q`` of them are at least
+  ``degraded_threshold``; the figure reported is the median. Exchanges without an estimate
+  (e.g. while OptCC runs) leave the belief as it is.
 * **Hysteresis.** Entering needs the condition in ``confirm`` consecutive evaluations (windows
   overlap, so one burst of noise does not suffice); leaving needs a clearly weaker condition
   (straggler: last in fewer than ``clear_fraction`` of the steps, or a median delay below
@@ -62,7 +64,7 @@ class DetectorConfig:
     confirm: int = 2
     """Consecutive evaluations a condition must hold before it is entered or left."""
     degraded_threshold: float = 1.5
-    """A rank is degraded when every l_i estimate in the window is at least this."""
+    """A rank is degraded when the median and a fraction q of its l_i estimates in the window reach this."""
     clear_degraded_threshold: float = 1.2
     """A degraded rank is cleared when the median of its estimates falls below this."""
 
@@ -235,6 +237,8 @@ class Detector:
     def _degraded(self, estimate: np.ndarray, steps_per_update: int) -> list[Finding]:
         cfg = self.config
         keep = max(1, math.ceil(cfg.window / steps_per_update))
+        if np.isnan(estimate).all():  # nothing measured (no ring run in this exchange): keep the belief
+            return []
         self._l_history.append(estimate)
         while len(self._l_history) > keep:
             self._l_history.popleft()
@@ -243,7 +247,7 @@ class Detector:
         history = np.stack(self._l_history)
         filled = np.where(np.isnan(history), 1.0, history)
         median = np.median(filled, axis=0)
-        lowest = filled.min(axis=0)
+        share_above = (filled >= cfg.degraded_threshold).mean(axis=0)
         evidence = {"l_estimates": [_rounded(row, 4) for row in history], "l_median": _rounded(median, 4)}
         self._last = dict(self._last, **evidence)
         findings: list[Finding] = []
@@ -259,7 +263,7 @@ class Detector:
                 else:
                     self.degraded[rank] = float(median[rank])
                 continue
-            strong = lowest[rank] >= cfg.degraded_threshold
+            strong = median[rank] >= cfg.degraded_threshold and share_above[rank] >= cfg.fraction
             self._degraded_enter[rank] = self._degraded_enter.get(rank, 0) + 1 if strong else 0
             if self._degraded_enter[rank] >= cfg.confirm:
                 self._degraded_enter[rank] = 0

@@ -1,8 +1,8 @@
 """The periodic stats exchange: one small all-gather of a fixed-size float64 vector per rank.
 
 What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
-last ``K`` steps (per step: the summed AllReduce span and each bucket's span), its achieved send
-rate to every peer, its NIC speed from sysfs and a host id; rank 0 adds its latest decision (plan
+last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the first-message
+figures of its largest ring bucket), its NIC speed from sysfs and a host id; rank 0 adds its latest decision (plan
 and event kinds). The vector has a fixed size (``K``, the bucket limit ``B``, ``n``), so the
 all-gather needs no size negotiation. It runs asynchronously on a separate gloo group over CPU
 tensors (also next to NCCL), issued when a step begins and waited when the next one begins: by
@@ -12,7 +12,9 @@ same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
 default]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
-``K·B`` bucket spans + ``n`` link rates.
+``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
+bytes; :mod:`stragglerkit.detect.nic_health`). Entry times are wall-clock seconds; rank 0 makes
+them comparable with the start-up clock offsets (so the float64's resolution, ~0.2 us, is ample).
 
 Example::
 
@@ -31,8 +33,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from stragglerkit.detect.arrival import StepArrival
+from stragglerkit.detect.arrival import ClockOffsets, StepArrival
 from stragglerkit.detect.controller import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
+from stragglerkit.detect.nic_health import link_rates
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
@@ -56,7 +59,7 @@ class PendingExchange:
 class StatsExchange:
     """Packs, gathers and unpacks the stats vector (see the module docstring)."""
 
-    __slots__ = ("buckets", "group", "rank", "size", "steps", "world_size")
+    __slots__ = ("buckets", "group", "offsets", "rank", "size", "steps", "world_size")
 
     def __init__(self, group: dist.ProcessGroup, world_size: int, rank: int, steps: int, buckets: int) -> None:
         self.group = group
@@ -64,13 +67,14 @@ class StatsExchange:
         self.rank = rank
         self.steps = steps
         self.buckets = buckets
-        self.size = _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + world_size
+        self.size = _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * (1 + 2 * world_size)
+        self.offsets = ClockOffsets.zero(world_size)
+        """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
 
     def pack(
         self,
         first_step: int,
         arrivals: list[StepArrival | None],
-        link_row: np.ndarray,
         speed: float,
         host: int,
         decision: Decision | None,
@@ -104,7 +108,13 @@ class StatsExchange:
             spans = np.asarray(arrival.bucket_spans[:b], dtype=np.float64)
             vec[at + k + i * b : at + k + i * b + spans.size] = spans
         at += k + k * b
-        vec[at : at + n] = link_row
+        for i, arrival in enumerate(arrivals[:k]):
+            if arrival is None or arrival.link_done is None or arrival.link_bytes is None:
+                continue
+            base = at + i * (1 + 2 * n)
+            vec[base] = arrival.link_enter_wall
+            vec[base + 1 : base + 1 + n] = arrival.link_done
+            vec[base + 1 + n : base + 1 + 2 * n] = arrival.link_bytes
         return torch.from_numpy(vec)
 
     def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
@@ -126,13 +136,20 @@ class StatsExchange:
         totals = rows[:, at : at + count].T.copy()
         spans = rows[:, at + k : at + k + k * b].reshape(n, k, b)[:, :count, :].transpose(1, 0, 2).copy()
         at += k + k * b
+        links = rows[:, at : at + k * (1 + 2 * n)].reshape(n, k, 1 + 2 * n)[:, :count, :].transpose(1, 0, 2)
+        offsets = np.asarray(self.offsets.offset_ns, dtype=np.float64) / 1e9
+        enter = links[:, :, 0] - links[:, 0:1, 0] + (offsets - offsets[0])[None, :]  # relative to rank 0's entry
+        done = links[:, :, 1 : 1 + n]
+        nbytes = np.nan_to_num(links[:, :, 1 + n :], nan=0.0)
+        usable = ~np.isnan(enter).any(axis=1)
+        rates = link_rates(enter[usable], done[usable], nbytes[usable]) if usable.any() else np.full((n, n), np.nan)
         return WindowStats(
             steps=list(range(first, first + count)),
             totals=totals,
             bucket_spans=spans,
             bucket_bytes=bucket_bytes,
             algorithms=algorithms,
-            link_rates=rows[:, at : at + n].copy(),
+            link_rates=rates,
             speeds=rows[:, 5].copy(),
         )
 

@@ -3,11 +3,14 @@
 What this decides. OptCC needs to know which ranks have a degraded NIC and by how much (``l``:
 the NIC runs at ``1/l`` of the healthy bandwidth). Two sources:
 
-* **Achieved bytes/s per link**, from the executor's own per-op timings (no extra traffic): every
-  completed *send* of at least ``min_bytes`` gives ``bytes / (completion - post)`` for the link
-  ``me -> peer``. The transports move a message only once the receiver is ready (gloo's pairs wait
-  for the ready notice, NCCL's send is a rendezvous), so a send's time is mostly its transfer.
-  Per link the median over a window is kept; all ranks' rows form a ``[src, dst]`` matrix.
+* **Achieved bytes/s per link**, from the executor's own per-op timings (no extra traffic). A
+  send's completion says little (the kernel's socket buffer swallows it), and in a pipelined ring
+  every later message is paced by the slowest link, so the signal is each rank's *first* message
+  from each peer in a ring run: every rank sends its first chunk as it enters, so that message's
+  transfer starts when the later of the two ranks entered and ends when the receiver has it. Each
+  rank reports, per peer, when that first receive completed (relative to its own entry) and the
+  entry time itself (wall clock, made comparable by the start-up clock offsets); rank 0 forms a
+  ``[src, dst]`` matrix of medians over the window (:func:`link_rates`).
 * **Link state and speed from sysfs** where it exists: ``/sys/class/net/IF/{operstate,speed}``
   (Mbit/s) and ``/sys/class/infiniband/DEV/ports/P/{state,rate}``. A NIC that negotiated a lower
   speed than its peers' (a 100G port at 50G) shows here before any traffic.
@@ -23,10 +26,9 @@ its NICs) get the server's figure: the largest ``l`` among its ranks, as OptCC's
 
 Example::
 
-    rates = LinkRates(world_size=4, me=rank)
-    rates.add(record.timings.records())
-    row = rates.row()                      # bytes/s to each peer (NaN: no sample), for the exchange
-    l = slowdowns_from_links(np.stack(all_rows))
+    done, nbytes = first_receives(record.timings.records(), enter_ns, world_size)   # each rank, per run
+    rates = link_rates(enter, done, nbytes)         # rank 0, over the window: [src, dst] bytes/s
+    l = slowdowns_from_links(rates)
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ import numpy as np
 from stragglerkit.runtime.executor import OpTiming
 
 __all__ = [
-    "LinkRates",
     "SysfsLink",
+    "first_receives",
+    "link_rates",
     "local_link_speed",
     "server_slowdowns",
     "slowdowns_from_links",
@@ -53,43 +56,58 @@ __all__ = [
 ]
 
 
-class LinkRates:
-    """Achieved send rates of this rank to each peer, over the sends added since :meth:`clear`.
+def first_receives(timings: Iterable[OpTiming], enter_ns: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per peer: when this rank's first message from it completed (s after ``enter_ns``) and its bytes.
+
+    NaN / 0 for peers it received nothing from. ``enter_ns``: when this rank's AllReduce started
+    (``time.monotonic_ns()``, as the op timings).
 
     Example::
 
-        rates = LinkRates(world_size=8, me=3, min_bytes=32 * 1024)
-        rates.add(record.timings.records())
-        rates.row()[4]                      # median bytes/s of 3 -> 4 (NaN without a sample)
+        done, nbytes = first_receives(record.timings.records(), timing.start_ns, 4)
     """
+    done = np.full(world_size, np.nan)
+    nbytes = np.zeros(world_size)
+    first_post = np.full(world_size, np.inf)
+    for t in timings:
+        if t.kind == "send" or not 0 <= t.peer < world_size or t.start_ns >= first_post[t.peer]:
+            continue
+        first_post[t.peer] = t.start_ns
+        done[t.peer] = (t.end_ns - enter_ns) / 1e9
+        nbytes[t.peer] = t.nbytes
+    return done, nbytes
 
-    __slots__ = ("_samples", "me", "min_bytes", "world_size")
 
-    def __init__(self, world_size: int, me: int, min_bytes: int = 32 * 1024) -> None:
-        if not 0 <= me < world_size:
-            raise ValueError(f"rank {me} is not a rank of a {world_size}-rank group")
-        if min_bytes < 1:
-            raise ValueError(f"min_bytes must be at least 1, got {min_bytes}")
-        self.world_size = world_size
-        self.me = me
-        self.min_bytes = min_bytes
-        self._samples: list[list[float]] = [[] for _ in range(world_size)]
+def link_rates(enter: np.ndarray, done: np.ndarray, nbytes: np.ndarray, min_bytes: int = 32 * 1024) -> np.ndarray:
+    """Achieved bytes/s per link ``[src, dst]`` (median over runs; NaN: no sample).
 
-    def add(self, timings: Iterable[OpTiming]) -> None:
-        """Add the completed sends of one run (receives are skipped: they include waiting)."""
-        for t in timings:
-            if t.kind != "send" or t.nbytes < self.min_bytes or t.end_ns <= t.start_ns:
-                continue
-            if 0 <= t.peer < self.world_size and t.peer != self.me:
-                self._samples[t.peer].append(t.nbytes / t.seconds)
+    ``enter[run, rank]``: when each rank entered the run (s, one clock for all ranks: wall clock
+    corrected by :class:`~stragglerkit.detect.arrival.ClockOffsets`); ``done[run, dst, src]``: when
+    ``dst``'s first message from ``src`` completed, s after ``dst`` entered; ``nbytes[run, dst, src]``
+    its size. Only runs whose first messages leave at entry (ring: every rank sends its first chunk
+    at once) should be given: a first message's transfer then starts when the later of the two
+    ranks entered, and ``transfer = done - max(0, enter[src] - enter[dst])``.
 
-    def row(self) -> np.ndarray:
-        """Median bytes/s to each peer (NaN where there is no sample)."""
-        return np.array([float(np.median(s)) if s else math.nan for s in self._samples])
+    Example::
 
-    def clear(self) -> None:
-        for samples in self._samples:
-            samples.clear()
+        rates = link_rates(enter, done, nbytes)     # then slowdowns_from_links(rates)
+    """
+    enter = np.asarray(enter, dtype=np.float64)
+    done = np.asarray(done, dtype=np.float64)
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    runs, n = enter.shape
+    if done.shape != (runs, n, n) or nbytes.shape != (runs, n, n):
+        raise ValueError(f"done and nbytes must be [run, dst, src] = {(runs, n, n)}, got {done.shape}, {nbytes.shape}")
+    late_sender = np.maximum(enter[:, None, :] - enter[:, :, None], 0.0)  # [run, dst, src]
+    transfer = done - late_sender
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where((nbytes >= min_bytes) & (transfer > 0), nbytes / transfer, np.nan)
+    out = np.full((n, n), np.nan)
+    has = np.asarray(~np.isnan(rate).all(axis=0))
+    if has.any():
+        medians = np.nanmedian(np.where(has[None, :, :], rate, 0.0), axis=0)
+        out[has] = medians[has]
+    return out.T.copy()  # [src, dst]
 
 
 def slowdowns_from_links(rates: np.ndarray) -> np.ndarray:

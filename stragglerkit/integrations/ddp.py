@@ -43,7 +43,7 @@ import torch.distributed as dist
 from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffsets, estimate_clock_offsets
 from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, log_path_for
 from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
-from stragglerkit.detect.nic_health import LinkRates, local_link_speed
+from stragglerkit.detect.nic_health import first_receives, local_link_speed
 from stragglerkit.runtime.api import RunRecord, Runtime
 
 __all__ = ["DDPState", "ddp_hook"]
@@ -67,7 +67,6 @@ class DDPState:
         "_algorithm",
         "_decision_in_flight",
         "_host",
-        "_link_rates",
         "_pending",
         "_shipped",
         "_speed",
@@ -110,9 +109,9 @@ class DDPState:
             side, self.world_size, self.rank, self.config.exchange_every, self.config.max_buckets
         )
         self.clock_offsets = estimate_clock_offsets(side) if self.world_size > 1 else ClockOffsets.zero(1)
+        self.exchange.offsets = self.clock_offsets
         self.controller = Controller(self.world_size, self.rank, self.config, log_path_for(event_log, self.rank))
         self.profiler = ArrivalProfiler(keep_steps=4 * self.config.exchange_every + 4)
-        self._link_rates = LinkRates(self.world_size, self.rank)
         self._speed = local_link_speed()
         self._host = host_id(socket.gethostname())
         self._pending: PendingExchange | None = None
@@ -152,10 +151,7 @@ class DDPState:
             first = self.step - k
             buckets = self.config.max_buckets
             arrivals = [self.profiler.step_arrival(s, buckets) for s in range(first, self.step)]
-            payload = self.exchange.pack(
-                first, arrivals, self._link_rates.row(), self._speed, self._host, self._decision_in_flight
-            )
-            self._link_rates.clear()
+            payload = self.exchange.pack(first, arrivals, self._speed, self._host, self._decision_in_flight)
             self._pending = self.exchange.start(payload, first)
             self._shipped = self._decision_in_flight
             self._decision_in_flight = None
@@ -191,10 +187,13 @@ class DDPState:
 
     def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None) -> None:
         end = None
+        firsts = None
         if record is not None and len(record.timings):
             end = record.timings.span_ns()[1]
-            self._link_rates.add(record.timings.records())
-        self.profiler.finish(timing, algorithm, end)
+            if algorithm == "ring":  # every rank sends its first chunk on entry (see nic_health)
+                start = max(timing.hook_ns, self.profiler.last_finish_ns)
+                firsts = first_receives(record.timings.records(), start, self.world_size)
+        self.profiler.finish(timing, algorithm, end, firsts)
 
 
 def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
