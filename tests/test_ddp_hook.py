@@ -78,7 +78,7 @@ def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
 
 
 def test_jitter_spread_over_all_ranks_switches_nothing() -> None:
-    results = run_group(N, ddp_bodies.straggler_run, 100, [], True, FLOOR_S, {})
+    results = run_group(N, ddp_bodies.straggler_run, 80, [], True, FLOOR_S, {})
     assert _same_events(results) == []
     assert set(a for a, _ in results[0]["algorithms"][10:]) == {"ring"}
 

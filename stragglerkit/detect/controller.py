@@ -345,6 +345,7 @@ class Controller:
                 delay=delay,
                 slowdowns=slow,
                 planned_slowdowns=planned,
+                planned_straggler=plan.straggler,
             )
         return total
 

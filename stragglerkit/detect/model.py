@@ -157,22 +157,24 @@ class OnlineModel:
         delay: float = 0.0,
         slowdowns: dict[int, float] | None = None,
         planned_slowdowns: dict[int, float] | None = None,
+        planned_straggler: int | None = None,
     ) -> float:
         """Predicted seconds from the last arrival; ``straggler`` arrives ``delay`` s after the others.
 
-        ``slowdowns``: the network's degraded ranks; ``planned_slowdowns``: those an OptCC schedule
-        was built for (default: the same).
+        ``slowdowns``: the network's degraded ranks; ``planned_slowdowns`` / ``planned_straggler``:
+        those the schedule was built for (default: the same), e.g. a plan for a straggler that moved.
         """
         slow = tuple(sorted((slowdowns or {}).items()))
         planned = slow if planned_slowdowns is None else tuple(sorted(planned_slowdowns.items()))
         delay = max(float(delay), 0.0)
-        key = (algorithm, nbytes, straggler, float(f"{delay:.3g}"), slow, planned)
+        built_for = straggler if planned_straggler is None else planned_straggler
+        key = (algorithm, nbytes, straggler, built_for, float(f"{delay:.3g}"), slow, planned)
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
         segments = optcc_segments(nbytes, self.world_size) if algorithm == "optcc" else 1
         uses_straggler = algorithm in ("stragglar", "direct")
-        late = straggler if uses_straggler else None
+        late = built_for if uses_straggler else None
         schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), segments)
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
