@@ -294,13 +294,16 @@ def window(
     )
 
 
-def run_controller(n: int, sizes: list[int], late: int | None, delay: float, steps: int = 60, slow=None, **cfg):
+def run_controller(
+    n: int, sizes: list[int], late: int | None, delay: float, steps: int = 60, slow=None, hosts=None, **cfg
+):
     config = ControllerConfig(warmup_steps=4, min_gain=0.0, **cfg)
     controller = Controller(n, 0, config)
     controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)  # fixed: no fitting noise
     decisions = []
     for start in range(0, steps, 2):
         stats = window(n, range(start, start + 2), late, delay, sizes, slow)
+        stats.hosts = hosts or list(range(n))
         controller.model.samples.clear()
         decision = controller.observe(stats, start + 4)
         if decision is not None:
@@ -340,6 +343,11 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
     assert controller.plan.algorithm == "optcc" and dict(controller.plan.slowdowns) == {5: pytest.approx(2.0)}
     assert controller.plan.rank_map(8) == [0, 1, 2, 3, 4, 6, 7, 5]
     assert [e["kind"] for e in controller.events][:2] == ["detected_degraded", "switch"]
+
+
+def test_ranks_sharing_a_server_get_its_slowdown() -> None:
+    controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0, 0, 1, 1, 2, 2, 3, 3])
+    assert sorted(controller.detector.degraded) == [4, 5]
 
 
 def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
@@ -390,17 +398,17 @@ def test_exchange_carries_spans_and_link_figures() -> None:
                 StepArrival(
                     step=10 + step,
                     total_span=0.01 * (rank + 1),
-                    arrival_wall=0.0,
                     bucket_spans=(0.004 * (rank + 1), 0.006 * (rank + 1)),
                     bucket_bytes=(1000, 2000),
                     algorithms=("ring", "ring"),
                     link_enter_wall=1000.0 - (1.0 if rank == 3 else 0.0),
+                    arrival_wall=2000.0 - (0.98 if rank == 3 else 0.0),  # rank 3: 20 ms late, clock 1 s behind
                     link_done=done,
                     link_bytes=nbytes,
                 )
             )
         exchange.rank = rank
-        rows.append(exchange.pack(10, arrivals, float("nan"), 7, None))
+        rows.append(exchange.pack(10, arrivals, float("nan"), 7 + rank // 2, None))
     stats = exchange.stats(torch.stack(rows).numpy(), [1000, 2000], [["ring", "ring"]] * 2)
     assert stats.steps == [10, 11]
     assert stats.totals[0] == pytest.approx([0.01, 0.02, 0.03, 0.04])
@@ -408,6 +416,8 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     assert np.isnan(stats.bucket_spans[:, :, 2]).all()
     assert slowdowns_from_links(stats.link_rates) == pytest.approx([1.0, 2.0, 1.0, 1.0])
     assert exchange.decision(torch.stack(rows).numpy()) is None
+    assert stats.hosts == [7, 7, 8, 8]
+    assert stats.lateness is not None and stats.lateness[1] == pytest.approx([0, 0, 0, 0.02], abs=1e-6)
 
 
 def test_controller_config_is_validated() -> None:

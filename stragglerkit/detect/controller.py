@@ -45,7 +45,7 @@ import numpy as np
 
 from stragglerkit.detect.detector import Detector, DetectorConfig, Finding
 from stragglerkit.detect.model import BASELINES, OnlineModel
-from stragglerkit.detect.nic_health import slowdowns_from_links, slowdowns_from_speeds
+from stragglerkit.detect.nic_health import server_slowdowns, slowdowns_from_links, slowdowns_from_speeds
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.sim.cost_model import CostModel
 
@@ -178,6 +178,10 @@ class WindowStats:
     """[src, dst]: achieved bytes/s (NaN: no sample)."""
     speeds: np.ndarray
     """Per rank: NIC speed from sysfs (bytes/s, NaN unknown)."""
+    hosts: list[int] = field(default_factory=list)
+    """Per rank: host id (ranks with the same id share a server and its NICs)."""
+    lateness: np.ndarray | None = None
+    """[step, rank]: wall-clock arrival after the step's first arrival (s, clock offsets applied)."""
 
 
 class Controller:
@@ -187,6 +191,7 @@ class Controller:
         "_blocked",
         "_bucket_window",
         "_last_sizes",
+        "_lateness",
         "_log_path",
         "_plan_start",
         "_planned_for",
@@ -219,6 +224,7 @@ class Controller:
         self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
         window = config.detector.window
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
+        self._lateness: deque[np.ndarray] = deque(maxlen=window)
         self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
 
     # -- every rank -----------------------------------------------------------------------------
@@ -251,6 +257,12 @@ class Controller:
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
         slowdowns = np.fmax(slowdowns_from_links(stats.link_rates), slowdowns_from_speeds(stats.speeds))
+        if len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
+            per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
+            known = ~np.isnan(slowdowns)
+            slowdowns = np.where(known, [per_server[h] for h in stats.hosts], np.nan)
+        if stats.lateness is not None:
+            self._lateness.extend(stats.lateness)
         sizes = [b for b in stats.bucket_bytes if b > 0]
         first_bucket = stats.bucket_bytes[0] if stats.bucket_bytes else 0
 
@@ -258,6 +270,11 @@ class Controller:
             return self._critical_delay(rank, first_bucket)
 
         findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical)
+        if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
+            lateness = np.median(np.stack(self._lateness), axis=0)
+            for f in findings:
+                if f.kind == "detected_straggler":
+                    f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
         if apply_step < cfg.warmup_steps or not sizes:
             return self._decision(apply_step, self.plan, findings, {})
         verdict = self._judge_switch(apply_step, findings)

@@ -13,8 +13,9 @@ same step, where all of them switch.
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
 default]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
 ``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
-bytes; :mod:`stragglerkit.detect.nic_health`). Entry times are wall-clock seconds; rank 0 makes
-them comparable with the start-up clock offsets (so the float64's resolution, ~0.2 us, is ample).
+bytes; :mod:`stragglerkit.detect.nic_health`) + ``K`` wall-clock arrivals (first bucket handed
+over). Times of day are wall-clock seconds; rank 0 makes them comparable with the start-up clock
+offsets (the float64's resolution, ~0.2 us, is ample).
 
 Example::
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from stragglerkit.detect.arrival import ClockOffsets, StepArrival
+from stragglerkit.detect.arrival import ClockOffsets, StepArrival, wall_clock_lateness
 from stragglerkit.detect.controller import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
 from stragglerkit.detect.nic_health import link_rates
 
@@ -67,7 +68,9 @@ class StatsExchange:
         self.rank = rank
         self.steps = steps
         self.buckets = buckets
-        self.size = _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * (1 + 2 * world_size)
+        self.size = (
+            _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * (1 + 2 * world_size) + steps
+        )
         self.offsets = ClockOffsets.zero(world_size)
         """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
 
@@ -115,6 +118,10 @@ class StatsExchange:
             vec[base] = arrival.link_enter_wall
             vec[base + 1 : base + 1 + n] = arrival.link_done
             vec[base + 1 + n : base + 1 + 2 * n] = arrival.link_bytes
+        at += k * (1 + 2 * n)
+        for i, arrival in enumerate(arrivals[:k]):
+            if arrival is not None:
+                vec[at + i] = arrival.arrival_wall
         return torch.from_numpy(vec)
 
     def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
@@ -143,6 +150,9 @@ class StatsExchange:
         nbytes = np.nan_to_num(links[:, :, 1 + n :], nan=0.0)
         usable = ~np.isnan(enter).any(axis=1)
         rates = link_rates(enter[usable], done[usable], nbytes[usable]) if usable.any() else np.full((n, n), np.nan)
+        at += k * (1 + 2 * n)
+        arrival_wall = rows[:, at : at + count].T
+        complete = ~np.isnan(arrival_wall).any(axis=1)
         return WindowStats(
             steps=list(range(first, first + count)),
             totals=totals,
@@ -151,6 +161,8 @@ class StatsExchange:
             algorithms=algorithms,
             link_rates=rates,
             speeds=rows[:, 5].copy(),
+            hosts=[int(h) for h in rows[:, 4]],
+            lateness=wall_clock_lateness(arrival_wall[complete], self.offsets),
         )
 
     def decision(self, rows: np.ndarray) -> Decision | None:
