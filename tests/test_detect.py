@@ -348,6 +348,9 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
 def test_ranks_sharing_a_server_get_its_slowdown() -> None:
     controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0, 0, 1, 1, 2, 2, 3, 3])
     assert sorted(controller.detector.degraded) == [4, 5]
+    # one server for every rank (one machine, loopback): no server figure to apply
+    controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0] * 8)
+    assert sorted(controller.detector.degraded) == [5]
 
 
 def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:

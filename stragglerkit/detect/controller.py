@@ -257,7 +257,7 @@ class Controller:
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
         slowdowns = np.fmax(slowdowns_from_links(stats.link_rates), slowdowns_from_speeds(stats.speeds))
-        if len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
+        if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
             per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
             known = ~np.isnan(slowdowns)
             slowdowns = np.where(known, [per_server[h] for h in stats.hosts], np.nan)

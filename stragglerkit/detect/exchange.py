@@ -27,6 +27,8 @@ Example::
 from __future__ import annotations
 
 import math
+import os
+import socket
 import zlib
 from dataclasses import dataclass
 
@@ -45,9 +47,19 @@ _HEADER = 10
 _EVENTS = 6
 
 
-def host_id(hostname: str) -> int:
-    """A stable number for a host name (CRC32), to tell which ranks share a server."""
-    return zlib.crc32(hostname.encode()) & 0x7FFFFFFF
+def host_id(hostname: str | None = None) -> int:
+    """A stable number for the server this process runs on, to tell which ranks share its NICs.
+
+    The host name plus the network namespace (``/proc/self/ns/net``): processes in different
+    namespaces have different NICs even on one machine (the emulated cluster), so they count as
+    different servers.
+    """
+    name = hostname if hostname is not None else socket.gethostname()
+    try:
+        name += f"/netns:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        pass
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 @dataclass(slots=True)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import warnings
 from typing import Any
 
@@ -113,7 +112,7 @@ class DDPState:
         self.controller = Controller(self.world_size, self.rank, self.config, log_path_for(event_log, self.rank))
         self.profiler = ArrivalProfiler(keep_steps=4 * self.config.exchange_every + 4)
         self._speed = local_link_speed()
-        self._host = host_id(socket.gethostname())
+        self._host = host_id()
         self._pending: PendingExchange | None = None
         self._decision_in_flight: Decision | None = None
         self._shipped: Decision | None = None
