@@ -45,7 +45,8 @@ from stragglerkit.runtime.api import optcc_segments
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
-from stragglerkit.sim.simulator import Network, auto_delay, simulate
+from stragglerkit.sim.graph import TaskGraph, build_task_graph
+from stragglerkit.sim.simulator import Network, simulate_graph
 
 __all__ = ["BASELINES", "OnlineModel"]
 
@@ -63,7 +64,17 @@ class OnlineModel:
         model.add("ring", nbytes, seconds); model.refit(); model.predict("ring", nbytes)
     """
 
-    __slots__ = ("_predictions", "_schedules", "_terms", "config", "fit_info", "max_samples", "samples", "world_size")
+    __slots__ = (
+        "_graphs",
+        "_predictions",
+        "_schedules",
+        "_terms",
+        "config",
+        "fit_info",
+        "max_samples",
+        "samples",
+        "world_size",
+    )
 
     def __init__(self, world_size: int, prior: CostModel.Config, max_samples: int = 256) -> None:
         if world_size < 2:
@@ -75,6 +86,7 @@ class OnlineModel:
         self.fit_info: dict[str, Any] = {"fitted": False, "params": "prior"}
         self._terms: dict[tuple[str, int], CostTerms] = {}
         self._schedules: dict[tuple[object, ...], Schedule] = {}
+        self._graphs: dict[int, TaskGraph] = {}
         self._predictions: dict[tuple[object, ...], float] = {}
 
     # -- fitting --------------------------------------------------------------------------------
@@ -143,6 +155,14 @@ class OnlineModel:
             self._schedules[key] = schedule
         return schedule
 
+    def _graph(self, schedule: Schedule) -> TaskGraph:
+        """The schedule's task graph (built once per cached schedule)."""
+        graph = self._graphs.get(id(schedule))
+        if graph is None:
+            graph = build_task_graph(schedule)
+            self._graphs[id(schedule)] = graph
+        return graph
+
     def _network(self, slowdowns: tuple[tuple[int, float], ...]) -> Network:
         c = self.config
         bandwidth = 1.0 / max(c.beta, 1e-15)
@@ -179,7 +199,7 @@ class OnlineModel:
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay
-        seconds = simulate(schedule, nbytes, self._network(slow), arrivals).time_from_last_arrival
+        seconds = simulate_graph(self._graph(schedule), nbytes, self._network(slow), arrivals).time_from_last_arrival
         self._predictions[key] = seconds
         return seconds
 
@@ -190,7 +210,9 @@ class OnlineModel:
         if cached is not None:
             return cached
         schedule = self.schedule("stragglar", straggler)
-        pre = auto_delay(schedule, nbytes, self._network(()), straggler=straggler)
+        absent = np.zeros(self.world_size)
+        absent[straggler] = math.inf  # when the punctual ranks finish the pre-phase without it
+        pre = simulate_graph(self._graph(schedule), nbytes, self._network(()), absent).phase_done["reduce_scatter"]
         hidden = self.predict("stragglar", nbytes, straggler=straggler, delay=pre)
         target = (1.0 - min_gain) * self.predict(baseline, nbytes)
         critical = math.inf if hidden > target else max(pre - (target - hidden), 0.0)

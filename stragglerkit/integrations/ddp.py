@@ -10,8 +10,10 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
 3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues one async
    all-gather of the last ``K`` steps' figures on a side gloo group, and waits for it at the next
-   step's first bucket (it is complete by then). Rank 0 digests it (cost model fit, detector,
-   plan); its decision rides on the next exchange and every rank adopts it at the same step.
+   step's first bucket (it is complete by then). Rank 0 digests it on a background thread (cost
+   model fit, detector, plan; joined when the next exchange is issued, so with ``K >= 2`` it
+   overlaps a whole step); its decision rides on the next exchange and every rank adopts it at the
+   same step.
 
 Gradients are averaged (sum, then divided once by the world size), identically on every rank.
 With NCCL the executor sends over the NCCL group and the exchange stays on a gloo side group
@@ -31,11 +33,13 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import os
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -66,6 +70,8 @@ class DDPState:
         "_algorithm",
         "_decision_in_flight",
         "_host",
+        "_observer",
+        "_observing",
         "_pending",
         "_shipped",
         "_speed",
@@ -116,6 +122,8 @@ class DDPState:
         self._pending: PendingExchange | None = None
         self._decision_in_flight: Decision | None = None
         self._shipped: Decision | None = None
+        self._observer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._observing: concurrent.futures.Future[Decision | None] | None = None
         self._step_open = False
         self._algorithm = "allreduce"
 
@@ -132,10 +140,15 @@ class DDPState:
         return self.controller.events
 
     def close(self) -> None:
-        """Wait for the exchange in flight (call on every rank before destroying the group)."""
+        """Wait for the exchange in flight and stop the controller's thread (call on every rank
+        before destroying the process group; the hook must not run afterwards)."""
         if self._pending is not None:
             self.exchange.wait(self._pending)
             self._pending = None
+        if self._observer is not None:
+            self._decision_to_ship()
+            self._observer.shutdown()
+            self._observer = None
 
     # -- per step ---------------------------------------------------------------------------------
     def _begin_step(self) -> None:
@@ -150,10 +163,10 @@ class DDPState:
             first = self.step - k
             buckets = self.config.max_buckets
             arrivals = [self.profiler.step_arrival(s, buckets) for s in range(first, self.step)]
-            payload = self.exchange.pack(first, arrivals, self._speed, self._host, self._decision_in_flight)
+            decision = self._decision_to_ship()
+            payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
             self._pending = self.exchange.start(payload, first)
-            self._shipped = self._decision_in_flight
-            self._decision_in_flight = None
+            self._shipped = decision
 
     def _receive(self, pending: PendingExchange) -> None:
         rows = self.exchange.wait(pending)
@@ -164,12 +177,27 @@ class DDPState:
         if self.rank == 0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
             sizes, algorithms = self._own_buckets(steps)
-            stats = self.exchange.stats(rows, sizes, algorithms)
             apply_step = self.step + self.config.exchange_every
-            try:
-                self._decision_in_flight = self.controller.observe(stats, apply_step)
-            except Exception as err:  # a controller fault must not stop training: keep the plan, say so
-                warnings.warn(f"stragglerkit controller failed at step {self.step}, plan kept: {err!r}", stacklevel=2)
+            if self._observer is None:
+                self._observer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit-controller")
+            # off the critical path: the decision is needed only when the next exchange is issued
+            self._observing = self._observer.submit(self._observe, rows, sizes, algorithms, apply_step, self.step)
+
+    def _observe(
+        self, rows: np.ndarray, sizes: list[int], algorithms: list[list[str]], apply_step: int, step: int
+    ) -> Decision | None:
+        try:
+            return self.controller.observe(self.exchange.stats(rows, sizes, algorithms), apply_step)
+        except Exception as err:  # a controller fault must not stop training: keep the plan, say so
+            warnings.warn(f"stragglerkit controller failed at step {step}, plan kept: {err!r}", stacklevel=2)
+            return None
+
+    def _decision_to_ship(self) -> Decision | None:
+        if self._observing is not None:
+            self._decision_in_flight = self._observing.result()
+            self._observing = None
+        decision, self._decision_in_flight = self._decision_in_flight, None
+        return decision
 
     def _own_buckets(self, steps: range) -> tuple[list[int], list[list[str]]]:
         sizes: dict[int, int] = {}
