@@ -1,1 +1,1 @@
-"""stragglerkit.integrations."""
+"""Training-framework integrations: ``ddp`` (PyTorch DDP comm hook: ``stragglerkit.DDPState``, ``stragglerkit.ddp_hook``)."""
