@@ -1,1 +1,4 @@
-"""Training-framework integrations: ``ddp`` (PyTorch DDP comm hook: ``stragglerkit.DDPState``, ``stragglerkit.ddp_hook``)."""
+"""Training-framework integrations.
+
+``ddp``: the PyTorch DDP comm hook (``stragglerkit.DDPState``, ``stragglerkit.ddp_hook``).
+"""
