@@ -110,7 +110,14 @@ def straggler_run(
         algorithms.append((state.algorithm, list(state.runtime.rank_map.to_physical)))
     state.close()
     params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
-    return {"events": state.events, "algorithms": algorithms, "params": params, "step": state.step, "delay": delay}
+    return {
+        "events": state.events,
+        "algorithms": algorithms,
+        "params": params,
+        "step": state.step,
+        "delay": delay,
+        "offsets": (state.clock_offsets.offset_ns, state.clock_offsets.rtt_ns),
+    }
 
 
 def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:

@@ -75,6 +75,10 @@ def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
         algorithms = results[r]["algorithms"]
         assert algorithms[remap[0]["step"]] == ("stragglar", [0, 2, 3, 1])
     assert all(np.array_equal(results[r]["params"], results[0]["params"]) for r in range(N))
+    # one machine, one clock: the ping-pong offsets are about zero (within half a round trip)
+    offsets, rtts = results[0]["offsets"]
+    assert offsets[0] == 0 and all(r > 0 for r in rtts[1:])
+    assert all(abs(o) <= max(r, 200_000) for o, r in zip(offsets[1:], rtts[1:])), (offsets, rtts)
 
 
 def test_jitter_spread_over_all_ranks_switches_nothing() -> None:

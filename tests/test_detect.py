@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -17,7 +18,7 @@ from stragglerkit.detect.arrival import (
     last_arrivers,
     wall_clock_lateness,
 )
-from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan, WindowStats
+from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan, WindowStats, log_path_for
 from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
@@ -421,6 +422,22 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     assert exchange.decision(torch.stack(rows).numpy()) is None
     assert stats.hosts == [7, 7, 8, 8]
     assert stats.lateness is not None and stats.lateness[1] == pytest.approx([0, 0, 0, 0.02], abs=1e-6)
+
+
+def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    controller = Controller(8, 0, ControllerConfig(), log_path=str(log))
+    plan = Plan("ring", ("stragglar",), 3, ())
+    controller.apply(Decision(1, 40, plan, [{"kind": "switch", "evidence": {"why": "test"}}]))
+    controller.apply(Decision(2, 60, Plan("ring"), [{"kind": "rollback", "evidence": {}}]))
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines == controller.events
+    assert [(e["step"], e["kind"], e["algorithm"]) for e in lines] == [
+        (40, "switch", "stragglar"),
+        (60, "rollback", "ring"),
+    ]
+    assert log_path_for(str(log), 0) == str(log) and log_path_for(str(log), 1) is None
+    assert log_path_for(str(tmp_path / "ev{rank}.jsonl"), 3) == str(tmp_path / "ev3.jsonl")
 
 
 def test_controller_config_is_validated() -> None:
