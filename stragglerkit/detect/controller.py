@@ -275,8 +275,8 @@ class Controller:
             for f in findings:
                 if f.kind == "detected_straggler":
                     f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
-        if apply_step < cfg.warmup_steps or not sizes:
-            return self._decision(apply_step, self.plan, findings, {})
+        if apply_step < cfg.warmup_steps or not sizes:  # nothing to plan yet: report findings only
+            return self._decision(apply_step, self.plan, findings, {}) if findings else None
         verdict = self._judge_switch(apply_step, findings)
         if verdict is not None:
             return verdict
