@@ -1,1 +1,4 @@
-"""stragglerkit.integrations."""
+"""Training-framework integrations.
+
+``ddp``: the PyTorch DDP comm hook (``stragglerkit.DDPState``, ``stragglerkit.ddp_hook``).
+"""

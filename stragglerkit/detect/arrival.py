@@ -1,0 +1,289 @@
+"""When each rank reaches the AllReduce, how long it waits there, and who came last.
+
+What this decides. For every bucket of every step, each rank records three local times: when the
+gradient bucket was handed to the AllReduce (the hook call), when its AllReduce could really
+start (the hook call, or the end of the previous bucket's AllReduce when that one was still
+running: one AllReduce runs at a time per rank) and when it finished. From these:
+
+* **span** = finish - start: the time this rank spent in the AllReduce, waiting included.
+* **clock-free last arriver** (stragglar.txt §2): every rank finishes an AllReduce at nearly the
+  same moment, so the rank that arrived last is the one that waited least -- the smallest span.
+  The straggler delay is ``T_rest - T_straggler``, the second smallest span minus the smallest:
+  the idle time of the second-last rank, a conservative figure that needs no shared clock.
+* **wall-clock arrivals** for finer figures (how late every rank is, not only the last): each
+  rank's arrival in its own ``time.time_ns()`` clock, corrected by a per-rank offset to rank 0's
+  clock that :func:`estimate_clock_offsets` measures once at start-up with ping-pong messages
+  (NTP's estimate: the offset at the midpoint of the shortest round trip).
+
+Nothing here synchronises: recording is a few integer stores per bucket (the executor's own per-op
+timings are not even needed), and the figures travel in the controller's periodic stats exchange.
+
+Example::
+
+    profiler = ArrivalProfiler()
+    token = profiler.begin(step=0, bucket=0, nbytes=4096)
+    ...                                   # the AllReduce runs
+    profiler.finish(token, "ring")
+    spans = profiler.step_spans(0)        # per-bucket spans of step 0 on this rank
+    last, delay = last_arrivers(np.array([[0.050, 0.048, 0.010, 0.049]]))   # -> [2], [0.038]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "ArrivalProfiler",
+    "BucketTiming",
+    "ClockOffsets",
+    "StepArrival",
+    "estimate_clock_offsets",
+    "last_arrivers",
+    "wall_clock_lateness",
+]
+
+
+@dataclass(slots=True)
+class BucketTiming:
+    """One bucket's AllReduce on this rank (monotonic ns, except ``hook_wall_ns``)."""
+
+    step: int
+    bucket: int
+    nbytes: int
+    hook_ns: int
+    """When the bucket was handed over (``time.monotonic_ns()``)."""
+    hook_wall_ns: int
+    """The same moment in this rank's wall clock (``time.time_ns()``), for cross-rank figures."""
+    start_ns: int = 0
+    """When its AllReduce could start: max(hook, end of the previous AllReduce on this rank)."""
+    finish_ns: int = 0
+    algorithm: str = ""
+    first_done: np.ndarray | None = None
+    """Per peer: when the first message from it completed, s after ``start_ns`` (NIC health)."""
+    first_bytes: np.ndarray | None = None
+
+    @property
+    def start_wall(self) -> float:
+        """``start_ns`` in this rank's wall clock (s)."""
+        return (self.start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
+
+    @property
+    def span(self) -> float:
+        """Seconds from start to finish: the AllReduce's time on this rank, waiting included."""
+        return (self.finish_ns - self.start_ns) / 1e9
+
+
+@dataclass(slots=True, frozen=True)
+class StepArrival:
+    """This rank's view of one step."""
+
+    step: int
+    total_span: float
+    """Sum of the step's bucket spans (seconds)."""
+    arrival_wall: float
+    """Wall-clock time (s, this rank's clock) at which the step's first bucket was handed over."""
+    bucket_spans: tuple[float, ...]
+    """Span of each bucket, by bucket index (NaN where a bucket index did not occur)."""
+    bucket_bytes: tuple[int, ...]
+    algorithms: tuple[str, ...]
+    link_enter_wall: float = float("nan")
+    """Start (wall clock, s) of the step's largest bucket with first-message figures (NaN: none)."""
+    link_done: np.ndarray | None = None
+    """That bucket's per-peer first-receive completion (s after its start)."""
+    link_bytes: np.ndarray | None = None
+
+
+class ArrivalProfiler:
+    """Records :class:`BucketTiming` per bucket; thread-safe (finish runs on the AllReduce thread).
+
+    Only the last ``keep_steps`` steps are kept.
+
+    Example::
+
+        token = profiler.begin(step, bucket.index(), bucket.buffer().numel() * 4)
+        future.add_done_callback(lambda _: profiler.finish(token, "ring"))
+    """
+
+    __slots__ = ("_last_finish_ns", "_lock", "_steps", "keep_steps")
+
+    def __init__(self, keep_steps: int = 64) -> None:
+        if keep_steps < 1:
+            raise ValueError(f"keep_steps must be at least 1, got {keep_steps}")
+        self.keep_steps = keep_steps
+        self._steps: dict[int, list[BucketTiming]] = {}
+        self._lock = threading.Lock()
+        self._last_finish_ns = 0
+
+    def begin(self, step: int, bucket: int, nbytes: int) -> BucketTiming:
+        timing = BucketTiming(step, bucket, nbytes, time.monotonic_ns(), time.time_ns())
+        with self._lock:
+            self._steps.setdefault(step, []).append(timing)
+            for old in [s for s in self._steps if s <= step - self.keep_steps]:
+                del self._steps[old]
+        return timing
+
+    def finish(
+        self,
+        timing: BucketTiming,
+        algorithm: str,
+        finish_ns: int | None = None,
+        first_receives: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value).
+
+        ``first_receives``: ``(done, nbytes)`` per peer from
+        :func:`stragglerkit.detect.nic_health.first_receives`, relative to the AllReduce's start.
+        """
+        if first_receives is not None:
+            timing.first_done, timing.first_bytes = first_receives
+        end = time.monotonic_ns() if finish_ns is None else finish_ns
+        with self._lock:
+            # AllReduces run one at a time in call order: this one started when the previous ended
+            timing.start_ns = max(timing.hook_ns, self._last_finish_ns)
+            timing.finish_ns = max(end, timing.start_ns)
+            timing.algorithm = algorithm
+            self._last_finish_ns = timing.finish_ns
+
+    @property
+    def last_finish_ns(self) -> int:
+        """When the latest finished AllReduce ended (monotonic ns; 0 before the first)."""
+        with self._lock:
+            return self._last_finish_ns
+
+    def buckets(self, step: int) -> list[BucketTiming]:
+        with self._lock:
+            return list(self._steps.get(step, ()))
+
+    def step_arrival(self, step: int, num_buckets: int) -> StepArrival | None:
+        """This rank's figures for ``step`` (``None`` if it has no finished bucket)."""
+        done = [t for t in self.buckets(step) if t.finish_ns > 0]
+        if not done:
+            return None
+        spans = [float("nan")] * num_buckets
+        sizes = [0] * num_buckets
+        algorithms = [""] * num_buckets
+        for t in done:
+            if 0 <= t.bucket < num_buckets:
+                spans[t.bucket] = t.span
+                sizes[t.bucket] = t.nbytes
+                algorithms[t.bucket] = t.algorithm
+        first = min(done, key=lambda t: t.hook_ns)
+        measured = [t for t in done if t.first_done is not None]
+        link = max(measured, key=lambda t: t.nbytes) if measured else None
+        return StepArrival(
+            step=step,
+            total_span=sum(t.span for t in done),
+            arrival_wall=first.hook_wall_ns / 1e9,
+            bucket_spans=tuple(spans),
+            bucket_bytes=tuple(sizes),
+            algorithms=tuple(algorithms),
+            link_enter_wall=link.start_wall if link is not None else float("nan"),
+            link_done=link.first_done if link is not None else None,
+            link_bytes=link.first_bytes if link is not None else None,
+        )
+
+
+def last_arrivers(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Clock-free: per row (step) of ``spans[step, rank]``, the last arriver and its delay.
+
+    The last arriver waits least, so it is the rank with the smallest span; its delay is the second
+    smallest span minus the smallest (stragglar.txt §2: ``T_rest - T_straggler``). Rows with a NaN
+    give rank -1 and delay NaN.
+
+    Example::
+
+        last_arrivers(np.array([[0.05, 0.01, 0.049]]))   # (array([1]), array([0.039]))
+    """
+    table = np.asarray(spans, dtype=np.float64)
+    if table.ndim != 2 or table.shape[1] < 2:
+        raise ValueError(f"spans must be a [steps, ranks] table with at least 2 ranks, got shape {table.shape}")
+    valid = ~np.isnan(table).any(axis=1)
+    ranks = np.full(table.shape[0], -1, dtype=np.int64)
+    delays = np.full(table.shape[0], np.nan)
+    if valid.any():
+        rows = table[valid]
+        order = np.argsort(rows, axis=1, kind="stable")
+        ranks[valid] = order[:, 0]
+        ordered = np.take_along_axis(rows, order[:, :2], axis=1)
+        delays[valid] = ordered[:, 1] - ordered[:, 0]
+    return ranks, delays
+
+
+@dataclass(slots=True, frozen=True)
+class ClockOffsets:
+    """``offset_ns[r]``: add it to rank r's ``time.time_ns()`` to get rank 0's clock.
+
+    ``rtt_ns[r]`` is the shortest round trip seen (the offset's uncertainty is at most half of it).
+    """
+
+    offset_ns: tuple[int, ...]
+    rtt_ns: tuple[int, ...]
+
+    @staticmethod
+    def zero(world_size: int) -> ClockOffsets:
+        return ClockOffsets((0,) * world_size, (0,) * world_size)
+
+    def per_host(self, hosts: list[int]) -> dict[int, int]:
+        """The offset of each host (id -> ns): the one measured with the shortest round trip."""
+        best: dict[int, tuple[int, int]] = {}
+        for rank, host in enumerate(hosts):
+            candidate = (self.rtt_ns[rank], self.offset_ns[rank])
+            if host not in best or candidate < best[host]:
+                best[host] = candidate
+        return {host: offset for host, (_, offset) in best.items()}
+
+
+def estimate_clock_offsets(group: dist.ProcessGroup, rounds: int = 8) -> ClockOffsets:
+    """Ping-pong with rank 0 (collective over ``group``; call once at start-up on every rank).
+
+    Rank 0 serves each other rank in turn: the rank sends its send time t1, rank 0 answers with
+    its receive time t2, and the rank notes its receive time t3. ``offset = t2 - (t1 + t3) / 2``
+    from the round with the shortest ``t3 - t1``. Runs on CPU tensors (use a gloo group).
+
+    Example::
+
+        offsets = estimate_clock_offsets(dist.new_group(backend="gloo"))
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    n = group.size()
+    me = group.rank()
+    message = torch.zeros(1, dtype=torch.int64)
+    best = (2**62, 0)
+    for other in range(1, n):
+        for _ in range(rounds):
+            if me == 0:
+                group.recv([message], other, 7).wait()
+                message[0] = time.time_ns()
+                group.send([message], other, 7).wait()
+            elif me == other:
+                sent = time.time_ns()
+                message[0] = sent
+                group.send([message], 0, 7).wait()
+                group.recv([message], 0, 7).wait()
+                received = time.time_ns()
+                rtt = received - sent
+                offset = int(message[0]) - (sent + received) // 2
+                best = min(best, (rtt, offset))
+    mine = torch.tensor([best[1] if me else 0, best[0] if me else 0], dtype=torch.int64)
+    gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(gathered, mine, group=group)
+    return ClockOffsets(tuple(int(g[0]) for g in gathered), tuple(int(g[1]) for g in gathered))
+
+
+def wall_clock_lateness(arrival_wall: np.ndarray, offsets: ClockOffsets) -> np.ndarray:
+    """Per step and rank, seconds after the step's first arrival (``arrival_wall[step, rank]``, s).
+
+    Example::
+
+        lateness = wall_clock_lateness(arrivals, offsets)   # lateness[:, r].mean(): how late r is
+    """
+    table = np.asarray(arrival_wall, dtype=np.float64)
+    corrected = table + np.asarray(offsets.offset_ns, dtype=np.float64)[None, :] / 1e9
+    return corrected - np.nanmin(corrected, axis=1, keepdims=True)

@@ -1,0 +1,448 @@
+"""The closed loop: from gathered statistics to one plan, the same on every rank, verified after use.
+
+What it decides and why.
+
+* **One decider.** Rank 0 fits the cost model (:mod:`stragglerkit.detect.model`), runs the
+  detector (:mod:`stragglerkit.detect.detector`) and chooses the plan. Its decision travels in
+  the next stats exchange, so every rank receives it at the same step and switches there.
+  Deterministic recomputation on every rank would also agree -- until two machines round one
+  float differently; one decider cannot disagree with itself.
+* **The plan** names an algorithm per bucket (by DDP bucket index) plus who is late or slow. For
+  a confirmed straggler ``s`` every bucket of at least ``min_bucket_bytes`` gets StragglAR if the
+  model, given that bucket's measured delay, predicts it at least ``min_gain`` faster than the
+  baseline; for degraded ranks OptCC likewise, given their ``l``. Only algorithms whose
+  predicate accepts the situation are considered (StragglAR: even n >= 4; OptCC: n >= 3 with
+  more healthy than degraded ranks), so the plan never names one that does not apply.
+* **Remapping.** StragglAR is built with the straggler as logical rank n-1 and OptCC with the
+  degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
+  schedule (and its cache entry) is the same whoever is late.
+* **Verification.** ``settle_steps`` after a switch the controller measures ``verify_steps``
+  steps: the time from the last arrival (smallest span over the ranks, summed over the step's
+  buckets). If the median is not below the median of the window before the switch by
+  ``rollback_margin``, the switch did not pay: the previous plan comes back (``rollback``) and the
+  rejected plan is not tried again for ``cooldown_steps``.
+* **Events.** Every decision is an event dict ``{"step", "kind", "algorithm", "evidence"}``
+  (``step``: the first step under the resulting plan) on ``Controller.events`` and, on rank 0,
+  in the JSONL log; ranks other than 0 record the same kinds with the plan as evidence.
+
+Example::
+
+    controller = Controller(world_size=4, rank=dist.get_rank(), config=ControllerConfig())
+    decision = controller.observe(stats, apply_step=step + config.exchange_every)   # rank 0
+    controller.apply(decision, step)                                               # every rank
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stragglerkit.detect.detector import Detector, DetectorConfig, Finding
+from stragglerkit.detect.model import BASELINES, OnlineModel
+from stragglerkit.detect.nic_health import server_slowdowns, slowdowns_from_links, slowdowns_from_speeds
+from stragglerkit.schedules.registry import Situation, why_not
+from stragglerkit.sim.cost_model import CostModel
+
+__all__ = [
+    "ALGORITHM_CODES",
+    "EVENT_KINDS",
+    "Controller",
+    "ControllerConfig",
+    "Decision",
+    "Plan",
+    "WindowStats",
+    "log_path_for",
+]
+
+ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
+"""Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
+EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared")
+
+
+@dataclass(kw_only=True, slots=True)
+class ControllerConfig:
+    """Everything the loop can be tuned by; the defaults are documented in docs/detection.md."""
+
+    warmup_steps: int = 10
+    """Steps run with the process group's own all_reduce before the controller's plans."""
+    exchange_every: int = 2
+    """K: steps between stats exchanges (one small all-gather, off the critical path)."""
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    """W, q, hysteresis and the degraded thresholds."""
+    baseline: str = "ring"
+    """Algorithm used when nothing is detected (ring, rhd or direct)."""
+    min_gain: float = 0.05
+    """A plan must be predicted to save at least this fraction of the baseline's time."""
+    min_bucket_bytes: int = 64 * 1024
+    """Smaller buckets keep the baseline (straggler-aware plans do not pay on latency-bound buckets)."""
+    settle_steps: int = 2
+    """Steps after a switch that are not measured (plan generation, first use of connections)."""
+    verify_steps: int = 8
+    """Steps measured after a switch before judging it."""
+    rollback_margin: float = 0.0
+    """Roll back unless the measured time after a switch is below (1 - margin) x the time before."""
+    cooldown_steps: int = 200
+    """A rolled-back plan is not tried again for this many steps."""
+    max_buckets: int = 32
+    """Bucket indices tracked per step (later buckets always run the plan's default algorithm)."""
+    timeout: float = 300.0
+    """Seconds a rank waits for a peer before the step fails with an error naming it."""
+    prior: CostModel.Config = field(default_factory=lambda: CostModel.Config(alpha=50e-6, beta=1 / 1.25e9))
+    """Cost model until the first fit (alpha 50 us, 10 Gbit/s)."""
+    fit_samples: int = 256
+    """Most recent baseline AllReduces kept for fitting."""
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_steps", "settle_steps", "cooldown_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("exchange_every", "verify_steps", "max_buckets", "fit_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ControllerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"ControllerConfig.baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
+        if not 0 <= self.min_gain < 1 or not 0 <= self.rollback_margin < 1:
+            raise ValueError("ControllerConfig.min_gain and rollback_margin must be in [0, 1)")
+        if not self.timeout > 0:
+            raise ValueError(f"ControllerConfig.timeout must be positive seconds, got {self.timeout}")
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """What runs: an algorithm per bucket index, and who is late (straggler) or slow (slowdowns)."""
+
+    default: str
+    """Algorithm for buckets not listed in ``buckets``."""
+    buckets: tuple[str, ...] = ()
+    straggler: int | None = None
+    slowdowns: tuple[tuple[int, float], ...] = ()
+
+    def algorithm_for(self, bucket: int) -> str:
+        return self.buckets[bucket] if 0 <= bucket < len(self.buckets) else self.default
+
+    @property
+    def algorithm(self) -> str:
+        """The plan's headline: its straggler-aware algorithm if any bucket runs one, else the default."""
+        special = [a for a in self.buckets if a in ("stragglar", "optcc")]
+        return special[0] if special else self.default
+
+    def rank_map(self, world_size: int) -> list[int] | None:
+        """Logical -> group rank: the straggler (StragglAR) or the degraded ranks (OptCC) last."""
+        if self.algorithm == "stragglar" and self.straggler is not None:
+            late = [self.straggler]
+        elif self.algorithm == "optcc" and self.slowdowns:
+            late = sorted(rank for rank, _ in self.slowdowns)
+        else:
+            return None
+        return [r for r in range(world_size) if r not in late] + late
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "default": self.default,
+            "buckets": list(self.buckets),
+            "straggler": self.straggler,
+            "slowdowns": {str(r): round(slowdown, 4) for r, slowdown in self.slowdowns},
+        }
+
+
+@dataclass(slots=True)
+class Decision:
+    """A plan and the events that explain it, effective from ``step``."""
+
+    seq: int
+    step: int
+    plan: Plan
+    events: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class WindowStats:
+    """What one exchange brought, as rank 0 sees it."""
+
+    steps: list[int]
+    totals: np.ndarray
+    """[step, rank]: summed bucket spans (s)."""
+    bucket_spans: np.ndarray
+    """[step, rank, bucket]: span of each bucket (s, NaN: none)."""
+    bucket_bytes: list[int]
+    """Bytes of each bucket index (rank 0's)."""
+    algorithms: list[list[str]]
+    """[step][bucket]: the algorithm rank 0 ran."""
+    link_rates: np.ndarray
+    """[src, dst]: achieved bytes/s (NaN: no sample)."""
+    speeds: np.ndarray
+    """Per rank: NIC speed from sysfs (bytes/s, NaN unknown)."""
+    hosts: list[int] = field(default_factory=list)
+    """Per rank: host id (ranks with the same id share a server and its NICs)."""
+    lateness: np.ndarray | None = None
+    """[step, rank]: wall-clock arrival after the step's first arrival (s, clock offsets applied)."""
+
+
+class Controller:
+    """Plans, decisions and events; rank 0 decides (see the module docstring)."""
+
+    __slots__ = (
+        "_blocked",
+        "_bucket_window",
+        "_last_sizes",
+        "_lateness",
+        "_log_path",
+        "_plan_start",
+        "_planned_for",
+        "_seq",
+        "_step_times",
+        "_verify",
+        "config",
+        "detector",
+        "events",
+        "model",
+        "plan",
+        "rank",
+        "world_size",
+    )
+
+    def __init__(self, world_size: int, rank: int, config: ControllerConfig, log_path: str | None = None) -> None:
+        self.world_size = world_size
+        self.rank = rank
+        self.config = config
+        self.plan = Plan(config.baseline)
+        self.events: list[dict[str, Any]] = []
+        self.model = OnlineModel(world_size, config.prior, config.fit_samples)
+        self.detector = Detector(config.detector)
+        self._log_path = log_path
+        self._seq = 0
+        self._plan_start = config.warmup_steps
+        self._blocked: dict[tuple[object, ...], int] = {}
+        self._verify: dict[str, Any] | None = None
+        self._last_sizes: list[int] = []
+        self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
+        window = config.detector.window
+        self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
+        self._lateness: deque[np.ndarray] = deque(maxlen=window)
+        self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
+
+    # -- every rank -----------------------------------------------------------------------------
+    def apply(self, decision: Decision) -> None:
+        """Adopt ``decision`` (the same one on every rank) and record its events."""
+        if decision.plan != self.plan:
+            self._plan_start = decision.step
+        self.plan = decision.plan
+        for event in decision.events:
+            event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
+            self.events.append(event)
+            if self._log_path is not None:
+                with open(self._log_path, "a", encoding="utf-8") as log:
+                    log.write(json.dumps(event, sort_keys=True) + "\n")
+
+    # -- rank 0 ---------------------------------------------------------------------------------
+    def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
+        """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
+        cfg = self.config
+        for i, step in enumerate(stats.steps):
+            spans = stats.bucket_spans[i]
+            self._bucket_window.append(spans)
+            if not np.isnan(stats.totals[i]).all():
+                self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
+            if step < self._plan_start + cfg.settle_steps:
+                continue
+            for b, algorithm in enumerate(stats.algorithms[i]):
+                if b < len(stats.bucket_bytes) and not np.isnan(spans[:, b]).any():
+                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])))
+        self.model.refit()
+        self._last_sizes = list(stats.bucket_bytes)
+        slowdowns = np.fmax(slowdowns_from_links(stats.link_rates), slowdowns_from_speeds(stats.speeds))
+        if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
+            per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
+            known = ~np.isnan(slowdowns)
+            slowdowns = np.where(known, [per_server[h] for h in stats.hosts], np.nan)
+        if stats.lateness is not None:
+            self._lateness.extend(stats.lateness)
+        sizes = [b for b in stats.bucket_bytes if b > 0]
+        first_bucket = stats.bucket_bytes[0] if stats.bucket_bytes else 0
+
+        def critical(rank: int) -> float:
+            return self._critical_delay(rank, first_bucket)
+
+        findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical)
+        if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
+            lateness = np.median(np.stack(self._lateness), axis=0)
+            for f in findings:
+                if f.kind == "detected_straggler":
+                    f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
+        if apply_step < cfg.warmup_steps or not sizes:  # nothing to plan yet: report findings only
+            return self._decision(apply_step, self.plan, findings, {}) if findings else None
+        verdict = self._judge_switch(apply_step, findings)
+        if verdict is not None:
+            return verdict
+        believed = (self.detector.straggler, tuple(sorted(self.detector.degraded)))
+        if believed == self._planned_for and self.plan.algorithm != cfg.baseline:
+            target = None  # same situation, plan in use: keep it (no per-bucket flapping)
+        else:
+            target = self._best_plan(stats.bucket_bytes, apply_step)
+            self._planned_for = believed
+        if target is None or target == self.plan:
+            return self._decision(apply_step, self.plan, findings, {}) if findings else None
+        cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
+        return self._switch(apply_step, target, findings, cleared)
+
+    def _critical_delay(self, rank: int, nbytes: int) -> float:
+        cfg = self.config
+        if why_not("stragglar", Situation(world_size=self.world_size, straggler=rank)) is not None:
+            return math.inf
+        if nbytes < cfg.min_bucket_bytes:
+            return math.inf
+        return self.model.critical_delay(rank, nbytes, cfg.baseline, cfg.min_gain)
+
+    def _bucket_delays(self, straggler: int) -> np.ndarray:
+        """Per bucket: median over the window of (fastest other rank's span - straggler's span), >= 0."""
+        window = np.stack(self._bucket_window)  # [step, rank, bucket]
+        others = np.delete(window, straggler, axis=1)
+        fastest_other = np.where(np.isnan(others), np.inf, others).min(axis=1)
+        gaps = np.where(np.isinf(fastest_other), np.nan, fastest_other) - window[:, straggler, :]
+        gaps = np.where(np.isnan(gaps), 0.0, np.maximum(gaps, 0.0))
+        return np.asarray(np.median(gaps, axis=0))
+
+    def _best_plan(self, bucket_bytes: list[int], step: int) -> Plan | None:
+        """The plan for what the detector believes (``None`` when nothing can be predicted)."""
+        cfg = self.config
+        straggler = self.detector.straggler
+        slow = dict(sorted(self.detector.degraded.items()))
+        candidates = []
+        situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=slow)
+        if straggler is not None and why_not("stragglar", situation) is None:
+            candidates.append("stragglar")
+        if slow and why_not("optcc", situation) is None:
+            candidates.append("optcc")
+        delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
+        chosen = []
+        for b, nbytes in enumerate(bucket_bytes[: cfg.max_buckets]):
+            delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
+            best, best_time = cfg.baseline, math.inf
+            if nbytes >= cfg.min_bucket_bytes and candidates:
+                kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
+                base_time = self.model.predict(cfg.baseline, nbytes, **kwargs)
+                best_time = base_time
+                for algorithm in candidates:
+                    if self._is_blocked(algorithm, straggler, slow, step):
+                        continue
+                    predicted = self.model.predict(algorithm, nbytes, **kwargs)
+                    if predicted <= (1 - cfg.min_gain) * base_time and predicted < best_time:
+                        best, best_time = algorithm, predicted
+            chosen.append(best)
+        if not any(a != cfg.baseline for a in chosen):
+            return Plan(cfg.baseline)
+        used = {a for a in chosen}
+        return Plan(
+            cfg.baseline,
+            tuple(chosen),
+            straggler if "stragglar" in used else None,
+            tuple(slow.items()) if "optcc" in used else (),
+        )
+
+    def _predicted_total(self, plan: Plan, bucket_bytes: list[int]) -> float:
+        straggler = self.detector.straggler
+        delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
+        slow = dict(self.detector.degraded)
+        total = 0.0
+        for b, nbytes in enumerate(bucket_bytes):
+            if nbytes <= 0:
+                continue
+            delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
+            planned = dict(plan.slowdowns) if plan.slowdowns else None
+            total += self.model.predict(
+                plan.algorithm_for(b),
+                nbytes,
+                straggler=straggler,
+                delay=delay,
+                slowdowns=slow,
+                planned_slowdowns=planned,
+                planned_straggler=plan.straggler,
+            )
+        return total
+
+    def _is_blocked(self, algorithm: str, straggler: int | None, slow: dict[int, float], step: int) -> bool:
+        late = straggler if algorithm == "stragglar" else None
+        key = (algorithm, late, tuple(sorted(slow)) if algorithm == "optcc" else ())
+        return self._blocked.get(key, -1) > step
+
+    def _recent_time(self, since: int, until: int) -> tuple[float, int]:
+        times = [t for s, t in self._step_times if since <= s < until]
+        return (float(np.median(times)) if times else math.nan), len(times)
+
+    def _switch(self, step: int, target: Plan, findings: list[Finding], cleared: bool) -> Decision:
+        cfg = self.config
+        sizes = self._last_sizes
+        before, count = self._recent_time(step - cfg.detector.window - cfg.exchange_every, step)
+        evidence = {
+            "from": self.plan.describe(),
+            "to": target.describe(),
+            "predicted_before_s": self._predicted_total(self.plan, sizes),
+            "predicted_after_s": self._predicted_total(target, sizes),
+            "measured_before_s": before,
+            "measured_steps": count,
+            "model": dict(self.model.fit_info),
+            "detector": self.detector.last_evidence,
+        }
+        if target.algorithm != cfg.baseline:
+            self._verify = {"previous": self.plan, "target": target, "step": step, "evidence": evidence}
+        else:
+            self._verify = None
+        extra = {} if cleared else {"switch": evidence}
+        return self._decision(step, target, findings, extra)
+
+    def _judge_switch(self, step: int, findings: list[Finding]) -> Decision | None:
+        """Roll back a switch that did not pay (see the module docstring)."""
+        cfg = self.config
+        if self._verify is None or self.plan != self._verify["target"]:
+            return None
+        start = self._verify["step"] + cfg.settle_steps
+        after, count = self._recent_time(start, step)
+        if count < cfg.verify_steps:
+            return None
+        record, self._verify = self._verify, None
+        switch = record["evidence"]
+        before = switch["measured_before_s"]
+        if not math.isfinite(before) or after < (1 - cfg.rollback_margin) * before:
+            return None
+        target: Plan = record["target"]
+        previous: Plan = record["previous"]
+        key = (target.algorithm, target.straggler, tuple(sorted(r for r, _ in target.slowdowns)))
+        self._blocked[key] = step + cfg.cooldown_steps
+        evidence = {
+            "rejected": target.describe(),
+            "restored": previous.describe(),
+            "switched_at_step": record["step"],
+            "predicted_before_s": switch["predicted_before_s"],
+            "predicted_after_s": switch["predicted_after_s"],
+            "measured_before_s": before,
+            "measured_after_s": after,
+            "measured_after_steps": count,
+            "rollback_margin": cfg.rollback_margin,
+            "blocked_until_step": step + cfg.cooldown_steps,
+        }
+        return self._decision(step, previous, findings, {"rollback": evidence})
+
+    def _decision(self, step: int, plan: Plan, findings: list[Finding], extra: dict[str, dict[str, Any]]) -> Decision:
+        events = [
+            {"kind": f.kind, "evidence": dict(f.evidence, ranks={str(r): v for r, v in f.ranks.items()})}
+            for f in findings
+        ]
+        events += [{"kind": kind, "evidence": evidence} for kind, evidence in extra.items()]
+        self._seq += 1
+        return Decision(self._seq, step, plan, events)
+
+
+def log_path_for(path: str | os.PathLike[str] | None, rank: int) -> str | None:
+    """Where ``rank`` writes its JSONL log: ``path`` on rank 0 (or each rank if it contains ``{rank}``)."""
+    if path is None:
+        return None
+    text = os.fspath(path)
+    if "{rank}" in text:
+        return text.format(rank=rank)
+    return text if rank == 0 else None

@@ -1,0 +1,274 @@
+"""Decides, with evidence, whether there is a persistent straggler, degraded ranks, or nothing.
+
+What it decides and why.
+
+* **Persistent straggler.** Over the last ``W`` steps (``DetectorConfig.window``), the clock-free
+  last arriver of each step (:func:`stragglerkit.detect.arrival.last_arrivers`: the rank with the
+  smallest time in the step's AllReduces) is counted per rank. A rank that is last in at least a
+  fraction ``q`` of the window, with a median delay (second-last minus last span, over the steps
+  it was last) of at least the *critical delay* -- the delay at which the cost model predicts that
+  a straggler-aware plan pays, supplied by the caller -- is a candidate. StragglAR pays only when
+  the straggler is late *every* step (the punctual ranks' pre-phase must be hidden in its delay),
+  so a fraction rather than an average delay: random jitter spread over all ranks makes each rank
+  last in about ``1/n`` of the steps and is never acted on.
+* **Degraded ranks.** ``l_i`` (:mod:`stragglerkit.detect.nic_health`) is estimated once per stats
+  exchange (when a ring run gave first-message figures). A rank is degraded when, over the
+  estimates of the last ``W`` steps, the median and at least a fraction ``q`` of them are at least
+  ``degraded_threshold``; the figure reported is the median. Exchanges without an estimate
+  (e.g. while OptCC runs) leave the belief as it is.
+* **Hysteresis.** Entering needs the condition in ``confirm`` consecutive evaluations (windows
+  overlap, so one burst of noise does not suffice); leaving needs a clearly weaker condition
+  (straggler: last in fewer than ``clear_fraction`` of the steps, or a median delay below
+  ``clear_delay_ratio`` times the critical delay; degraded: median ``l`` below
+  ``clear_degraded_threshold``) for ``confirm`` consecutive evaluations. A straggler that moves is
+  a new candidate; once confirmed it replaces the old one (one ``detected_straggler`` finding).
+
+The detector is pure bookkeeping on numbers (no communication): the controller feeds it the
+gathered statistics on rank 0, and tests feed it synthetic streams.
+
+Example::
+
+    detector = Detector(DetectorConfig(window=16, fraction=0.75))
+    findings = detector.update(steps, spans, slowdowns, critical_delay=lambda rank: 0.004)
+    for f in findings:
+        print(f.kind, f.ranks, f.evidence)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stragglerkit.detect.arrival import last_arrivers
+
+__all__ = ["Detector", "DetectorConfig", "Finding"]
+
+
+@dataclass(kw_only=True, slots=True)
+class DetectorConfig:
+    """When the detector calls a rank a persistent straggler or degraded (see the module docstring)."""
+
+    window: int = 16
+    """W: steps (straggler) over which the evidence is taken."""
+    fraction: float = 0.75
+    """q: a persistent straggler is last in at least this fraction of the window's steps."""
+    clear_fraction: float = 0.4
+    """A confirmed straggler is cleared when it is last in fewer than this fraction of the steps."""
+    clear_delay_ratio: float = 0.5
+    """... or when its median delay falls below this times the critical delay."""
+    confirm: int = 2
+    """Consecutive evaluations a condition must hold before it is entered or left."""
+    degraded_threshold: float = 1.5
+    """A rank is degraded when the median and a fraction q of its l_i estimates in the window reach this."""
+    clear_degraded_threshold: float = 1.2
+    """A degraded rank is cleared when the median of its estimates falls below this."""
+
+    def __post_init__(self) -> None:
+        if self.window < 2:
+            raise ValueError(f"window must be at least 2 steps, got {self.window}")
+        if not 0 < self.clear_fraction < self.fraction <= 1:
+            raise ValueError(
+                f"need 0 < clear_fraction ({self.clear_fraction}) < fraction ({self.fraction}) <= 1 for hysteresis"
+            )
+        if not 0 <= self.clear_delay_ratio <= 1:
+            raise ValueError(f"clear_delay_ratio must be in [0, 1], got {self.clear_delay_ratio}")
+        if self.confirm < 1:
+            raise ValueError(f"confirm must be at least 1 evaluation, got {self.confirm}")
+        if not 1 < self.clear_degraded_threshold <= self.degraded_threshold:
+            raise ValueError(
+                f"need 1 < clear_degraded_threshold ({self.clear_degraded_threshold}) <= degraded_threshold "
+                f"({self.degraded_threshold})"
+            )
+
+
+@dataclass(slots=True, frozen=True)
+class Finding:
+    """A change of what the detector believes."""
+
+    kind: str
+    """``detected_straggler``, ``detected_degraded`` or ``cleared``."""
+    ranks: dict[int, float]
+    """Straggler: {rank: median delay s}; degraded: {rank: l}; cleared: what was cleared."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _rounded(values: Sequence[float] | np.ndarray, digits: int = 6) -> list[float | None]:
+    return [None if not math.isfinite(float(v)) else round(float(v), digits) for v in values]
+
+
+class Detector:
+    """Keeps the window and the believed state; :meth:`update` returns what changed.
+
+    Example::
+
+        d = Detector()
+        d.update([0, 1], spans=np.array([[0.1, 0.1, 0.02, 0.1]] * 2), slowdowns=np.ones(4),
+                 critical_delay=lambda rank: 0.01)
+    """
+
+    __slots__ = (
+        "_clear_count",
+        "_degraded_clear",
+        "_degraded_enter",
+        "_enter_count",
+        "_enter_rank",
+        "_l_history",
+        "_last",
+        "_span_rows",
+        "_steps",
+        "config",
+        "degraded",
+        "straggler",
+    )
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config if config is not None else DetectorConfig()
+        self.straggler: int | None = None
+        """The confirmed persistent straggler (group rank), if any."""
+        self.degraded: dict[int, float] = {}
+        """Confirmed degraded ranks -> l."""
+        self._steps: deque[int] = deque(maxlen=self.config.window)
+        self._span_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
+        self._l_history: deque[np.ndarray] = deque()
+        self._enter_rank = -1
+        self._enter_count = 0
+        self._clear_count = 0
+        self._degraded_enter: dict[int, int] = {}
+        self._degraded_clear: dict[int, int] = {}
+        self._last: dict[str, Any] = {}
+
+    @property
+    def last_evidence(self) -> dict[str, Any]:
+        """The evidence of the latest evaluation (also when nothing changed)."""
+        return self._last
+
+    def reset_window(self) -> None:
+        """Forget the window (e.g. after a plan switch changed what the spans mean)."""
+        self._steps.clear()
+        self._span_rows.clear()
+        self._enter_count = 0
+        self._clear_count = 0
+
+    def update(
+        self,
+        steps: Sequence[int],
+        spans: np.ndarray,
+        slowdowns: np.ndarray | None,
+        critical_delay: Callable[[int], float],
+    ) -> list[Finding]:
+        """Add ``spans[i, rank]`` (total AllReduce seconds of ``steps[i]``) and one ``l`` estimate per rank.
+
+        ``critical_delay(rank)``: the smallest delay (s) at which acting on a straggler at ``rank``
+        pays (``math.inf``: never). Returns the findings of this evaluation (usually none).
+        """
+        table = np.asarray(spans, dtype=np.float64)
+        if table.ndim != 2 or table.shape[0] != len(steps):
+            raise ValueError(f"spans must have one row per step ({len(steps)}), got shape {table.shape}")
+        for step, row in zip(steps, table):
+            self._steps.append(int(step))
+            self._span_rows.append(row)
+        findings = self._straggler(critical_delay)
+        if slowdowns is not None:
+            findings += self._degraded(np.asarray(slowdowns, dtype=np.float64), max(1, len(steps)))
+        return findings
+
+    # -- persistent straggler -------------------------------------------------------------------
+    def _straggler(self, critical_delay: Callable[[int], float]) -> list[Finding]:
+        cfg = self.config
+        if len(self._span_rows) < cfg.window:
+            self._last = {"window_filled": len(self._span_rows), "window": cfg.window}
+            return []
+        last, delays = last_arrivers(np.stack(self._span_rows))
+        n = self._span_rows[0].size
+        counts = np.bincount(last[last >= 0], minlength=n)
+        candidate = int(np.argmax(counts))
+        fraction = counts / cfg.window
+
+        def median_delay(rank: int) -> float:
+            mine = delays[last == rank]
+            return float(np.median(mine)) if mine.size else 0.0
+
+        cand_delay = median_delay(candidate)
+        cand_critical = float(critical_delay(candidate))
+        evidence: dict[str, Any] = {
+            "window": [self._steps[0], self._steps[-1]],
+            "last_counts": counts.tolist(),
+            "candidate": candidate,
+            "fraction": round(float(fraction[candidate]), 4),
+            "median_delay_s": round(cand_delay, 6),
+            "critical_delay_s": None if not math.isfinite(cand_critical) else round(cand_critical, 6),
+            "delays_s": _rounded(delays[last == candidate]),
+        }
+        self._last = evidence
+        persistent = fraction[candidate] >= cfg.fraction and cand_delay >= cand_critical
+        current = self.straggler
+        if persistent and candidate != current:
+            self._enter_count = self._enter_count + 1 if self._enter_rank == candidate else 1
+            self._enter_rank = candidate
+            if self._enter_count >= cfg.confirm:
+                self.straggler = candidate
+                self._enter_count = 0
+                self._clear_count = 0
+                if current is not None:
+                    evidence["moved_from"] = current
+                return [Finding("detected_straggler", {candidate: cand_delay}, evidence)]
+            return []
+        if not persistent:
+            self._enter_count = 0
+        if current is None:
+            return []
+        cur_delay = median_delay(current)
+        cur_critical = float(critical_delay(current))
+        weak = fraction[current] < cfg.clear_fraction or cur_delay < cfg.clear_delay_ratio * cur_critical
+        self._clear_count = self._clear_count + 1 if weak else 0
+        if self._clear_count >= cfg.confirm:
+            self.straggler = None
+            self._clear_count = 0
+            cleared = dict(evidence, cleared="straggler", rank=current, rank_fraction=float(fraction[current]))
+            return [Finding("cleared", {current: cur_delay}, cleared)]
+        return []
+
+    # -- degraded ranks -------------------------------------------------------------------------
+    def _degraded(self, estimate: np.ndarray, steps_per_update: int) -> list[Finding]:
+        cfg = self.config
+        keep = max(1, math.ceil(cfg.window / steps_per_update))
+        if np.isnan(estimate).all():  # nothing measured (no ring run in this exchange): keep the belief
+            return []
+        self._l_history.append(estimate)
+        while len(self._l_history) > keep:
+            self._l_history.popleft()
+        if len(self._l_history) < keep:
+            return []
+        history = np.stack(self._l_history)
+        filled = np.where(np.isnan(history), 1.0, history)
+        median = np.median(filled, axis=0)
+        share_above = (filled >= cfg.degraded_threshold).mean(axis=0)
+        evidence = {"l_estimates": [_rounded(row, 4) for row in history], "l_median": _rounded(median, 4)}
+        self._last = dict(self._last, **evidence)
+        findings: list[Finding] = []
+        newly = {}
+        for rank in range(median.size):
+            if rank in self.degraded:
+                weak = median[rank] < cfg.clear_degraded_threshold
+                self._degraded_clear[rank] = self._degraded_clear.get(rank, 0) + 1 if weak else 0
+                if self._degraded_clear[rank] >= cfg.confirm:
+                    del self.degraded[rank]
+                    self._degraded_clear[rank] = 0
+                    findings.append(Finding("cleared", {rank: float(median[rank])}, dict(evidence, cleared="degraded")))
+                else:
+                    self.degraded[rank] = float(median[rank])
+                continue
+            strong = median[rank] >= cfg.degraded_threshold and share_above[rank] >= cfg.fraction
+            self._degraded_enter[rank] = self._degraded_enter.get(rank, 0) + 1 if strong else 0
+            if self._degraded_enter[rank] >= cfg.confirm:
+                self._degraded_enter[rank] = 0
+                newly[rank] = round(float(median[rank]), 4)
+        if newly:
+            self.degraded.update(newly)
+            findings.append(Finding("detected_degraded", dict(newly), dict(evidence, degraded=dict(self.degraded))))
+        return findings

@@ -1,0 +1,200 @@
+"""The periodic stats exchange: one small all-gather of a fixed-size float64 vector per rank.
+
+What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
+last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the first-message
+figures of its largest ring bucket), its NIC speed from sysfs and a host id; rank 0 adds its latest decision (plan
+and event kinds). The vector has a fixed size (``K``, the bucket limit ``B``, ``n``), so the
+all-gather needs no size negotiation. It runs asynchronously on a separate gloo group over CPU
+tensors (also next to NCCL), issued when a step begins and waited when the next one begins: by
+then every rank has contributed (each did so before entering the step's first AllReduce), so the
+wait costs nothing on the critical path. Rank 0's decision therefore reaches every rank at the
+same step, where all of them switch.
+
+Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
+default]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
+``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
+bytes; :mod:`stragglerkit.detect.nic_health`) + ``K`` wall-clock arrivals (first bucket handed
+over). Times of day are wall-clock seconds; rank 0 makes them comparable with the start-up clock
+offsets (the float64's resolution, ~0.2 us, is ample).
+
+Example::
+
+    exchange = StatsExchange(side_group, world_size=4, rank=r, steps=2, buckets=32)
+    pending = exchange.start(exchange.pack(...))
+    rows = exchange.wait(pending)           # one tensor per rank
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from stragglerkit.detect.arrival import ClockOffsets, StepArrival, wall_clock_lateness
+from stragglerkit.detect.controller import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
+from stragglerkit.detect.nic_health import link_rates
+
+__all__ = ["PendingExchange", "StatsExchange", "host_id"]
+
+_VERSION = 1.0
+_HEADER = 10
+_EVENTS = 6
+
+
+def host_id(hostname: str | None = None) -> int:
+    """A stable number for the server this process runs on, to tell which ranks share its NICs.
+
+    The host name plus the network namespace (``/proc/self/ns/net``): processes in different
+    namespaces have different NICs even on one machine (the emulated cluster), so they count as
+    different servers.
+    """
+    name = hostname if hostname is not None else socket.gethostname()
+    try:
+        name += f"/netns:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        pass
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+@dataclass(slots=True)
+class PendingExchange:
+    work: dist.Work
+    outputs: list[torch.Tensor]
+    first_step: int
+
+
+class StatsExchange:
+    """Packs, gathers and unpacks the stats vector (see the module docstring)."""
+
+    __slots__ = ("buckets", "group", "offsets", "rank", "size", "steps", "world_size")
+
+    def __init__(self, group: dist.ProcessGroup, world_size: int, rank: int, steps: int, buckets: int) -> None:
+        self.group = group
+        self.world_size = world_size
+        self.rank = rank
+        self.steps = steps
+        self.buckets = buckets
+        self.size = (
+            _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * (1 + 2 * world_size) + steps
+        )
+        self.offsets = ClockOffsets.zero(world_size)
+        """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
+
+    def pack(
+        self,
+        first_step: int,
+        arrivals: list[StepArrival | None],
+        speed: float,
+        host: int,
+        decision: Decision | None,
+    ) -> torch.Tensor:
+        n, k, b = self.world_size, self.steps, self.buckets
+        vec = np.full(self.size, np.nan)
+        vec[:_HEADER] = [_VERSION, self.rank, first_step, len(arrivals), host, speed, -1, -1, -1, -1]
+        at = _HEADER
+        vec[at : at + _EVENTS] = -1
+        if decision is not None:
+            plan = decision.plan
+            vec[6:10] = [
+                decision.seq,
+                decision.step,
+                -1 if plan.straggler is None else plan.straggler,
+                ALGORITHM_CODES.index(plan.default),
+            ]
+            kinds = [EVENT_KINDS.index(e["kind"]) for e in decision.events][:_EVENTS]
+            vec[at : at + len(kinds)] = kinds
+            slow = np.ones(n)
+            for rank, slowdown in plan.slowdowns:
+                slow[rank] = slowdown
+            vec[at + _EVENTS : at + _EVENTS + n] = slow
+            codes = [ALGORITHM_CODES.index(a) for a in plan.buckets[:b]]
+            vec[at + _EVENTS + n : at + _EVENTS + n + len(codes)] = codes
+        at += _EVENTS + n + b
+        for i, arrival in enumerate(arrivals[:k]):
+            if arrival is None:
+                continue
+            vec[at + i] = arrival.total_span
+            spans = np.asarray(arrival.bucket_spans[:b], dtype=np.float64)
+            vec[at + k + i * b : at + k + i * b + spans.size] = spans
+        at += k + k * b
+        for i, arrival in enumerate(arrivals[:k]):
+            if arrival is None or arrival.link_done is None or arrival.link_bytes is None:
+                continue
+            base = at + i * (1 + 2 * n)
+            vec[base] = arrival.link_enter_wall
+            vec[base + 1 : base + 1 + n] = arrival.link_done
+            vec[base + 1 + n : base + 1 + 2 * n] = arrival.link_bytes
+        at += k * (1 + 2 * n)
+        for i, arrival in enumerate(arrivals[:k]):
+            if arrival is not None:
+                vec[at + i] = arrival.arrival_wall
+        return torch.from_numpy(vec)
+
+    def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
+        outputs = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)]
+        work = dist.all_gather(outputs, payload, group=self.group, async_op=True)
+        assert work is not None
+        return PendingExchange(work, outputs, first_step)
+
+    def wait(self, pending: PendingExchange) -> np.ndarray:
+        """The gathered vectors as a [rank, field] array."""
+        pending.work.wait()
+        return torch.stack(pending.outputs).numpy()
+
+    def stats(self, rows: np.ndarray, bucket_bytes: list[int], algorithms: list[list[str]]) -> WindowStats:
+        """Rank 0's view of the gathered figures."""
+        n, k, b = self.world_size, self.steps, self.buckets
+        first, count = int(rows[0, 2]), int(rows[0, 3])
+        at = _HEADER + _EVENTS + n + b
+        totals = rows[:, at : at + count].T.copy()
+        spans = rows[:, at + k : at + k + k * b].reshape(n, k, b)[:, :count, :].transpose(1, 0, 2).copy()
+        at += k + k * b
+        links = rows[:, at : at + k * (1 + 2 * n)].reshape(n, k, 1 + 2 * n)[:, :count, :].transpose(1, 0, 2)
+        offsets = np.asarray(self.offsets.offset_ns, dtype=np.float64) / 1e9
+        enter = links[:, :, 0] - links[:, 0:1, 0] + (offsets - offsets[0])[None, :]  # relative to rank 0's entry
+        done = links[:, :, 1 : 1 + n]
+        nbytes = np.nan_to_num(links[:, :, 1 + n :], nan=0.0)
+        usable = ~np.isnan(enter).any(axis=1)
+        rates = link_rates(enter[usable], done[usable], nbytes[usable]) if usable.any() else np.full((n, n), np.nan)
+        at += k * (1 + 2 * n)
+        arrival_wall = rows[:, at : at + count].T
+        complete = ~np.isnan(arrival_wall).any(axis=1)
+        return WindowStats(
+            steps=list(range(first, first + count)),
+            totals=totals,
+            bucket_spans=spans,
+            bucket_bytes=bucket_bytes,
+            algorithms=algorithms,
+            link_rates=rates,
+            speeds=rows[:, 5].copy(),
+            hosts=[int(h) for h in rows[:, 4]],
+            lateness=wall_clock_lateness(arrival_wall[complete], self.offsets),
+        )
+
+    def decision(self, rows: np.ndarray) -> Decision | None:
+        """Rank 0's decision as the other ranks decode it (events carry the plan as evidence)."""
+        head = rows[0]
+        if head[6] < 0 or math.isnan(head[6]):
+            return None
+        n, b = self.world_size, self.buckets
+        at = _HEADER
+        kinds = [EVENT_KINDS[int(c)] for c in head[at : at + _EVENTS] if c >= 0]
+        slow = head[at + _EVENTS : at + _EVENTS + n]
+        codes = head[at + _EVENTS + n : at + _EVENTS + n + b]
+        buckets = tuple(ALGORITHM_CODES[int(c)] for c in codes if not math.isnan(c))
+        straggler = int(head[8])
+        plan = Plan(
+            default=ALGORITHM_CODES[int(head[9])],
+            buckets=buckets,
+            straggler=None if straggler < 0 else straggler,
+            slowdowns=tuple((r, float(value)) for r, value in enumerate(slow) if value > 1.0),
+        )
+        plan_evidence = {"decided_by": 0, "plan": plan.describe()}
+        events = [{"kind": kind, "evidence": dict(plan_evidence)} for kind in kinds]
+        return Decision(int(head[6]), int(head[7]), plan, events)

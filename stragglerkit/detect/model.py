@@ -1,0 +1,220 @@
+"""The controller's cost model, fitted online from the executor's own timings.
+
+What it decides. The controller must predict, for each bucket size, how long each applicable
+algorithm takes from the last rank's arrival, given the measured straggler delay and NIC
+slowdowns. The parameters come from the job itself:
+
+* **Samples.** Every baseline AllReduce (ring, rhd, direct) of every bucket is a sample: its
+  time from the last arrival is, clock-free, the *smallest* span over the ranks (the last
+  arriver does not wait). With the schedule's GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`)
+  this is one row of :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
+* **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
+  model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
+  at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
+  the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
+  the model is latency-only (beta = 1e-12 s/B) and says so in ``fit_info``.
+* **Predicting** runs the flow-level simulator (:func:`stragglerkit.sim.simulator.simulate`) on a
+  network of per-rank NICs at ``1/beta`` (``1/(l·beta)`` for a degraded rank), latency alpha, the
+  straggler arriving ``delay`` late: ``time_from_last_arrival`` is the figure compared. It models
+  what GenModel's closed terms cannot: StragglAR's pre-phase overlapping the delay and a slow
+  NIC's effect on each algorithm.
+* **Critical delay** for StragglAR on a bucket: the delay from which it is predicted to save
+  ``min_gain`` of ring's time. With ``T_pre`` the punctual ranks' pre-phase time and ``T_hidden``
+  StragglAR's time when the pre-phase is fully hidden, its time is about
+  ``T_hidden + max(0, T_pre - d)``, so ``d* = T_pre - ((1 - min_gain)·T_ring - T_hidden)``
+  (``inf`` when even a fully hidden pre-phase does not pay).
+
+Example::
+
+    model = OnlineModel(world_size=4, prior=CostModel.Config(alpha=50e-6, beta=1 / 1e9))
+    model.add("ring", 4 << 20, 0.012)
+    model.refit()
+    model.predict("stragglar", 4 << 20, straggler=3, delay=0.01)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from stragglerkit.runtime.api import optcc_segments
+from stragglerkit.schedules.ir import Schedule
+from stragglerkit.schedules.registry import Situation, generate
+from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
+from stragglerkit.sim.graph import TaskGraph, build_task_graph
+from stragglerkit.sim.simulator import Network, simulate_graph
+
+__all__ = ["BASELINES", "OnlineModel"]
+
+UNRESOLVED_BETA = 1e-12
+"""Seconds per byte used when the fit finds no bandwidth term (1 TB/s: transfers cost ~nothing)."""
+BASELINES = ("ring", "rhd", "direct")
+"""Algorithms whose runs feed the fit (they do not depend on who is late)."""
+
+
+class OnlineModel:
+    """Samples, the fitted parameters and cached predictions (see the module docstring).
+
+    Example::
+
+        model.add("ring", nbytes, seconds); model.refit(); model.predict("ring", nbytes)
+    """
+
+    __slots__ = (
+        "_graphs",
+        "_predictions",
+        "_schedules",
+        "_terms",
+        "config",
+        "fit_info",
+        "max_samples",
+        "samples",
+        "world_size",
+    )
+
+    def __init__(self, world_size: int, prior: CostModel.Config, max_samples: int = 256) -> None:
+        if world_size < 2:
+            raise ValueError(f"the model needs at least 2 ranks, got {world_size}")
+        self.world_size = world_size
+        self.config = dataclasses.replace(prior)
+        self.max_samples = max_samples
+        self.samples: deque[tuple[str, int, float]] = deque(maxlen=max_samples)
+        self.fit_info: dict[str, Any] = {"fitted": False, "params": "prior"}
+        self._terms: dict[tuple[str, int], CostTerms] = {}
+        self._schedules: dict[tuple[object, ...], Schedule] = {}
+        self._graphs: dict[int, TaskGraph] = {}
+        self._predictions: dict[tuple[object, ...], float] = {}
+
+    # -- fitting --------------------------------------------------------------------------------
+    def add(self, algorithm: str, nbytes: int, seconds: float) -> None:
+        """One measured AllReduce of a baseline algorithm (time from the last arrival)."""
+        if algorithm in BASELINES and nbytes > 0 and math.isfinite(seconds) and seconds > 0:
+            self.samples.append((algorithm, int(nbytes), float(seconds)))
+
+    def _sample_terms(self, algorithm: str, nbytes: int) -> CostTerms:
+        key = (algorithm, nbytes)
+        terms = self._terms.get(key)
+        if terms is None:
+            terms = cost_terms(self.schedule(algorithm), nbytes)
+            self._terms[key] = terms
+        return terms
+
+    def refit(self) -> dict[str, Any]:
+        """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``."""
+        rows = [(self._sample_terms(a, b), s) for a, b, s in self.samples]
+        if len(rows) < 3:
+            return self.fit_info
+        try:
+            result = fit(rows, params=("alpha", "beta"))
+            alpha, beta, rms = result.config.alpha, result.config.beta, result.relative_rms
+            params = "alpha, beta"
+        except ValueError:
+            alpha = self.config.alpha
+            terms = np.array([[t.A, t.B] for t, _ in rows])
+            seconds = np.array([s for _, s in rows])
+            # least squares on the relative error with alpha held: minimise sum ((A a + B b) / t - 1)^2
+            x = terms[:, 1] / seconds
+            y = 1.0 - terms[:, 0] * alpha / seconds
+            beta = float(max((x @ y) / max(x @ x, 1e-300), 0.0))
+            rms = float(np.sqrt(np.mean(((terms @ [alpha, beta]) / seconds - 1.0) ** 2)))
+            params = "beta (one bucket size: alpha held at the prior)"
+        if beta <= 0:  # noise hid the bandwidth term (latency-bound buckets): a latency-only model
+            beta = UNRESOLVED_BETA
+            params += "; bandwidth unresolved, taken as 1 TB/s"
+        self.config = dataclasses.replace(self.config, alpha=alpha, beta=beta)
+        self._predictions.clear()
+        self.fit_info = {
+            "fitted": True,
+            "params": params,
+            "alpha_s": alpha,
+            "bandwidth_Bps": 1.0 / beta,
+            "relative_rms": round(rms, 4),
+            "samples": len(rows),
+        }
+        return self.fit_info
+
+    # -- predicting -----------------------------------------------------------------------------
+    def schedule(
+        self,
+        algorithm: str,
+        straggler: int | None = None,
+        slowdowns: tuple[tuple[int, float], ...] = (),
+        segments: int = 1,
+    ) -> Schedule:
+        key = (algorithm, straggler, slowdowns, segments)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            situation = Situation(
+                world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns), segments=segments
+            )
+            schedule = generate(algorithm, situation)
+            self._schedules[key] = schedule
+        return schedule
+
+    def _graph(self, schedule: Schedule) -> TaskGraph:
+        """The schedule's task graph (built once per cached schedule)."""
+        graph = self._graphs.get(id(schedule))
+        if graph is None:
+            graph = build_task_graph(schedule)
+            self._graphs[id(schedule)] = graph
+        return graph
+
+    def _network(self, slowdowns: tuple[tuple[int, float], ...]) -> Network:
+        c = self.config
+        bandwidth = 1.0 / max(c.beta, 1e-15)
+        return Network.uniform(self.world_size, alpha=c.alpha, bandwidth=bandwidth, slowdowns=dict(slowdowns))
+
+    def predict(
+        self,
+        algorithm: str,
+        nbytes: int,
+        *,
+        straggler: int | None = None,
+        delay: float = 0.0,
+        slowdowns: dict[int, float] | None = None,
+        planned_slowdowns: dict[int, float] | None = None,
+        planned_straggler: int | None = None,
+    ) -> float:
+        """Predicted seconds from the last arrival; ``straggler`` arrives ``delay`` s after the others.
+
+        ``slowdowns``: the network's degraded ranks; ``planned_slowdowns`` / ``planned_straggler``:
+        those the schedule was built for (default: the same), e.g. a plan for a straggler that moved.
+        """
+        slow = tuple(sorted((slowdowns or {}).items()))
+        planned = slow if planned_slowdowns is None else tuple(sorted(planned_slowdowns.items()))
+        delay = max(float(delay), 0.0)
+        built_for = straggler if planned_straggler is None else planned_straggler
+        key = (algorithm, nbytes, straggler, built_for, float(f"{delay:.3g}"), slow, planned)
+        cached = self._predictions.get(key)
+        if cached is not None:
+            return cached
+        segments = optcc_segments(nbytes, self.world_size) if algorithm == "optcc" else 1
+        uses_straggler = algorithm in ("stragglar", "direct")
+        late = built_for if uses_straggler else None
+        schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), segments)
+        arrivals = np.zeros(self.world_size)
+        if straggler is not None:
+            arrivals[straggler] = delay
+        seconds = simulate_graph(self._graph(schedule), nbytes, self._network(slow), arrivals).time_from_last_arrival
+        self._predictions[key] = seconds
+        return seconds
+
+    def critical_delay(self, straggler: int, nbytes: int, baseline: str, min_gain: float) -> float:
+        """Smallest delay (s) from which StragglAR saves ``min_gain`` of ``baseline`` on ``nbytes``."""
+        key = ("critical", straggler, nbytes, baseline, min_gain)
+        cached = self._predictions.get(key)
+        if cached is not None:
+            return cached
+        schedule = self.schedule("stragglar", straggler)
+        absent = np.zeros(self.world_size)
+        absent[straggler] = math.inf  # when the punctual ranks finish the pre-phase without it
+        pre = simulate_graph(self._graph(schedule), nbytes, self._network(()), absent).phase_done["reduce_scatter"]
+        hidden = self.predict("stragglar", nbytes, straggler=straggler, delay=pre)
+        target = (1.0 - min_gain) * self.predict(baseline, nbytes)
+        critical = math.inf if hidden > target else max(pre - (target - hidden), 0.0)
+        self._predictions[key] = critical
+        return critical

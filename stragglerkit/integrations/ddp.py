@@ -1,0 +1,282 @@
+"""PyTorch DDP communication hook: the straggler-aware loop inside ``model.register_comm_hook``.
+
+What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last()``):
+
+1. **Warm-up** (``ControllerConfig.warmup_steps``): every bucket goes to the process group's own
+   ``all_reduce`` (pre-divided by the world size, like DDP without a hook). Arrivals are recorded
+   already, so the detector's window fills during warm-up.
+2. **Plans**: then each bucket runs the controller's current plan through stragglerkit's executor
+   (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
+   ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
+3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues one async
+   all-gather of the last ``K`` steps' figures on a side gloo group, and waits for it at the next
+   step's first bucket (it is complete by then). Rank 0 digests it on a background thread (cost
+   model fit, detector, plan; joined when the next exchange is issued, so with ``K >= 2`` it
+   overlaps a whole step); its decision rides on the next exchange and every rank adopts it at the
+   same step.
+
+Gradients are averaged (sum, then divided once by the world size), identically on every rank.
+With NCCL the executor sends over the NCCL group and the exchange stays on a gloo side group
+(CPU tensors). Lateness injection is not part of the hook.
+
+Faults: after warm-up a rank that dies or stalls makes the step fail with a
+:class:`~stragglerkit.errors.StragglerKitError` naming it (``ControllerConfig.timeout``); during
+warm-up the process group's own timeout applies.
+
+Example::
+
+    import stragglerkit
+    state = stragglerkit.DDPState(None, event_log="events.jsonl")
+    model.register_comm_hook(state, stragglerkit.ddp_hook)
+    ...                                   # train; state.algorithm, state.events, state.step
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffsets, estimate_clock_offsets
+from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, log_path_for
+from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
+from stragglerkit.detect.nic_health import first_receives, local_link_speed
+from stragglerkit.runtime.api import RunRecord, Runtime
+
+__all__ = ["DDPState", "ddp_hook"]
+
+
+class DDPState:
+    """State of :func:`ddp_hook` for one DDP model; construct it on every rank at the same point.
+
+    ``process_group``: the group DDP reduces over (``None``: the default group). Construction is
+    collective: it creates the runtime's groups and a gloo side group for the stats exchange and
+    measures clock offsets with rank 0. ``event_log``: JSONL file of the controller's events,
+    written by rank 0 (by every rank if the path contains ``{rank}``).
+
+    Example::
+
+        state = DDPState(None, ControllerConfig(warmup_steps=20), event_log="events.jsonl")
+        ddp_model.register_comm_hook(state, ddp_hook)
+    """
+
+    __slots__ = (
+        "_algorithm",
+        "_decision_in_flight",
+        "_host",
+        "_observer",
+        "_observing",
+        "_pending",
+        "_shipped",
+        "_speed",
+        "_step_open",
+        "clock_offsets",
+        "config",
+        "controller",
+        "exchange",
+        "process_group",
+        "profiler",
+        "rank",
+        "runtime",
+        "step",
+        "world_size",
+    )
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        config: ControllerConfig | None = None,
+        *,
+        event_log: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise ValueError("DDPState needs torch.distributed: call dist.init_process_group(...) first")
+        if config is not None and not isinstance(config, ControllerConfig):
+            raise ValueError(f"config must be a stragglerkit ControllerConfig, got {type(config).__name__}")
+        # user-tuned
+        self.config = config if config is not None else ControllerConfig()
+        self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        # internal
+        self.world_size = self.process_group.size()
+        self.rank = self.process_group.rank()
+        self.step = 0
+        """Completed training steps (a step ends at the bucket with ``is_last()``)."""
+        self.runtime = Runtime(self.process_group, timeout=self.config.timeout)
+        ranks = dist.get_process_group_ranks(self.process_group)
+        side = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=self.config.timeout))
+        self.exchange = StatsExchange(
+            side, self.world_size, self.rank, self.config.exchange_every, self.config.max_buckets
+        )
+        self.clock_offsets = estimate_clock_offsets(side) if self.world_size > 1 else ClockOffsets.zero(1)
+        self.exchange.offsets = self.clock_offsets
+        self.controller = Controller(self.world_size, self.rank, self.config, log_path_for(event_log, self.rank))
+        self.profiler = ArrivalProfiler(keep_steps=4 * self.config.exchange_every + 4)
+        self._speed = local_link_speed()
+        self._host = host_id()
+        self._pending: PendingExchange | None = None
+        self._decision_in_flight: Decision | None = None
+        self._shipped: Decision | None = None
+        self._observer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._observing: concurrent.futures.Future[Decision | None] | None = None
+        self._step_open = False
+        self._algorithm = "allreduce"
+
+    # -- the interface the training loop reads ---------------------------------------------------
+    @property
+    def algorithm(self) -> str:
+        """The algorithm of the step in progress, or of the last completed one between steps
+        (``allreduce`` during warm-up; a plan's straggler-aware algorithm if any bucket runs one)."""
+        return self._algorithm
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every controller decision: ``{"step", "kind", "algorithm", "evidence"}`` (as in the JSONL log)."""
+        return self.controller.events
+
+    def close(self) -> None:
+        """Wait for the exchange in flight and stop the controller's thread (call on every rank
+        before destroying the process group; the hook must not run afterwards)."""
+        if self._pending is not None:
+            self.exchange.wait(self._pending)
+            self._pending = None
+        if self._observer is not None:
+            self._decision_to_ship()
+            self._observer.shutdown()
+            self._observer = None
+
+    # -- per step ---------------------------------------------------------------------------------
+    def _begin_step(self) -> None:
+        """First bucket of a step: finish the previous exchange, then maybe start the next one."""
+        self._step_open = True
+        if self._pending is not None:
+            self._receive(self._pending)
+            self._pending = None
+        self._algorithm = "allreduce" if self.step < self.config.warmup_steps else self.controller.plan.algorithm
+        k = self.config.exchange_every
+        if self.world_size > 1 and self.step > 0 and self.step % k == 0:
+            first = self.step - k
+            buckets = self.config.max_buckets
+            arrivals = [self.profiler.step_arrival(s, buckets) for s in range(first, self.step)]
+            decision = self._decision_to_ship()
+            payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
+            self._pending = self.exchange.start(payload, first)
+            self._shipped = decision
+
+    def _receive(self, pending: PendingExchange) -> None:
+        rows = self.exchange.wait(pending)
+        decision = self._shipped if self.rank == 0 else self.exchange.decision(rows)
+        if decision is not None:
+            self.controller.apply(decision)
+            self.runtime.set_rank_map(decision.plan.rank_map(self.world_size))
+        if self.rank == 0:
+            steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
+            sizes, algorithms = self._own_buckets(steps)
+            apply_step = self.step + self.config.exchange_every
+            if self._observer is None:
+                self._observer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit-controller")
+            # off the critical path: the decision is needed only when the next exchange is issued
+            self._observing = self._observer.submit(self._observe, rows, sizes, algorithms, apply_step, self.step)
+
+    def _observe(
+        self, rows: np.ndarray, sizes: list[int], algorithms: list[list[str]], apply_step: int, step: int
+    ) -> Decision | None:
+        try:
+            return self.controller.observe(self.exchange.stats(rows, sizes, algorithms), apply_step)
+        except Exception as err:  # a controller fault must not stop training: keep the plan, say so
+            warnings.warn(f"stragglerkit controller failed at step {step}, plan kept: {err!r}", stacklevel=2)
+            return None
+
+    def _decision_to_ship(self) -> Decision | None:
+        if self._observing is not None:
+            self._decision_in_flight = self._observing.result()
+            self._observing = None
+        decision, self._decision_in_flight = self._decision_in_flight, None
+        return decision
+
+    def _own_buckets(self, steps: range) -> tuple[list[int], list[list[str]]]:
+        sizes: dict[int, int] = {}
+        algorithms = []
+        for s in steps:
+            per_step = [""] * self.config.max_buckets
+            for t in self.profiler.buckets(s):
+                if t.bucket < self.config.max_buckets:
+                    per_step[t.bucket] = t.algorithm
+                    sizes[t.bucket] = t.nbytes
+            algorithms.append(per_step)
+        count = max(sizes) + 1 if sizes else 0
+        return [sizes.get(b, 0) for b in range(count)], algorithms
+
+    def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None) -> None:
+        end = None
+        firsts = None
+        if record is not None and len(record.timings):
+            end = record.timings.span_ns()[1]
+            if algorithm == "ring":  # every rank sends its first chunk on entry (see nic_health)
+                start = max(timing.hook_ns, self.profiler.last_finish_ns)
+                firsts = first_receives(record.timings.records(), start, self.world_size)
+        self.profiler.finish(timing, algorithm, end, firsts)
+
+
+def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` across the ranks with the controller's plan; see the module docstring.
+
+    Example::
+
+        ddp_model.register_comm_hook(stragglerkit.DDPState(None), stragglerkit.ddp_hook)
+    """
+    if not state._step_open:
+        state._begin_step()
+    tensor = bucket.buffer()
+    index = bucket.index()
+    timing = state.profiler.begin(state.step, index, tensor.numel() * tensor.element_size())
+    if bucket.is_last():
+        state.step += 1
+        state._step_open = False
+    if state.world_size == 1:
+        state._finish(timing, "none", None)
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(tensor)
+        return done
+    if timing.step < state.config.warmup_steps:
+        return _plain(state, tensor, timing)
+    plan = state.controller.plan
+    algorithm = plan.algorithm_for(index)
+    slowdowns = dict(plan.slowdowns) if algorithm == "optcc" else None
+    straggler = plan.straggler if algorithm == "stragglar" else None
+    handle = state.runtime.all_reduce_async(tensor, algorithm, "avg", straggler, slowdowns)
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def finish(_: torch.futures.Future[torch.Tensor]) -> None:
+        try:
+            record = handle.wait(0)
+            state._finish(timing, record.algorithm, record)
+        except BaseException as err:  # the executor's error (naming the rank) goes to DDP
+            result.set_exception(err)  # type: ignore[arg-type]
+            return
+        result.set_result(tensor)
+
+    handle.future.add_done_callback(finish)
+    return result
+
+
+# DDP checks the hook's annotations as objects; ``from __future__ import annotations`` made them strings.
+ddp_hook.__annotations__ = {"state": DDPState, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+
+def _plain(state: DDPState, tensor: torch.Tensor, timing: BucketTiming) -> torch.futures.Future[torch.Tensor]:
+    tensor.div_(state.world_size)
+    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    assert work is not None
+
+    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        fut.wait()
+        state._finish(timing, "allreduce", None)
+        return tensor
+
+    return work.get_future().then(finish)

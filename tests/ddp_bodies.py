@@ -1,0 +1,171 @@
+"""Per-rank bodies of the DDP hook tests (imported by the spawned ranks)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 192), nn.ReLU(), nn.Linear(192, 8))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
+
+
+def _config(overrides: dict[str, Any]) -> Any:
+    from stragglerkit.detect.controller import ControllerConfig
+    from stragglerkit.detect.detector import DetectorConfig
+
+    detector = DetectorConfig(**overrides.pop("detector", {}))
+    return ControllerConfig(detector=detector, **overrides)
+
+
+def hook_vs_plain(
+    rank: int, n: int, steps: int, late_rank: int, late_from: int, late_s: float, force_optcc_at: int, cfg: dict
+) -> dict[str, Any]:
+    """Train the same model with plain DDP and with the hook; the hooked one sees a late rank."""
+    import stragglerkit
+    from stragglerkit.detect.controller import Decision, Plan
+
+    plain = DDP(_model(0), bucket_cap_mb=0.05)
+    hooked = DDP(_model(0), bucket_cap_mb=0.05)
+    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    hooked.register_comm_hook(state, stragglerkit.ddp_hook)
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
+    opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
+    algorithms: list[str] = []
+    diffs: list[float] = []
+    checksums: list[float] = []
+    for step in range(steps):
+        if step == force_optcc_at:  # white-box: every rank adopts the same OptCC plan at this step
+            plan = Plan("ring", ("optcc",) * 8, None, ((1, 2.0),))
+            state.controller.apply(Decision(10_000, step, plan, []))
+            state.runtime.set_rank_map(plan.rank_map(n))
+        x, y = _batch(rank, step)
+        for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            if late and rank == late_rank and step >= late_from:
+                time.sleep(late_s)
+            loss.backward()
+            opt.step()
+        algorithms.append(state.algorithm)
+        with torch.no_grad():
+            flat_plain = torch.cat([p.flatten() for p in plain.parameters()])
+            flat_hooked = torch.cat([p.flatten() for p in hooked.parameters()])
+            diffs.append(float((flat_plain - flat_hooked).abs().max()))
+            checksums.append(flat_hooked.double().mul(torch.arange(flat_hooked.numel()) % 7 + 1).sum().item())
+    state.close()
+    return {
+        "diffs": diffs,
+        "checksums": checksums,
+        "hooked": torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy(),
+        "scale": max(float(p.detach().abs().max()) for p in plain.parameters()),
+        "algorithms": algorithms,
+        "events": state.events,
+        "step": state.step,
+    }
+
+
+def straggler_run(
+    rank: int, n: int, steps: int, phases: list[tuple[int, int]], jitter: bool, floor_s: float, cfg: dict
+) -> Any:
+    """Hooked training; ``phases`` = [(from_step, late_rank)] say who sleeps before backward.
+
+    The sleep is ``delay = max(2 x StragglAR's measured pre-phase time, floor_s)``. With ``jitter``
+    every rank instead sleeps uniform(0, delay) each step (its own random stream).
+    """
+    import stragglerkit
+
+    delay = max(2 * prephase_seconds(rank, n, gradient_numel(), n - 1), floor_s)
+
+    hooked = DDP(_model(0), bucket_cap_mb=0.05)
+    state = stragglerkit.DDPState(None, _config(dict(cfg)), event_log=os.environ.get("SK_TEST_EVENT_LOG"))
+    hooked.register_comm_hook(state, stragglerkit.ddp_hook)
+    opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
+    rng = random.Random(rank)
+    algorithms = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(hooked(x), y)
+        late = [who for start, who in phases if step >= start]
+        if late and late[-1] == rank:
+            time.sleep(delay)
+        if jitter:
+            time.sleep(rng.uniform(0, delay))
+        loss.backward()
+        opt.step()
+        algorithms.append((state.algorithm, list(state.runtime.rank_map.to_physical)))
+    state.close()
+    params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
+    return {
+        "events": state.events,
+        "algorithms": algorithms,
+        "params": params,
+        "step": state.step,
+        "delay": delay,
+        "offsets": (state.clock_offsets.offset_ns, state.clock_offsets.rtt_ns),
+    }
+
+
+def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
+    """Hooked training where rank 2 exits or stalls at ``fault_step``; returns the error text."""
+    import stragglerkit
+
+    hooked = DDP(_model(0), bucket_cap_mb=0.05)
+    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    hooked.register_comm_hook(state, stragglerkit.ddp_hook)
+    opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
+    try:
+        for step in range(fault_step + 5):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(hooked(x), y)
+            if step == fault_step and rank == 2:
+                if fault == "dies":
+                    os._exit(0)
+                time.sleep(3 * state.config.timeout)
+            loss.backward()
+            opt.step()
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    dist.barrier()
+    return "ok"
+
+
+def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: float = 0.2) -> float:
+    """StragglAR's pre-phase time on ``numel`` floats here: the punctual ranks' reduce-scatter, measured
+    with the straggler held back (the slowest punctual rank's last pre-phase completion, max over 3 runs)."""
+    import stragglerkit
+
+    x = torch.ones(numel)
+    stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)  # plan built, connections open
+    longest = 0.0
+    for _ in range(3):
+        dist.barrier()
+        if rank == straggler:
+            time.sleep(hold_s)
+        start = time.monotonic_ns()
+        record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        ends = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
+        if ends:
+            longest = max(longest, (max(ends) - start) / 1e9)
+    result = torch.tensor([longest], dtype=torch.float64)
+    dist.all_reduce(result, op=dist.ReduceOp.MAX)
+    return float(result[0])
+
+
+def gradient_numel() -> int:
+    return sum(p.numel() for p in _model(0).parameters())

@@ -1,0 +1,449 @@
+"""Detection on synthetic statistics: last arrivers, NIC health, the detector's hysteresis, the controller."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stragglerkit.detect.arrival import (
+    ArrivalProfiler,
+    ClockOffsets,
+    StepArrival,
+    last_arrivers,
+    wall_clock_lateness,
+)
+from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan, WindowStats, log_path_for
+from stragglerkit.detect.detector import Detector, DetectorConfig
+from stragglerkit.detect.exchange import StatsExchange
+from stragglerkit.detect.model import OnlineModel
+from stragglerkit.detect.nic_health import (
+    first_receives,
+    link_rates,
+    local_link_speed,
+    server_slowdowns,
+    slowdowns_from_links,
+    slowdowns_from_speeds,
+    sysfs_links,
+)
+from stragglerkit.runtime.executor import OpTiming
+from stragglerkit.sim.cost_model import CostModel
+
+# -- synthetic AllReduce spans ---------------------------------------------------------------------
+T = 0.010  # time of the AllReduce from the last arrival (s)
+
+
+def spans_for(arrivals: list[float]) -> list[float]:
+    """Every rank finishes at max(arrival) + T; its span is finish - its arrival."""
+    finish = max(arrivals) + T
+    return [finish - a for a in arrivals]
+
+
+def straggler_stream(rng: random.Random, n: int, late: int | None, delay: float, noise: float) -> list[float]:
+    arrivals = [rng.uniform(0, noise) for _ in range(n)]
+    if late is not None:
+        arrivals[late] += delay
+    return spans_for(arrivals)
+
+
+def feed(detector: Detector, rows: list[list[float]], first_step: int, k: int, critical: float) -> list:
+    findings = []
+    for i in range(0, len(rows), k):
+        block = rows[i : i + k]
+        steps = list(range(first_step + i, first_step + i + len(block)))
+        for f in detector.update(steps, np.array(block), None, lambda rank: critical):
+            findings.append((steps[-1], f))
+    return findings
+
+
+# -- arrival ----------------------------------------------------------------------------------------
+def test_last_arriver_is_the_rank_that_waited_least() -> None:
+    spans = np.array([spans_for([0.0, 0.002, 0.030, 0.001]), spans_for([0.004, 0.0, 0.001, 0.020])])
+    ranks, delays = last_arrivers(spans)
+    assert ranks.tolist() == [2, 3]
+    assert delays == pytest.approx([0.028, 0.016])
+    ranks, delays = last_arrivers(np.array([[0.1, np.nan, 0.2]]))
+    assert ranks.tolist() == [-1] and math.isnan(delays[0])
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        last_arrivers(np.zeros((3, 1)))
+
+
+def test_profiler_start_is_the_end_of_the_previous_allreduce() -> None:
+    profiler = ArrivalProfiler()
+    first = profiler.begin(0, 0, 100)
+    second = profiler.begin(0, 1, 200)  # handed over while the first still runs
+    profiler.finish(first, "ring", first.hook_ns + 5_000_000)
+    profiler.finish(second, "ring", first.hook_ns + 8_000_000)
+    assert first.span == pytest.approx(0.005)
+    assert second.span == pytest.approx(0.003)  # it could start only when the first ended
+    step = profiler.step_arrival(0, 4)
+    assert step is not None and step.total_span == pytest.approx(0.008)
+    assert step.bucket_bytes == (100, 200, 0, 0) and math.isnan(step.bucket_spans[2])
+
+
+def test_wall_clock_lateness_uses_offsets() -> None:
+    arrivals = np.array([[100.000, 99.500, 100.020]])  # rank 1's clock is 0.5 s behind
+    offsets = ClockOffsets((0, 500_000_000, 0), (0, 100, 300))
+    assert wall_clock_lateness(arrivals, offsets)[0] == pytest.approx([0.0, 0.0, 0.020])
+    assert offsets.per_host([0, 1, 1]) == {0: 0, 1: 500_000_000}
+
+
+# -- NIC health -------------------------------------------------------------------------------------
+def ring_rates(n: int, healthy: float, slow: dict[int, float]) -> np.ndarray:
+    """A ring's observed links: i -> i+1 at the slower end's rate."""
+    rates = np.full((n, n), np.nan)
+    for i in range(n):
+        j = (i + 1) % n
+        rates[i, j] = healthy / max(slow.get(i, 1.0), slow.get(j, 1.0))
+    return rates
+
+
+@pytest.mark.parametrize("n", [3, 4, 8, 16])
+def test_degraded_rank_is_blamed_not_its_neighbours(n: int) -> None:
+    slowdowns = slowdowns_from_links(ring_rates(n, 1e9, {1: 2.0}))
+    assert slowdowns[1] == pytest.approx(2.0)
+    assert np.delete(slowdowns, 1) == pytest.approx(np.ones(n - 1))
+
+
+def test_healthy_ring_and_unobserved_ranks() -> None:
+    assert slowdowns_from_links(ring_rates(6, 1e9, {})) == pytest.approx(np.ones(6))
+    assert np.isnan(slowdowns_from_links(np.full((4, 4), np.nan))).all()
+    with pytest.raises(ValueError, match="square"):
+        slowdowns_from_links(np.ones((2, 3)))
+
+
+def test_first_receives_per_peer() -> None:
+    enter = 1_000_000_000
+    done, nbytes = first_receives(
+        [
+            OpTiming(0, 1, 4096, "send", enter, enter + 10),  # sends are not receives
+            OpTiming(1, 3, 1000, "recv", enter + 5_000_000, enter + 9_000_000),  # the later one from 3
+            OpTiming(2, 3, 2000, "recv_reduce", enter, enter + 4_000_000),  # first posted from 3
+            OpTiming(3, 1, 3000, "recv", enter + 1_000, enter + 2_000_000),
+        ],
+        enter,
+        4,
+    )
+    assert done[3] == pytest.approx(0.004) and nbytes[3] == 2000
+    assert done[1] == pytest.approx(0.002) and nbytes[1] == 3000
+    assert np.isnan(done[[0, 2]]).all() and (nbytes[[0, 2]] == 0).all()
+
+
+def test_link_rates_discount_a_late_sender() -> None:
+    """Ring, 3 ranks, 1 MB first chunks at 100 MB/s except the links of rank 2 (50 MB/s); rank 0
+    enters 5 ms late in the second run, so its first chunk to rank 1 leaves 5 ms late."""
+    n, size = 3, 1e6
+    enter = np.array([[0.0, 0.0, 0.0], [0.005, 0.0, 0.0]])
+    done = np.full((2, n, n), np.nan)
+    nbytes = np.zeros((2, n, n))
+    for run in range(2):
+        for src in range(n):
+            dst = (src + 1) % n
+            rate = 50e6 if 2 in (src, dst) else 100e6
+            start = max(enter[run, src], enter[run, dst])
+            done[run, dst, src] = start + size / rate - enter[run, dst]
+            nbytes[run, dst, src] = size
+    rates = link_rates(enter, done, nbytes)
+    assert (
+        rates[0, 1] == pytest.approx(100e6)
+        and rates[1, 2] == pytest.approx(50e6)
+        and rates[2, 0] == pytest.approx(50e6)
+    )
+    assert np.isnan(rates[1, 0])
+    assert slowdowns_from_links(rates) == pytest.approx([1.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="run, dst, src"):
+        link_rates(enter, done[:, :2], nbytes)
+
+
+def test_speeds_and_servers() -> None:
+    assert slowdowns_from_speeds([100e9, 50e9, float("nan")])[:2] == pytest.approx([1.0, 2.0])
+    assert server_slowdowns([1.0, 2.0, 1.0, float("nan")], hosts=[0, 0, 1, 1]) == {0: 2.0, 1: 1.0}
+
+
+def test_sysfs_links_parses_net_and_infiniband(tmp_path: Path) -> None:
+    net = tmp_path / "class" / "net"
+    for name, state, speed in (("eth0", "up", "25000"), ("eth1", "down", "100000"), ("veth0", "up", "")):
+        (net / name).mkdir(parents=True)
+        (net / name / "operstate").write_text(state + "\n")
+        (net / name / "speed").write_text(speed + "\n")
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    links = {link.name: link for link in sysfs_links(tmp_path)}
+    assert links["eth0"].up and links["eth0"].speed == pytest.approx(25e9 / 8)
+    assert not links["eth1"].up and math.isnan(links["veth0"].speed)
+    assert links["mlx5_0/1"].kind == "infiniband" and links["mlx5_0/1"].speed == pytest.approx(200e9 / 8)
+    assert local_link_speed(tmp_path) == pytest.approx(200e9 / 8)
+    assert local_link_speed(tmp_path, interface="eth0") == pytest.approx(25e9 / 8)
+
+
+# -- detector ---------------------------------------------------------------------------------------
+def test_persistent_straggler_detected_and_moved_then_cleared() -> None:
+    rng = random.Random(1)
+    det = Detector()
+    delay = 2 * T
+    rows = [straggler_stream(rng, 8, None, 0, 0.002) for _ in range(50)]
+    rows += [straggler_stream(rng, 8, 5, delay, 0.002) for _ in range(50)]
+    rows += [straggler_stream(rng, 8, 2, delay, 0.002) for _ in range(50)]
+    rows += [straggler_stream(rng, 8, None, 0, 0.002) for _ in range(50)]
+    found = feed(det, rows, 0, 2, critical=0.005)
+    kinds = [(step, f.kind, sorted(f.ranks)) for step, f in found]
+    assert [k[1:] for k in kinds] == [("detected_straggler", [5]), ("detected_straggler", [2]), ("cleared", [2])]
+    assert 50 < kinds[0][0] <= 50 + 16 and 100 < kinds[1][0] <= 100 + 16 and 150 < kinds[2][0] <= 150 + 16
+    assert found[1][1].evidence["moved_from"] == 5
+    assert found[0][1].ranks[5] == pytest.approx(delay, rel=0.2)
+
+
+def test_random_jitter_of_the_same_size_never_triggers_in_1000_steps() -> None:
+    for seed in range(5):
+        rng = random.Random(seed)
+        det = Detector()
+        rows = [straggler_stream(rng, n, None, 0, 2 * T) for n in [4] for _ in range(1000)]
+        assert feed(det, rows, 0, 2, critical=0.005) == []
+        rows = [straggler_stream(rng, 8, None, 0, 2 * T) for _ in range(1000)]
+        assert feed(Detector(), rows, 0, 2, critical=0.005) == []
+
+
+def test_delay_below_the_critical_delay_is_not_acted_on() -> None:
+    rng = random.Random(3)
+    rows = [straggler_stream(rng, 4, 1, 0.003, 0.0005) for _ in range(100)]
+    assert feed(Detector(), rows, 0, 2, critical=0.005) == []
+    assert [f.kind for _, f in feed(Detector(), rows, 0, 2, critical=0.001)] == ["detected_straggler"]
+    assert feed(Detector(), rows, 0, 2, critical=math.inf) == []
+
+
+def test_hysteresis_does_not_flap_around_the_threshold() -> None:
+    """A straggler last in ~60% of the steps (between clear_fraction and fraction) changes nothing."""
+    rng = random.Random(4)
+    det = Detector()
+    rows = [straggler_stream(rng, 4, 3, 2 * T, 0.001) for _ in range(40)]
+    rows += [straggler_stream(rng, 4, 3 if rng.random() < 0.6 else None, 2 * T, 0.001) for _ in range(400)]
+    kinds = [f.kind for _, f in feed(det, rows, 0, 2, critical=0.005)]
+    assert kinds == ["detected_straggler"]
+    assert det.straggler == 3
+
+
+def test_degraded_rank_detected_and_cleared() -> None:
+    det = Detector(DetectorConfig(window=8))
+    findings = []
+    for step in range(0, 60, 2):
+        l_est = np.ones(4)
+        if 10 <= step < 40:
+            l_est[2] = 2.0 + 0.1 * math.sin(step)
+        for f in det.update([step, step + 1], np.full((2, 4), 0.01), l_est, lambda r: math.inf):
+            findings.append((step, f))
+    assert [(f.kind, sorted(f.ranks)) for _, f in findings] == [("detected_degraded", [2]), ("cleared", [2])]
+    assert findings[0][1].ranks[2] == pytest.approx(2.0, abs=0.15)
+    assert 10 < findings[0][0] <= 10 + 8 + 4 and 40 < findings[1][0] <= 40 + 8 + 4
+
+
+def test_detector_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="hysteresis"):
+        DetectorConfig(fraction=0.3, clear_fraction=0.4)
+    with pytest.raises(ValueError, match="window"):
+        DetectorConfig(window=1)
+    with pytest.raises(ValueError, match="clear_degraded_threshold"):
+        DetectorConfig(degraded_threshold=1.1, clear_degraded_threshold=1.2)
+
+
+# -- model ------------------------------------------------------------------------------------------
+def test_online_fit_recovers_alpha_and_beta() -> None:
+    truth = OnlineModel(8, CostModel.Config(alpha=30e-6, beta=1 / 5e9))
+    model = OnlineModel(8, CostModel.Config(alpha=1e-3, beta=1e-6))
+    for nbytes in (1 << 16, 1 << 20, 1 << 24):
+        model.add("ring", nbytes, truth.predict("ring", nbytes))
+    info = model.refit()
+    assert info["fitted"] and model.config.alpha == pytest.approx(30e-6, rel=1e-3)
+    assert 1 / model.config.beta == pytest.approx(5e9, rel=1e-3)
+    # StragglAR hides its pre-phase in a long enough delay; its critical delay lies below the pre-phase
+    big = 1 << 26
+    assert model.predict("stragglar", big, straggler=7, delay=1.0) < model.predict("ring", big, straggler=7, delay=1.0)
+    critical = model.critical_delay(7, big, "ring", 0.05)
+    assert 0 < critical < 1.0
+    at = model.predict("stragglar", big, straggler=7, delay=critical)
+    assert at == pytest.approx(0.95 * model.predict("ring", big), rel=0.05)
+
+
+# -- controller -------------------------------------------------------------------------------------
+def window(
+    n: int, steps: range, late: int | None, delay: float, sizes: list[int], slow: dict[int, float] | None = None
+):
+    rng = random.Random(steps.start)
+    totals, buckets = [], []
+    for _ in steps:
+        arrivals = [rng.uniform(0, 0.0005) for _ in range(n)]
+        if late is not None:
+            arrivals[late] += delay
+        per_bucket = np.array([spans_for(arrivals) if b == 0 else [T] * n for b in range(len(sizes))]).T
+        buckets.append(np.pad(per_bucket, ((0, 0), (0, 32 - len(sizes))), constant_values=np.nan))
+        totals.append(per_bucket.sum(axis=1))
+    rates = ring_rates(n, 1e9, slow or {})
+    return WindowStats(
+        steps=list(steps),
+        totals=np.array(totals),
+        bucket_spans=np.array(buckets),
+        bucket_bytes=sizes,
+        algorithms=[["ring"] * len(sizes) for _ in steps],
+        link_rates=rates,
+        speeds=np.full(n, np.nan),
+    )
+
+
+def run_controller(
+    n: int, sizes: list[int], late: int | None, delay: float, steps: int = 60, slow=None, hosts=None, **cfg
+):
+    config = ControllerConfig(warmup_steps=4, min_gain=0.0, **cfg)
+    controller = Controller(n, 0, config)
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)  # fixed: no fitting noise
+    decisions = []
+    for start in range(0, steps, 2):
+        stats = window(n, range(start, start + 2), late, delay, sizes, slow)
+        stats.hosts = hosts or list(range(n))
+        controller.model.samples.clear()
+        decision = controller.observe(stats, start + 4)
+        if decision is not None:
+            controller.apply(decision)
+            decisions.append(decision)
+    return controller, decisions
+
+
+def test_controller_switches_to_stragglar_with_the_straggler_last() -> None:
+    controller, _ = run_controller(8, [8 << 20, 1024], late=3, delay=0.05, verify_steps=1000)
+    assert controller.plan.algorithm == "stragglar" and controller.plan.straggler == 3
+    assert controller.plan.buckets == ("stragglar", "ring")  # the 1 KiB bucket keeps the baseline
+    assert controller.plan.rank_map(8) == [0, 1, 2, 4, 5, 6, 7, 3]
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds[:2] == ["detected_straggler", "switch"]
+    switch = controller.events[1]
+    assert (
+        switch["algorithm"] == "stragglar"
+        and switch["evidence"]["predicted_after_s"] < switch["evidence"]["predicted_before_s"]
+    )
+
+
+@pytest.mark.parametrize("n", [3, 5, 7])
+def test_controller_never_picks_stragglar_for_odd_world_sizes(n: int) -> None:
+    controller, _ = run_controller(n, [8 << 20], late=1, delay=0.05)
+    assert controller.plan.algorithm == "ring"
+    assert all(e["evidence"]["to"]["buckets"] == [] for e in controller.events if e["kind"] == "switch")
+
+
+def test_controller_keeps_the_baseline_for_tiny_buckets() -> None:
+    controller, _ = run_controller(8, [4096, 1024], late=2, delay=0.05)
+    assert controller.plan == Plan("ring")
+
+
+def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
+    controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
+    assert controller.plan.algorithm == "optcc" and dict(controller.plan.slowdowns) == {5: pytest.approx(2.0)}
+    assert controller.plan.rank_map(8) == [0, 1, 2, 3, 4, 6, 7, 5]
+    assert [e["kind"] for e in controller.events][:2] == ["detected_degraded", "switch"]
+
+
+def test_ranks_sharing_a_server_get_its_slowdown() -> None:
+    controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0, 0, 1, 1, 2, 2, 3, 3])
+    assert sorted(controller.detector.degraded) == [4, 5]
+    # one server for every rank (one machine, loopback): no server figure to apply
+    controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0] * 8)
+    assert sorted(controller.detector.degraded) == [5]
+
+
+def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
+    """The straggler stays late but the measured time does not improve: the switch is undone."""
+    controller, _ = run_controller(8, [8 << 20], late=3, delay=0.05, steps=120, verify_steps=4)
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds[:3] == ["detected_straggler", "switch", "rollback"]
+    rollback = controller.events[2]
+    assert (
+        rollback["algorithm"] == "ring"
+        and rollback["evidence"]["measured_after_s"] >= rollback["evidence"]["measured_before_s"]
+    )
+    assert controller.plan == Plan("ring")  # blocked for cooldown_steps: no re-switch
+    assert kinds.count("switch") == 1
+
+
+def test_exchange_roundtrip_of_a_decision() -> None:
+    exchange = StatsExchange(group=None, world_size=4, rank=0, steps=2, buckets=8)  # type: ignore[arg-type]
+    plan = Plan("ring", ("stragglar", "ring"), 2, ())
+    decision = Decision(
+        3, 40, plan, [{"kind": "detected_straggler", "evidence": {}}, {"kind": "switch", "evidence": {}}]
+    )
+    row = exchange.pack(38, [None, None], float("nan"), 7, decision)
+    decoded = exchange.decision(torch.stack([row] * 4).numpy())
+    assert decoded is not None and decoded.plan == plan and decoded.step == 40 and decoded.seq == 3
+    assert [e["kind"] for e in decoded.events] == ["detected_straggler", "switch"]
+    optcc = Plan("ring", ("optcc",), None, ((1, 2.5),))
+    row = exchange.pack(38, [None, None], 1e9, 7, Decision(4, 42, optcc, []))
+    decoded = exchange.decision(torch.stack([row] * 4).numpy())
+    assert decoded is not None and decoded.plan == optcc
+
+
+def test_exchange_carries_spans_and_link_figures() -> None:
+    """Four ranks' vectors as rank 0 unpacks them: totals, bucket spans, link rates with clock offsets."""
+    n = 4
+    exchange = StatsExchange(group=None, world_size=n, rank=0, steps=2, buckets=3)  # type: ignore[arg-type]
+    exchange.offsets = ClockOffsets((0, 0, 0, 1_000_000_000), (0, 0, 0, 0))  # rank 3's clock is 1 s behind
+    rows = []
+    for rank in range(n):
+        arrivals = []
+        for step in range(2):
+            done = np.full(n, np.nan)
+            nbytes = np.zeros(n)
+            src = (rank - 1) % n
+            done[src] = 1e6 / (50e6 if 1 in (src, rank) else 100e6)  # rank 1's links at half speed
+            nbytes[src] = 1e6
+            arrivals.append(
+                StepArrival(
+                    step=10 + step,
+                    total_span=0.01 * (rank + 1),
+                    bucket_spans=(0.004 * (rank + 1), 0.006 * (rank + 1)),
+                    bucket_bytes=(1000, 2000),
+                    algorithms=("ring", "ring"),
+                    link_enter_wall=1000.0 - (1.0 if rank == 3 else 0.0),
+                    arrival_wall=2000.0 - (0.98 if rank == 3 else 0.0),  # rank 3: 20 ms late, clock 1 s behind
+                    link_done=done,
+                    link_bytes=nbytes,
+                )
+            )
+        exchange.rank = rank
+        rows.append(exchange.pack(10, arrivals, float("nan"), 7 + rank // 2, None))
+    stats = exchange.stats(torch.stack(rows).numpy(), [1000, 2000], [["ring", "ring"]] * 2)
+    assert stats.steps == [10, 11]
+    assert stats.totals[0] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert stats.bucket_spans.shape == (2, n, 3) and stats.bucket_spans[1, 2, 1] == pytest.approx(0.018)
+    assert np.isnan(stats.bucket_spans[:, :, 2]).all()
+    assert slowdowns_from_links(stats.link_rates) == pytest.approx([1.0, 2.0, 1.0, 1.0])
+    assert exchange.decision(torch.stack(rows).numpy()) is None
+    assert stats.hosts == [7, 7, 8, 8]
+    assert stats.lateness is not None and stats.lateness[1] == pytest.approx([0, 0, 0, 0.02], abs=1e-6)
+
+
+def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    controller = Controller(8, 0, ControllerConfig(), log_path=str(log))
+    plan = Plan("ring", ("stragglar",), 3, ())
+    controller.apply(Decision(1, 40, plan, [{"kind": "switch", "evidence": {"why": "test"}}]))
+    controller.apply(Decision(2, 60, Plan("ring"), [{"kind": "rollback", "evidence": {}}]))
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines == controller.events
+    assert [(e["step"], e["kind"], e["algorithm"]) for e in lines] == [
+        (40, "switch", "stragglar"),
+        (60, "rollback", "ring"),
+    ]
+    assert log_path_for(str(log), 0) == str(log) and log_path_for(str(log), 1) is None
+    assert log_path_for(str(tmp_path / "ev{rank}.jsonl"), 3) == str(tmp_path / "ev3.jsonl")
+
+
+def test_controller_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        ControllerConfig(baseline="stragglar")
+    with pytest.raises(ValueError, match="exchange_every"):
+        ControllerConfig(exchange_every=0)
+    with pytest.raises(ValueError, match="timeout"):
+        ControllerConfig(timeout=0)
