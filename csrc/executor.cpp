@@ -34,6 +34,7 @@
 // the tensor as lost and re-create the process group, as after an NCCL abort.
 #include "executor.h"
 
+#include "channel_waiters.h"
 #include "group_state.h"
 
 #include <atomic>
@@ -157,6 +158,9 @@ class Run {
   // ---- main loop -----------------------------------------------------------------------------
   void execute() {
     check_not_aborted(-1);
+    if (plan_.concurrent_waits) {
+      waiters_ = std::make_unique<ChannelWaiters>(state_, call_, timeout_);
+    }
     post_headers();
     pending_.assign(plan_.dep_count.data_ptr<int64_t>(), plan_.dep_count.data_ptr<int64_t>() + num_ops_);
     ready_.assign(num_ops_, false);
@@ -169,6 +173,29 @@ class Run {
       }
     }
     drain();
+    if (waiters_) {
+      observe_concurrently();
+    } else {
+      observe_in_wait_order();
+    }
+    for (int64_t op = 0; op < num_ops_; ++op) {
+      if (!done_[op]) {
+        throw ExecFailure(context() + ": internal error: " + describe_op(op) + " never ran", kReasonOther, -1);
+      }
+    }
+    // Peers whose ops all came out empty (tiny buffers) still validate, so a mismatch is reported.
+    const int64_t* peers = plan_.peers.data_ptr<int64_t>();
+    for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
+      validate_header(peers[k]);
+    }
+    for (auto& entry : header_sends_) {
+      wait_for(entry.second, -1, entry.first);
+    }
+    header_sends_.clear();
+  }
+
+  // Every rank blocks on its messages in the plan's global wait order (see the top of this file).
+  void observe_in_wait_order() {
     const int64_t* order = plan_.wait_order.data_ptr<int64_t>();
     const int64_t num_waited = plan_.wait_order.numel();
     auto* timing = timings_.data_ptr<int64_t>();
@@ -198,20 +225,50 @@ class Run {
       complete(op);
       drain();
     }
-    for (int64_t op = 0; op < num_ops_; ++op) {
-      if (!done_[op]) {
-        throw ExecFailure(context() + ": internal error: " + describe_op(op) + " never ran", kReasonOther, -1);
+  }
+
+  // One waiter thread per channel reports completions as they happen (channel_waiters.h); this
+  // thread reduces, completes and posts in the order the completions arrive.
+  void observe_concurrently() {
+    int64_t outstanding = plan_.wait_order.numel() + static_cast<int64_t>(header_recvs_.size());
+    const int64_t num_waited = plan_.wait_order.numel();
+    auto* timing = timings_.data_ptr<int64_t>();
+    int64_t position = 0;
+    while (outstanding > 0) {
+      Completion done = waiters_->next();
+      --outstanding;
+      if (!done.ok) {
+        check_not_aborted(done.op);
+        if (done.peer < 0) {
+          throw ExecFailure(context() + ": " + done.error, kReasonOther, -1);
+        }
+        throw wait_failure(done.op, done.peer, done.error);
       }
+      if (done.op < 0) {
+        check_header(done.peer);
+        continue;
+      }
+      const int64_t op = done.op;
+      if (position >= num_waited) {
+        throw ExecFailure(context() + ": internal error: more completions than messages", kReasonOther, -1);
+      }
+      enter_range(col(op, kColLabel));
+      int64_t* row = timing + position * 6;
+      ++position;
+      row[0] = op;
+      row[1] = physical(done.peer);
+      row[2] = col(op, kColCount) * element_size_;
+      row[3] = col(op, kColKind);
+      row[4] = start_ns_[op];
+      row[5] = done.end_ns;
+      if (col(op, kColKind) == kRecvReduce) {
+        reduce_into_buffer(op);
+      }
+      works_[op].reset();
+      complete(op);
+      drain();
     }
-    // Peers whose ops all came out empty (tiny buffers) still validate, so a mismatch is reported.
-    const int64_t* peers = plan_.peers.data_ptr<int64_t>();
-    for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
-      validate_header(peers[k]);
-    }
-    for (auto& entry : header_sends_) {
-      wait_for(entry.second, -1, entry.first);
-    }
-    header_sends_.clear();
+    waiters_->stop();
   }
 
   void complete(int64_t op) {
@@ -289,6 +346,9 @@ class Run {
     } catch (const std::exception& err) {
       throw peer_failure(col(op, kColPeer), "could not start the " + describe_op(op), err.what());
     }
+    if (waiters_) {
+      waiters_->enqueue(col(op, kColPeer), kind == kSend, works_[op], op);
+    }
   }
 
   ExecFailure peer_failure(int64_t peer, const std::string& doing, const std::string& error) const {
@@ -334,6 +394,9 @@ class Run {
       } catch (const std::exception& err) {
         throw peer_failure(peer, "could not start the header exchange", err.what());
       }
+      if (waiters_) {
+        waiters_->enqueue(peer, false, header_recvs_[peer].first, -1);
+      }
     }
   }
 
@@ -345,6 +408,13 @@ class Run {
                         peer);
     }
     wait_for(it->second.first, -1, peer);
+    check_header(peer);
+  }
+
+  // Compares `peer`'s received header with this rank's; on a match posts the receives that waited.
+  void check_header(int64_t peer) {
+    if (header_ok_.count(peer)) return;
+    auto it = header_recvs_.find(peer);
     auto theirs = it->second.second.cpu();
     auto mine = make_header().cpu();
     const int64_t* t = theirs.data_ptr<int64_t>();
@@ -398,11 +468,14 @@ class Run {
   }
 
   void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t op, int64_t peer) {
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->blocked_on = work;
-    }
     check_not_aborted(op);
+    state_->block_on(work);
+    try {
+      check_not_aborted(op);  // a note that came just before the work was registered
+    } catch (...) {
+      state_->unblock(work);
+      throw;
+    }
     bool completed = false;
     std::string error;
     try {
@@ -410,12 +483,14 @@ class Run {
     } catch (const std::exception& err) {
       error = err.what();
     }
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->blocked_on.reset();
-    }
+    state_->unblock(work);
     check_not_aborted(op);
     if (completed && error.empty()) return;
+    throw wait_failure(op, peer, error);
+  }
+
+  // The error for a wait on `op` (-1: the header exchange) with `peer` that raised `error`.
+  ExecFailure wait_failure(int64_t op, int64_t peer, const std::string& error) const {
     const std::string what = op >= 0 ? "the " + describe_op(op) : std::string("its header exchange");
     const bool timed_out = error.find("imed out") != std::string::npos || error.find("imeout") != std::string::npos;
     std::ostringstream out;
@@ -427,14 +502,20 @@ class Run {
     } else {
       out << rank_name(peer) << " failed during " << what << ": " << (error.empty() ? "wait() returned false" : error);
     }
-    throw ExecFailure(out.str(), timed_out ? kReasonTimeout : kReasonPeerFailure, physical(peer));
+    return ExecFailure(out.str(), timed_out ? kReasonTimeout : kReasonPeerFailure, physical(peer));
   }
 
   void fail(const ExecFailure& failure) {
     close_range();
+    std::vector<c10::intrusive_ptr<c10d::Work>> abandoned;
+    if (waiters_) {
+      waiters_->stop();
+      abandoned = waiters_->abandoned();
+    }
     // Keep everything the transport may still touch alive for the life of the process.
     {
       std::lock_guard<std::mutex> lock(state_->mu);
+      for (auto& work : abandoned) state_->graveyard.push_back(work);
       for (auto& work : works_) {
         if (work) state_->graveyard.push_back(work);
       }
@@ -550,6 +631,7 @@ class Run {
   std::map<int64_t, std::vector<int64_t>> deferred_;
   std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Work>>> header_sends_;
   std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> header_recvs_;
+  std::unique_ptr<ChannelWaiters> waiters_;  // concurrent mode only
 };
 
 }  // namespace

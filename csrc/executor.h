@@ -59,6 +59,10 @@ struct PlanTables {
   // travel over it, so each direction of a pair has its own connection (gloo's one connection per
   // pair carries one direction at a time; a swap then takes twice as long). Null: one group.
   c10::intrusive_ptr<c10d::ProcessGroup> reverse_group;
+  // Observe completions concurrently, one waiter thread per (peer, direction) channel
+  // (channel_waiters.h), instead of blocking in `wait_order`. For CPU tensors on gloo; the policy
+  // (which buckets) lives in Python (runtime/api.py).
+  bool concurrent_waits = false;
 };
 
 // Runs the plan in place on `buffer` (1-D contiguous) with `scratch` (same dtype and device).

@@ -63,8 +63,8 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
     std::lock_guard<std::mutex> lock(state->mu);
     AbortNote abort_note{fields[2], fields[3], fields[4]};
     state->aborts.emplace(fields[1], abort_note);
-    if (state->active_call == fields[1] && state->blocked_on) {
-      state->blocked_on->abort();
+    if (state->active_call == fields[1]) {
+      for (auto& blocked : state->blocked) blocked->abort();
     }
   }
 }

@@ -48,13 +48,28 @@ struct GroupState {
   int64_t calls = 0;
   int64_t active_call = -1;
   std::map<int64_t, AbortNote> aborts;  // call number -> note
-  c10::intrusive_ptr<c10d::Work> blocked_on;
+  std::vector<c10::intrusive_ptr<c10d::Work>> blocked;  // works the executor is waiting on now
   c10::intrusive_ptr<c10d::Work> listen_work;
   std::thread listener;
   std::atomic<bool> stopping{false};
   bool listens = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> graveyard;
   std::vector<torch::Tensor> kept_tensors;
+
+  // The executor registers each work while it blocks on it, so an abort note can wake it.
+  void block_on(const c10::intrusive_ptr<c10d::Work>& work) {
+    std::lock_guard<std::mutex> lock(mu);
+    blocked.push_back(work);
+  }
+  void unblock(const c10::intrusive_ptr<c10d::Work>& work) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = blocked.begin(); it != blocked.end(); ++it) {
+      if (*it == work) {
+        blocked.erase(it);
+        return;
+      }
+    }
+  }
 };
 
 // The state of `group`, created (and its listener started) on first use.

@@ -44,7 +44,14 @@ import torch.distributed as dist
 
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
-from stragglerkit.runtime.executor import OpTiming, OpTimings, duplex_group, notify_local_failure, run_plan
+from stragglerkit.runtime.executor import (
+    OpTiming,
+    OpTimings,
+    concurrent_waits,
+    duplex_group,
+    notify_local_failure,
+    run_plan,
+)
 from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
@@ -356,6 +363,7 @@ class Runtime:
                 cached.plan_id,
                 self.timeout,
                 self.reverse_group,
+                concurrent_waits(self.group, flat),
             )
             if op == "avg":
                 tensor.div_(n)

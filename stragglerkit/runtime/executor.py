@@ -9,6 +9,7 @@ with the local and remote rank in the message. Per-op timings come back as :clas
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,19 @@ from stragglerkit.report import nvtx
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
 from stragglerkit.runtime.remap import RankMap
 
-__all__ = ["OpTiming", "OpTimings", "duplex_group", "native", "notify_local_failure", "run_plan"]
+__all__ = [
+    "CONCURRENT_WAIT_MIN_BYTES",
+    "OpTiming",
+    "OpTimings",
+    "concurrent_waits",
+    "duplex_group",
+    "native",
+    "notify_local_failure",
+    "run_plan",
+]
+
+CONCURRENT_WAIT_MIN_BYTES = 64 * 1024
+"""Buckets from this size on observe message completions with one waiter thread per channel."""
 
 _native = None
 
@@ -120,11 +133,14 @@ def run_plan(
     plan_id: int,
     timeout_seconds: float,
     reverse_group: dist.ProcessGroup | None = None,
+    concurrent: bool = False,
 ) -> OpTimings:
     """Run ``plan`` in place on the 1-D contiguous ``buffer``; return the per-op timings.
 
     ``reverse_group`` (same ranks as ``group``): messages from a higher to a lower rank go over it,
     so that each direction of a pair has its own connection (see :func:`duplex_group`).
+    ``concurrent``: observe completions with one waiter thread per (peer, direction) channel
+    instead of in the plan's global wait order (see :func:`concurrent_waits`).
     """
     c = native()
     try:
@@ -146,10 +162,34 @@ def run_plan(
             timeout_seconds,
             _range_callback(plan.labels),
             reverse_group,
+            concurrent,
         )
     except RuntimeError as err:
         raise StragglerKitError(str(err).split("\nException raised from")[0]) from None
     return OpTimings(table)
+
+
+def concurrent_waits(group: dist.ProcessGroup, buffer: torch.Tensor) -> bool:
+    """Whether the executor should observe completions concurrently for this call.
+
+    Gloo's works cannot be polled, so the executor learns of a completion only by blocking in
+    ``wait()``. In the plan's global wait order a pipelined schedule with several streams per rank
+    (OptCC's healthy ring, upload and download; StragglAR's swaps) advances one wait at a time, at
+    the pace of its slowest stream; one waiter thread per channel observes every completion as it
+    happens (csrc/channel_waiters.h). The threads cost tens of microseconds per call, so small
+    buckets keep the ordered mode. NCCL's ``wait()`` does not block the host, so CUDA tensors keep
+    it too. ``STRAGGLERKIT_WAIT_MODE=ordered|concurrent`` overrides the choice (CPU tensors only).
+    """
+    if buffer.device.type != "cpu" or dist.get_backend(group) != "gloo":
+        return False
+    mode = os.environ.get("STRAGGLERKIT_WAIT_MODE", "auto")
+    if mode == "ordered":
+        return False
+    if mode == "concurrent":
+        return True
+    if mode != "auto":
+        raise StragglerKitError(f"STRAGGLERKIT_WAIT_MODE must be auto, ordered or concurrent, got {mode!r}")
+    return buffer.numel() * buffer.element_size() >= CONCURRENT_WAIT_MIN_BYTES
 
 
 def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
