@@ -242,7 +242,16 @@ class Run {
         if (done.peer < 0) {
           throw ExecFailure(context() + ": " + done.error, kReasonOther, -1);
         }
-        throw wait_failure(done.op, done.peer, done.error);
+        ExecFailure failure = wait_failure(done.op, done.peer, done.error);
+        if (failure.reason == kReasonTimeout) {
+          // Several channels time out at about the same time when one peer stalls; the message
+          // posted first and still incomplete is the head of the chain of waits: blame its peer.
+          const int64_t oldest = oldest_in_flight();
+          if (oldest >= 0 && oldest != done.op) {
+            failure = wait_failure(oldest, col(oldest, kColPeer), done.error);
+          }
+        }
+        throw failure;
       }
       if (done.op < 0) {
         check_header(done.peer);
@@ -269,6 +278,15 @@ class Run {
       drain();
     }
     waiters_->stop();
+  }
+
+  // The posted, incomplete message that was posted first (-1: none).
+  int64_t oldest_in_flight() const {
+    int64_t oldest = -1;
+    for (int64_t op = 0; op < num_ops_; ++op) {
+      if (works_[op] && !done_[op] && (oldest < 0 || start_ns_[op] < start_ns_[oldest])) oldest = op;
+    }
+    return oldest;
   }
 
   void complete(int64_t op) {

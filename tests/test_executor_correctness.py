@@ -9,6 +9,7 @@ must have the same bytes.
 from __future__ import annotations
 
 import pytest
+import torch
 from _dist import run_group
 from correctness_body import SIZES, sweep
 
@@ -34,6 +35,20 @@ def test_all_sizes(n: int) -> None:
 @pytest.mark.parametrize("n", [5, 8])
 def test_small_sizes(n: int) -> None:
     check_results(n, run_group(n, sweep, SMALL_SIZES))
+
+
+@pytest.mark.parametrize("n", [4, 5])
+def test_small_sizes_with_concurrent_waits(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers under 64 KiB normally use the ordered wait; force one waiter thread per channel."""
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "concurrent")  # inherited by the spawned ranks
+    check_results(n, run_group(n, sweep, SMALL_SIZES))
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_large_size_with_ordered_waits(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large buffers normally use the concurrent waiters; force the global wait order."""
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "ordered")
+    check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,)))
 
 
 @pytest.mark.slow

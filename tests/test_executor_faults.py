@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import fault_bodies
+import pytest
 from _dist import run_group
+
+WAIT_MODES = ["ordered", "concurrent"]
+"""The executor's two ways of observing completions (csrc/channel_waiters.h)."""
 
 
 def test_bad_arguments_on_every_rank_then_recovery() -> None:
@@ -29,7 +33,11 @@ def test_one_rank_with_bad_arguments_stops_the_others() -> None:
         assert f"on rank {rank}" in results[rank]
 
 
-def test_size_mismatch_is_caught_on_every_rank_before_data_moves() -> None:
+@pytest.mark.parametrize("wait_mode", WAIT_MODES)
+def test_size_mismatch_is_caught_on_every_rank_before_data_moves(
+    wait_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", wait_mode)  # inherited by the spawned ranks
     results = run_group(4, fault_bodies.size_mismatch)
     for rank, out in results.items():
         assert out["error"].startswith("StragglerKitError"), (rank, out)
@@ -43,7 +51,9 @@ def test_size_mismatch_is_caught_on_every_rank_before_data_moves() -> None:
     assert results[2]["unchanged"], "the mismatched rank's tensor was written"
 
 
-def test_dtype_mismatch_is_caught_on_every_rank() -> None:
+@pytest.mark.parametrize("wait_mode", WAIT_MODES)
+def test_dtype_mismatch_is_caught_on_every_rank(wait_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", wait_mode)  # inherited by the spawned ranks
     results = run_group(3, fault_bodies.dtype_mismatch)
     for rank, out in results.items():
         assert out["error"].startswith("StragglerKitError") and "mismatch" in out["error"], (rank, out)
