@@ -135,8 +135,9 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
 
         optcc_segments(32 * 2**20, 8)   # 9
     """
-    per_segment = (world_size - 1) * OPTCC_MESSAGE_BYTES
-    return max(1, min(most, nbytes // max(per_segment, 1)))
+    message_bytes = int(os.environ.get("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", OPTCC_MESSAGE_BYTES))
+    per_segment = (world_size - 1) * max(message_bytes, 1)
+    return max(1, min(most, nbytes // per_segment))
 
 
 def _auto(situation: Situation, numel: int) -> str:

@@ -75,7 +75,7 @@ from stragglerkit.testbed.iproute import (
     netem_missing,
     next_instance,
     remove_leftovers,
-    tbf_arguments,
+    shaper_commands,
     write_name_service,
 )
 from stragglerkit.testbed.probing import Pair, ProbeRunner
@@ -405,15 +405,15 @@ class EmulatedCluster:
         return [(self.namespace(host), self.interface), (self.bridge_namespace, f"h{host}")]
 
     def _shape(self, host: int, *, replace: bool) -> None:
-        tbf = tbf_arguments(self.link_rate(host))
-        verb = "replace" if replace else "add"
         for ns, dev in self._shapers(host):
+            parent = None
             if self.config.latency > 0:
                 half = f"{self.config.latency / 2 * 1e6:.0f}us"
+                verb = "replace" if replace else "add"
                 command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay", half])
-                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "parent", "1:1", "handle", "10:", "tbf", *tbf])
-            else:
-                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "10:", "tbf", *tbf])
+                parent = "1:1"
+            for argv in shaper_commands(ns, dev, self.link_rate(host), parent, change=replace):
+                command(argv)
 
     def set_slowdown(self, host: int, slowdown: float, *, verify: bool = False) -> tuple[LinkRate, LinkRate] | None:
         """Reshapes ``host``'s link to bandwidth / slowdown in both directions (1 restores it).
