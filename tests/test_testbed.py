@@ -121,6 +121,22 @@ def test_torch_env_points_every_rank_at_host_zero() -> None:
     }
 
 
+def test_shaper_sends_small_packets_first() -> None:
+    argvs = iproute.shaper_commands("ns", "dev0", 62.5e6, None, change=False)
+    assert argvs[0][-6:] == ["root", "handle", "10:", "htb", "default", "20"]
+    top = next(a for a in argvs if "10:1" in a and "classid" in a and a[a.index("classid") + 1] == "10:1")
+    assert top[top.index("rate") + 1] == "62500000bps" and top[top.index("ceil") + 1] == "62500000bps"
+    small = next(a for a in argvs if "classid" in a and a[a.index("classid") + 1] == "10:10")
+    assert small[small.index("prio") + 1] == "0" and small[small.index("ceil") + 1] == "62500000bps"
+    rule = next(a for a in argvs if "filter" in a)
+    # IP total length (offset 2) with every bit from 128 up clear: packets under 128 bytes
+    assert rule[rule.index("u16") + 1 : rule.index("u16") + 5] == ["0", "0xff80", "at", "2"]
+    assert rule[-1] == "10:10"
+    changes = iproute.shaper_commands("ns", "dev0", 125e6, "1:1", change=True)
+    assert all(a[3] == "class" and a[4] == "change" for a in changes) and len(changes) == 3
+    assert iproute.shaper_commands("ns", "dev0", 125e6, "1:1", change=False)[0][7:9] == ["parent", "1:1"]
+
+
 def test_shaper_bucket_passes_a_whole_gso_frame() -> None:
     for rate in (1e6, 25e6, 125e6, 1.25e9):
         args = iproute.tbf_arguments(rate)
@@ -272,7 +288,11 @@ def test_shaping_is_effective_in_both_directions(make_cluster: Callable[..., Emu
             assert link.configured == rate
             assert abs(link.measured / link.expected - 1) <= 0.15, report.describe()
         qdiscs = iproute.command(["tc", "-n", cluster.bridge_namespace, "qdisc", "show", "dev", "h1"])
-        assert "tbf" in qdiscs
+        assert "htb" in qdiscs
+        classes = iproute.command(["tc", "-n", cluster.bridge_namespace, "class", "show", "dev", "h1"])
+        assert "10:10" in classes and "prio 0" in classes  # small packets (ACKs) first
+        filters = iproute.command(["tc", "-n", cluster.bridge_namespace, "filter", "show", "dev", "h1"])
+        assert "flowid 10:10" in filters
         described = cluster.describe()
         assert described["shaping"] == report.to_dict() and described["bandwidth_Bps"] == rate
         assert described["tcp_congestion_control"]  # e.g. "cubic" or "bbr"

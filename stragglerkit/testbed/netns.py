@@ -7,7 +7,7 @@ For a cluster of n hosts with prefix ``sk-`` created by process PID (instance k 
       namespace sk-PID-k-h0          namespace sk-PID-k-br             namespace sk-PID-k-h1
     ┌─────────────────────┐   ┌─────────────────────────────────┐   ┌─────────────────────┐
     │ sknic 198.18.0.1/24 │───│ h0 ─┐   skbr (bridge)      ┌─ h1 │───│ sknic 198.18.0.2/24 │
-    │ tbf: what h0 sends  │   │ tbf: what h0 receives     tbf   │   │ tbf: what h1 sends  │
+    │ htb: what h0 sends  │   │ htb: what h0 receives     htb   │   │ htb: what h1 sends  │
     └─────────────────────┘   │     198.18.0.254 (probe end)    │   └─────────────────────┘
                               └─────────────────────────────────┘
 
@@ -19,7 +19,8 @@ For a cluster of n hosts with prefix ``sk-`` created by process PID (instance k 
   (i+1)-th address; the bridge namespace holds the last usable address (the *probe endpoint*).
   The namespaces have no default route, so traffic can reach only these addresses, and no IPv6
   link-local addresses (``addrgenmode none``), so the links carry IPv4 to these addresses only.
-- Each host's link is shaped in both directions with a token bucket (``tc qdisc ... tbf``):
+- Each host's link is shaped in both directions with an htb tree (iproute.shaper_commands) whose
+  priority class lets small packets (TCP ACKs) pass the queued data:
   on the host's end of the veth (what the host sends) and on the bridge's end (what the host
   receives). A degraded host (slowdown l) gets bandwidth / l in both directions.
 - Added latency needs the ``netem`` queueing discipline (kernel module sch_netem); when it is

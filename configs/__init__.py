@@ -1,0 +1,1 @@
+"""Ready-made configurations (Python functions returning Config objects); see configs/README.md."""
