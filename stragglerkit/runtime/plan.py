@@ -128,7 +128,18 @@ def chunk_bounds(weights: Sequence[int], numel: int, align: int = 1) -> list[int
 
 
 def choose_pieces(schedule: Schedule, numel: int, element_size: int) -> int:
-    """How many pieces to cut each chunk into for a bucket of ``numel`` elements."""
+    """How many pieces to cut each chunk into for a bucket of ``numel`` elements.
+
+    Round schedules (a ``round_phase``: StragglAR, direct) keep whole chunks. Their rounds run one
+    after another on each rank (runtime/ordering.py), so pieces cannot carry a chunk into the next
+    round early; they only put more messages on each connection, and over TCP that costs more
+    than the overlap of a piece's reduction with the next piece's transfer gains: on the emulated
+    cluster (8 ranks, 1 Gbit/s, 32 MiB) StragglAR took 490 ms with 1 MiB pieces and 417 ms with
+    whole 4.6 MiB chunks (docs/bench.md). Dataflow schedules (ring, RHD, OptCC) forward piece by
+    piece, which pipelines their steps.
+    """
+    if schedule.round_phase is not None:
+        return 1
     smallest = min(schedule.chunk_weights())
     chunk_bytes = numel * element_size * smallest // max(schedule.total_weight(), 1)
     return max(1, min(MAX_PIECES, chunk_bytes // PIECE_TARGET_BYTES))
