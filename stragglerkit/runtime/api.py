@@ -364,7 +364,7 @@ class Runtime:
                 cached.plan_id,
                 self.timeout,
                 self.reverse_group,
-                concurrent_waits(self.group, flat),
+                concurrent_waits(self.group, flat, cached.plan),
             )
             if op == "avg":
                 tensor.div_(n)
