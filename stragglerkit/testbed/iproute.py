@@ -263,99 +263,27 @@ def shaper_commands(namespace: str, device: str, rate: float, parent: str | None
     tbf = tbf_arguments(rate)
     burst, limit = tbf[tbf.index("burst") + 1], tbf[tbf.index("limit") + 1]
     bps = f"{int(rate)}bps"
-    small = f"{max(int(rate / 20), 1000)}bps"
-    big = f"{max(int(rate - rate / 20), 1000)}bps"
     tc = ["tc", "-n", namespace]
-    common = ["burst", burst, "cburst", burst, "quantum", "60000"]
     verb = "change" if change else "add"
+
+    def htb_class(parent_id: str, class_id: str, assured: str, extra: list[str]) -> list[str]:
+        options = ["rate", assured, "ceil", bps, "burst", burst, "cburst", burst, *extra]
+        return [*tc, "class", verb, "dev", device, "parent", parent_id, "classid", class_id, "htb", *options]
+
+    leaf = ["quantum", "60000"]
     classes = [
-        [
-            *tc,
-            "class",
-            verb,
-            "dev",
-            device,
-            "parent",
-            "10:",
-            "classid",
-            "10:1",
-            "htb",
-            "rate",
-            bps,
-            "ceil",
-            bps,
-            "burst",
-            burst,
-            "cburst",
-            burst,
-        ],
-        [
-            *tc,
-            "class",
-            verb,
-            "dev",
-            device,
-            "parent",
-            "10:1",
-            "classid",
-            "10:10",
-            "htb",
-            "rate",
-            small,
-            "ceil",
-            bps,
-            "prio",
-            "0",
-            *common,
-        ],
-        [
-            *tc,
-            "class",
-            verb,
-            "dev",
-            device,
-            "parent",
-            "10:1",
-            "classid",
-            "10:20",
-            "htb",
-            "rate",
-            big,
-            "ceil",
-            bps,
-            "prio",
-            "1",
-            *common,
-        ],
+        htb_class("10:", "10:1", bps, []),
+        htb_class("10:1", "10:10", f"{max(int(rate / 20), 1000)}bps", ["prio", "0", *leaf]),
+        htb_class("10:1", "10:20", f"{max(int(rate - rate / 20), 1000)}bps", ["prio", "1", *leaf]),
     ]
     if change:
         return classes
     where = ["root"] if parent is None else ["parent", parent]
+    small_packets = ["u32", "match", "u16", "0", f"{0x10000 - SMALL_PACKET_BYTES:#x}", "at", "2", "flowid", "10:10"]
     return [
         [*tc, "qdisc", "add", "dev", device, *where, "handle", "10:", "htb", "default", "20"],
         *classes,
         [*tc, "qdisc", "add", "dev", device, "parent", "10:10", "handle", "11:", "bfifo", "limit", limit],
         [*tc, "qdisc", "add", "dev", device, "parent", "10:20", "handle", "12:", "bfifo", "limit", limit],
-        [
-            *tc,
-            "filter",
-            "add",
-            "dev",
-            device,
-            "parent",
-            "10:",
-            "protocol",
-            "ip",
-            "prio",
-            "1",
-            "u32",
-            "match",
-            "u16",
-            "0",
-            f"{0x10000 - SMALL_PACKET_BYTES:#x}",
-            "at",
-            "2",
-            "flowid",
-            "10:10",
-        ],
+        [*tc, "filter", "add", "dev", device, "parent", "10:", "protocol", "ip", "prio", "1", *small_packets],
     ]
