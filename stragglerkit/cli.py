@@ -354,6 +354,15 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     bandwidth = args.bandwidth
     if bandwidth is None and mode == "emulated":
         bandwidth = parse_bandwidth("1Gbit")
+    if args.mode == "train":
+        from stragglerkit.bench.train import cmd_train
+
+        return cmd_train(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
+    from stragglerkit.bench.train import TRAIN_ONLY, given_options
+
+    wrong = given_options(argv, TRAIN_ONLY)
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: only for --mode train (a DDP training); add --mode train or leave out")
     config = BenchConfig(
         world_size=world_size,
         bandwidth=bandwidth,
@@ -399,6 +408,7 @@ def _add_bench_parser(sub: Any) -> None:
         epilog="examples:\n  stragglerkit bench --world-size 8 --bandwidth 1Gbit --sizes 32MiB\n"
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,stragglar --straggler 7 --delay auto\n"
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
+        "  stragglerkit bench --mode train --straggler 7 --delay auto --from-step 20 --steps 120\n"
         "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -431,7 +441,7 @@ def _add_bench_parser(sub: Any) -> None:
         type=_unit(parse_delay_option),
         metavar="MS|auto",
         help="the straggler's delay: milliseconds, a time like 20ms, or auto (default: the others' "
-        "pre-phase ReduceScatter time, measured in the run)",
+        "pre-phase ReduceScatter time, measured in the run; --mode train: twice that)",
     )
     bench.add_argument(
         "--degrade",
@@ -450,6 +460,16 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument("--json", metavar="FILE", help="write the header and rows as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="plot time against size")
     bench.add_argument("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
+    bench.add_argument(
+        "--mode",
+        choices=("allreduce", "train"),
+        default="allreduce",
+        help="allreduce (default): the algorithms on buffers; train: a short DDP training, plain and with the "
+        "stragglerkit hook, side by side (docs/bench.md)",
+    )
+    from stragglerkit.bench.train import add_train_arguments
+
+    add_train_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
 

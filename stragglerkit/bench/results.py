@@ -23,7 +23,7 @@ import os
 import platform
 import statistics
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.launch import LaunchResult
@@ -35,11 +35,20 @@ __all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "writ
 _MTU_PAYLOAD = (1500 - 52) / (1500 + 14)  # TCP payload share of a frame at MTU 1500 (docs/testbed.md)
 
 
+class RunConfig(Protocol):
+    """What the header needs from a run's configuration (BenchConfig, TrainConfig)."""
+
+    @property
+    def bandwidth(self) -> float | None: ...
+
+    def to_json(self) -> str: ...
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def _payload_bandwidth(config: BenchConfig, launched: LaunchResult) -> float | None:
+def _payload_bandwidth(config: RunConfig, launched: LaunchResult) -> float | None:
     if launched.cluster is not None:
         rates: list[float] = launched.cluster["expected_payload_Bps"]
         return float(min(rates))
@@ -151,7 +160,7 @@ def rows_from_cases(config: BenchConfig, launched: LaunchResult) -> list[dict[st
     return rows
 
 
-def header_record(config: BenchConfig, launched: LaunchResult, argv: list[str]) -> dict[str, Any]:
+def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) -> dict[str, Any]:
     """Command line, machine, date, load average, mode and the verified shaping of the links."""
     try:
         import torch

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
-__all__ = ["Job", "exact_inputs", "main", "run_job"]
+__all__ = ["Job", "exact_inputs", "main", "measure_pre_phase", "run_job"]
 
 _EXACT_INTEGERS = {  # largest integer up to which every integer is exact in the dtype
     torch.float16: 2048,
@@ -137,39 +138,8 @@ class _Rank:
     # -- the straggler's delay ------------------------------------------------------------------
     def measure_pre_phase(self, x: torch.Tensor, source: torch.Tensor, size_bytes: int) -> dict[str, Any]:
         """The punctual ranks' StragglAR pre-phase time, with the straggler held back (seconds)."""
-        import stragglerkit
-
         assert self.straggler is not None
-        bandwidth = self.config.bandwidth or 200e6
-        hold = 0.02 + 3.0 * size_bytes / bandwidth
-        x.copy_(source)
-        stragglerkit.all_reduce(x, algorithm="stragglar", straggler=self.straggler)  # builds the plan
-        measured: list[float] = []
-        holds: list[float] = []
-        for _ in range(_CALIBRATION_ATTEMPTS):
-            x.copy_(source)
-            self.synchronize()
-            dist.barrier()
-            if self.rank == self.straggler:
-                sleep_precisely(hold)
-            entered = time.monotonic_ns()
-            record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=self.straggler)
-            self.synchronize()
-            pre_done = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
-            own = (max(pre_done) - entered) / 1e9 if pre_done and self.rank != self.straggler else 0.0
-            slowest = torch.tensor([own], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            seconds = float(slowest.item())
-            if seconds > 0.8 * hold:  # the straggler came back too early: hold it longer and repeat
-                hold = 2.0 * seconds + 0.01
-                continue
-            measured.append(seconds)
-            holds.append(hold)
-            if len(measured) == _CALIBRATION_RUNS:
-                break
-        if not measured:
-            raise RuntimeError("could not measure the pre-phase: it never finished before the straggler's return")
-        return {"delay_s": statistics.median(measured), "pre_phase_s": measured, "hold_s": holds}
+        return measure_pre_phase(x, source, self.straggler, self.config.bandwidth, self.synchronize)
 
     # -- one buffer size ------------------------------------------------------------------------
     def run_size(self, size_bytes: int, algorithms: list[str], index: int, total: int) -> list[dict[str, Any]]:
@@ -234,6 +204,60 @@ class _Rank:
                 }
             )
         return cases
+
+
+def measure_pre_phase(
+    x: torch.Tensor,
+    source: torch.Tensor,
+    straggler: int,
+    bandwidth: float | None,
+    synchronize: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """The punctual ranks' StragglAR pre-phase time on ``x``, with ``straggler`` held back.
+
+    Collective over the default group. Each run copies ``source`` into ``x``, holds the straggler
+    back long enough (the hold doubles if it came back too soon) and reads, from the executor's
+    per-op timings, when each punctual rank's last pre-phase (``reduce_scatter``) message completed;
+    ``delay_s`` is the median over the runs of the slowest punctual rank's pre-phase time.
+
+    Example::
+
+        measured = measure_pre_phase(torch.ones(2**20), torch.ones(2**20), straggler=3, bandwidth=125e6)
+        delay = measured["delay_s"]
+    """
+    import stragglerkit
+
+    rank = dist.get_rank()
+    size_bytes = x.numel() * x.element_size()
+    hold = 0.02 + 3.0 * size_bytes / (bandwidth or 200e6)
+    x.copy_(source)
+    stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)  # builds the plan
+    measured: list[float] = []
+    holds: list[float] = []
+    for _ in range(_CALIBRATION_ATTEMPTS):
+        x.copy_(source)
+        synchronize()
+        dist.barrier()
+        if rank == straggler:
+            sleep_precisely(hold)
+        entered = time.monotonic_ns()
+        record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        synchronize()
+        pre_done = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
+        own = (max(pre_done) - entered) / 1e9 if pre_done and rank != straggler else 0.0
+        slowest = torch.tensor([own], dtype=torch.float64, device=x.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        seconds = float(slowest.item())
+        if seconds > 0.8 * hold:  # the straggler came back too early: hold it longer and repeat
+            hold = 2.0 * seconds + 0.01
+            continue
+        measured.append(seconds)
+        holds.append(hold)
+        if len(measured) == _CALIBRATION_RUNS:
+            break
+    if not measured:
+        raise RuntimeError("could not measure the pre-phase: it never finished before the straggler's return")
+    return {"delay_s": statistics.median(measured), "pre_phase_s": measured, "hold_s": holds}
 
 
 def _timeline(timings: list[tuple[str, Any]], entered_ns: int) -> dict[str, list[float]]:

@@ -1,0 +1,333 @@
+"""``stragglerkit bench --mode train``: does the DDP hook pay off in training, on this cluster?
+
+Runs a short DDP training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
+``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``, with the same initial parameters, the same
+data and the same injected faults (a persistent straggler that may move, degraded NICs from a
+given step, random jitter). Reports the per-step times of both, when the hook detected the fault
+and switched, the steady-state speedup and the largest parameter difference between the two
+models (:mod:`stragglerkit.bench.train_report`). How the ranks train: :mod:`.train_worker`.
+
+Where the ranks run is chosen as for the AllReduce bench (:func:`stragglerkit.bench.detect_mode`):
+under torchrun, on the emulated cluster, or over loopback. On the emulated cluster ``--degrade``
+reshapes the hosts' links at ``--from-step``: rank 0 writes a request file in a control folder,
+the launcher (this process, outside the namespaces) reshapes and verifies the links, and answers.
+
+Example::
+
+    from stragglerkit.bench.train import run_train
+    from stragglerkit.bench.train_config import TrainConfig
+    summary = run_train(TrainConfig(world_size=4, mode="loopback", steps=40, straggler=3, delay=0.03))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stragglerkit.bench.launch import LaunchResult, _failure_text, _free_port, _python_env, _wait_all
+from stragglerkit.bench.results import header_record
+from stragglerkit.bench.train_config import TrainConfig, parse_jitter
+from stragglerkit.bench.train_report import print_summary, summarize, write_json
+from stragglerkit.bench.worker import Job
+from stragglerkit.errors import StragglerKitError
+from stragglerkit.units import parse_size
+
+__all__ = ["ALLREDUCE_ONLY", "TRAIN_ONLY", "add_train_arguments", "cmd_train", "given_options", "run_train"]
+
+TRAIN_ONLY = (
+    "--steps",
+    "--from-step",
+    "--move-straggler-at",
+    "--jitter",
+    "--seed",
+    "--model-size",
+    "--batch",
+    "--hook-warmup",
+)
+"""Options of ``bench`` that only ``--mode train`` reads."""
+ALLREDUCE_ONLY = (
+    "--sizes",
+    "--dtype",
+    "--iters",
+    "--warmup",
+    "--algorithms",
+    "--alpha",
+    "--no-fault-free-baseline",
+    "--plot",
+)
+"""Options of ``bench`` that ``--mode train`` does not read."""
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_train_arguments(bench: argparse.ArgumentParser) -> None:
+    """The ``--mode train`` options of ``stragglerkit bench`` (defaults: TrainConfig's)."""
+
+    def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+        def run(text: str) -> Any:
+            try:
+                return parse(text)
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        return run
+
+    group = bench.add_argument_group("--mode train", "a short DDP training, plain and with the stragglerkit hook")
+    group.add_argument("--steps", type=int, help="training steps (default 120)")
+    group.add_argument(
+        "--from-step",
+        type=int,
+        metavar="S",
+        help="first step of the fault (--straggler, --degrade, --jitter; default 0)",
+    )
+    group.add_argument(
+        "--move-straggler-at",
+        type=int,
+        nargs=2,
+        action="append",
+        metavar=("STEP", "RANK"),
+        help="from STEP on, RANK is the straggler instead (repeatable)",
+    )
+    group.add_argument(
+        "--jitter", type=checked(parse_jitter), metavar="MS", help="every rank is late by uniform[0, MS] each step"
+    )
+    group.add_argument("--seed", type=int, help="seeds the model, the data and the jitter (default 0)")
+    group.add_argument(
+        "--model-size", type=checked(parse_size), metavar="SIZE", help="gradient size of the MLP (default 8MiB)"
+    )
+    group.add_argument("--batch", type=int, help="samples per rank and step (default 16)")
+    group.add_argument("--hook-warmup", type=int, metavar="STEPS", help="the hook's warm-up steps (default 10)")
+
+
+def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
+    """Which of ``options`` appear in ``argv`` (also abbreviated or as ``--opt=value``, as argparse allows)."""
+    found = []
+    for token in argv:
+        if not token.startswith("--") or token == "--":
+            continue
+        name = token.split("=", 1)[0]
+        found += [option for option in options if option.startswith(name) and option not in found]
+    return found
+
+
+def cmd_train(
+    args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
+) -> int:
+    """``stragglerkit bench --mode train``: build the TrainConfig, run, print; ValueError on bad options."""
+    wrong = given_options(argv, ALLREDUCE_ONLY)
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)}: only for the AllReduce bench (--mode allreduce); leave out with --mode train"
+        )
+    chosen = {
+        "steps": args.steps,
+        "from_step": args.from_step,
+        "moves": [tuple(m) for m in args.move_straggler_at] if args.move_straggler_at else None,
+        "jitter": args.jitter,
+        "seed": args.seed,
+        "model_bytes": args.model_size,
+        "batch": args.batch,
+        "hook_warmup": args.hook_warmup,
+    }
+    config = TrainConfig(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        mode=mode,
+        straggler=args.straggler,
+        delay=args.delay,
+        degrade=dict(args.degrade or []),
+        timeout=args.timeout,
+        **{k: v for k, v in chosen.items() if v is not None},
+    )
+    if mode != "torchrun" or int(os.environ.get("RANK", "0")) == 0:
+        print(f"stragglerkit bench --mode train: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
+    try:
+        run_train(config, why=why, argv=list(argv), json_path=args.json)
+    except StragglerKitError as err:
+        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_train(
+    config: TrainConfig, *, why: str = "", argv: list[str] | None = None, json_path: str | None = None, out: Any = None
+) -> dict[str, Any] | None:
+    """Run, print the summary (to ``out``), write JSON; the summary (None on torchrun ranks > 0)."""
+    launched, record = launch_train(config, why)
+    if record is None:
+        return None
+    summary = summarize(config, record)
+    header = header_record(config, launched, list(argv or []))
+    header.pop("alpha_s", None)  # the AllReduce bench's model latency: not used here
+    header.pop("model_bandwidth_Bps", None)
+    print_summary(summary, header, out=out)
+    if json_path:
+        write_json(json_path, header, summary)
+        print(f"wrote {json_path}", file=out if out is not None else sys.stdout)
+    return summary
+
+
+# --------------------------------------------------------------------------- launching the ranks
+
+
+def launch_train(config: TrainConfig, why: str = "") -> tuple[LaunchResult, dict[str, Any] | None]:
+    """Run the ranks in ``config.mode``; the setting and rank 0's record (None on torchrun ranks > 0)."""
+    if config.mode == "torchrun":
+        launched, record = _launch_torchrun(config)
+    else:
+        with tempfile.TemporaryDirectory(prefix="stragglerkit-train-") as tmp:
+            if config.mode == "emulated":
+                launched, record = _launch_emulated(config, Path(tmp))
+            else:
+                launched, record = _launch_loopback(config, Path(tmp))
+    launched.why = why or launched.why
+    return launched, record
+
+
+Starter = Callable[[int, list[str], dict[str, str], Any], "subprocess.Popen[Any]"]
+
+
+def _run_ranks(
+    config: TrainConfig, workdir: Path, start: Starter, env_for: Callable[[int], dict[str, str]], control: Path | None
+) -> dict[str, Any]:
+    """Start every rank, wait for all, return rank 0's record."""
+    config_path, out_path = workdir / "train-config.json", workdir / "train-out.json"
+    config_path.write_text(config.to_json(), encoding="utf-8")
+    entry = "import sys; from stragglerkit.bench.train_worker import main; sys.exit(main())"
+    argv = [sys.executable, "-c", entry, str(config_path), str(out_path), *([str(control)] if control else [])]
+    logs = [open(workdir / f"train-rank{r}.log", "w+b") for r in range(config.world_size)]
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        for rank in range(config.world_size):
+            stderr = None if rank == 0 else logs[rank]
+            procs.append(start(rank, argv, {**_python_env(), **env_for(rank)}, stderr))
+        failed = _wait_all(procs, config.timeout)
+        if failed:
+            raise StragglerKitError(_failure_text(failed, logs, Job(scenario=f"train, {config.scenario}")))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        for log in logs:
+            log.close()
+    record: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
+    return record
+
+
+def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
+    port = _free_port()
+
+    def env_for(rank: int) -> dict[str, str]:
+        return {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(config.world_size),
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+
+    def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(argv, env={**os.environ, **env}, stderr=stderr)
+
+    record = _run_ranks(config, workdir, start, env_for, None)
+    return LaunchResult(mode="loopback", why=""), record
+
+
+class _Reshaper:
+    """Waits (on a thread) for rank 0's request and then degrades the hosts' links, verified."""
+
+    def __init__(self, cluster: Any, degrade: dict[int, float], control: Path) -> None:
+        self.cluster = cluster
+        self.degrade = degrade
+        self.control = control
+        self.rates: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="stragglerkit-reshape", daemon=True)
+
+    def __enter__(self) -> _Reshaper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _serve(self) -> None:
+        from stragglerkit.bench.train_worker import RESHAPE_DONE, RESHAPE_FAILED, RESHAPE_REQUEST
+        from stragglerkit.testbed import NicDegradation
+
+        while not self._stop.wait(0.05):
+            if not (self.control / RESHAPE_REQUEST).exists():
+                continue
+            try:
+                rates = NicDegradation(self.degrade).apply(self.cluster, verify=True)
+                self.rates = [[r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)]
+                answer, text = RESHAPE_DONE, json.dumps({"degraded_links": self.rates})
+            except Exception as err:  # the rank raises it with this text
+                answer, text = RESHAPE_FAILED, f"{type(err).__name__}: {err}"
+            (self.control / (answer + ".tmp")).write_text(text, encoding="utf-8")
+            os.replace(self.control / (answer + ".tmp"), self.control / answer)
+            return
+
+
+def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
+    from stragglerkit.testbed import EmulatedCluster
+
+    assert config.bandwidth is not None
+    cluster_config = EmulatedCluster.Config(hosts=config.world_size, bandwidth=config.bandwidth)
+    control = workdir / "control"
+    control.mkdir()
+    with EmulatedCluster(cluster_config) as cluster:
+        description = cluster.describe()
+
+        def env_for(rank: int) -> dict[str, str]:
+            return cluster.torch_env(rank, port=29600)
+
+        def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+            return cluster.popen(rank, argv, env=env, stderr=stderr)
+
+        if config.degrade:
+            with _Reshaper(cluster, config.degrade, control) as reshaper:
+                record = _run_ranks(config, workdir, start, env_for, control)
+            description["degraded_links"] = reshaper.rates
+        else:
+            record = _run_ranks(config, workdir, start, env_for, None)
+    return LaunchResult(mode="emulated", why="", cluster=description), record
+
+
+def _launch_torchrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any] | None]:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from stragglerkit.bench.train_worker import train
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available()
+    backend = "nccl" if use_cuda else "gloo"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout))
+    if dist.get_world_size() != config.world_size:
+        raise ValueError(
+            f"--world-size {config.world_size} differs from torchrun's WORLD_SIZE={dist.get_world_size()}; "
+            "leave --world-size out under torchrun"
+        )
+    record = train(config, device)
+    reporter = dist.get_rank() == 0
+    dist.barrier()
+    dist.destroy_process_group()
+    return LaunchResult(mode="torchrun", why=backend, is_reporter=reporter), record if reporter else None

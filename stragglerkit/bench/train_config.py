@@ -1,0 +1,197 @@
+"""What one ``stragglerkit bench --mode train`` run does: :class:`TrainConfig` and its option parsers.
+
+The configuration travels as JSON from the launcher to every rank (``to_json``/``from_json``), so
+every field is a plain value. Validation happens here, before any rank starts, with messages that
+say what to change (the command line turns them into exit status 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stragglerkit.bench.config import MODES
+from stragglerkit.schedules.registry import Situation, why_not
+from stragglerkit.units import parse_time
+
+__all__ = ["TrainConfig", "parse_jitter"]
+
+_MIN_MODEL_BYTES = 64 * 1024
+_MAX_MODEL_BYTES = 2**30
+
+
+def parse_jitter(text: str) -> float:
+    """``"20"`` -> 0.02 (plain numbers are ms); ``"5ms"`` -> 0.005: the most a rank is late per step.
+
+    Example::
+
+        parse_jitter("20")    # 0.02
+    """
+    text = text.strip()
+    try:
+        seconds = float(text) / 1e3
+    except ValueError:
+        try:
+            seconds = parse_time(text)
+        except ValueError:
+            raise ValueError(f"--jitter takes a time >= 0 (e.g. 20 = 20 ms, 5ms), got {text!r}") from None
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ValueError(f"--jitter takes a time >= 0 (e.g. 20 = 20 ms, 5ms), got {text!r}")
+    return seconds
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """A short DDP training, plain and with the stragglerkit hook, in one fault scenario.
+
+    Example::
+
+        config = TrainConfig(world_size=4, mode="loopback", steps=40, straggler=3, delay=0.03, from_step=2)
+    """
+
+    world_size: int = 8
+    """Number of ranks (one per emulated host); under torchrun, WORLD_SIZE."""
+    bandwidth: float | None = 125e6
+    """NIC rate in bytes/s (whole frames): shapes the emulated hosts; elsewhere only recorded."""
+    mode: str = "emulated"
+    """``emulated`` (namespaces with shaped NICs), ``loopback`` or ``torchrun``."""
+    steps: int = 120
+    """Training steps; each step runs plain DDP and the hooked DDP once."""
+    straggler: int | None = None
+    """Rank that sleeps ``delay`` before its backward (its AllReduce) every step from ``from_step``."""
+    delay: float | None = None
+    """The straggler's delay in seconds; None = auto: ``auto_delay_scale`` x StragglAR's pre-phase time."""
+    auto_delay_scale: float = 2.0
+    """With ``delay=None``: the delay is this times the punctual ranks' measured pre-phase time."""
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    """``(step, rank)``: from that step on, that rank is the straggler instead (ascending steps)."""
+    degrade: dict[int, float] = field(default_factory=dict)
+    """Degraded ranks, rank -> l: from ``from_step`` their emulated NIC runs at bandwidth / l."""
+    jitter: float = 0.0
+    """Every rank sleeps uniform[0, jitter] seconds before its backward each step from ``from_step``."""
+    from_step: int = 0
+    """First step with the fault (straggler, degraded NICs, jitter)."""
+    seed: int = 0
+    """Seeds the model, the data and the jitter (every rank computes the same figures)."""
+    model_bytes: int = 8 * 2**20
+    """Gradient size of the MLP (float32); the hidden width is chosen to match."""
+    batch: int = 16
+    """Samples per rank and step."""
+    hook_warmup: int | None = None
+    """The hook's warm-up steps (ControllerConfig.warmup_steps); None = its default."""
+    lr: float = 0.01
+    """SGD learning rate of both models."""
+    timeout: float = 600.0
+    """Seconds the launcher waits for the ranks."""
+
+    def __post_init__(self) -> None:
+        self.degrade = {int(k): float(v) for k, v in self.degrade.items()}
+        self.moves = [(int(s), int(r)) for s, r in self.moves]
+        self.validate()
+
+    def validate(self) -> None:
+        n = self.world_size
+        if not isinstance(n, int) or n < 2:
+            raise ValueError(f"--world-size must be an integer >= 2, got {n!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.bandwidth is not None and not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"--bandwidth must be a positive rate like 1Gbit, got {self.bandwidth!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"--steps must be an integer >= 1, got {self.steps!r}")
+        if not _MIN_MODEL_BYTES <= self.model_bytes <= _MAX_MODEL_BYTES:
+            raise ValueError(f"--model-size must be between 64KiB and 1GiB of gradients, got {self.model_bytes} bytes")
+        if self.batch < 1:
+            raise ValueError(f"--batch must be >= 1, got {self.batch}")
+        if self.hook_warmup is not None and self.hook_warmup < 0:
+            raise ValueError(f"--hook-warmup must be >= 0 steps, got {self.hook_warmup}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        self._validate_faults()
+
+    def _validate_faults(self) -> None:
+        n = self.world_size
+        if self.straggler is not None and not 0 <= self.straggler < n:
+            raise ValueError(f"--straggler {self.straggler} is not a rank of 0..{n - 1} (--world-size {n})")
+        if self.straggler is None and self.delay is not None:
+            raise ValueError("--delay needs --straggler RANK (which rank is late)")
+        if self.delay is not None and not (self.delay >= 0 and math.isfinite(self.delay)):
+            raise ValueError(f"--delay must be a time >= 0, got {self.delay!r}")
+        if not (self.auto_delay_scale > 0 and math.isfinite(self.auto_delay_scale)):
+            raise ValueError(f"auto_delay_scale must be a positive number, got {self.auto_delay_scale!r}")
+        if self.moves and self.straggler is None:
+            raise ValueError("--move-straggler-at needs --straggler RANK (the rank that is late first)")
+        previous_step, previous_rank = self.from_step, self.straggler
+        for step, rank in self.moves:
+            if not 0 <= rank < n:
+                raise ValueError(f"--move-straggler-at {step} {rank}: {rank} is not a rank of 0..{n - 1}")
+            if step <= previous_step or step >= self.steps:
+                raise ValueError(
+                    f"--move-straggler-at {step} {rank}: the step must come after --from-step {self.from_step} "
+                    f"and the previous move, and before --steps {self.steps}"
+                )
+            if rank == previous_rank:
+                raise ValueError(f"--move-straggler-at {step} {rank}: rank {rank} is already the straggler then")
+            previous_step, previous_rank = step, rank
+        bad = [r for r in self.degrade if not 0 <= r < n]
+        if bad:
+            raise ValueError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{n - 1}")
+        slow = [r for r, slowdown in self.degrade.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
+        if slow:
+            raise ValueError(f"--degrade slowdown of rank {slow[0]} must be a finite number >= 1")
+        if self.straggler is not None and self.degrade:
+            raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
+        if self.degrade and self.mode != "emulated":
+            where = "over loopback there is no NIC" if self.mode == "loopback" else "under torchrun nothing is"
+            raise ValueError(
+                f"--degrade reshapes a host's NIC during the run, which needs the emulated cluster (root and "
+                f"iproute2); {where} to reshape (on real machines the hook finds a slow NIC by itself)"
+            )
+        if not (self.jitter >= 0 and math.isfinite(self.jitter)):
+            raise ValueError(f"--jitter must be a time >= 0, got {self.jitter!r}")
+        if not isinstance(self.from_step, int) or self.from_step < 0:
+            raise ValueError(f"--from-step must be an integer >= 0, got {self.from_step!r}")
+        if self.scenario == "none" and self.from_step:
+            raise ValueError("--from-step says when a fault starts: give --straggler, --degrade or --jitter with it")
+        if self.scenario != "none" and self.from_step >= self.steps:
+            raise ValueError(f"--from-step {self.from_step} must be below --steps {self.steps} (no fault would run)")
+        if self.straggler is not None and self.delay is None:
+            reason = why_not("stragglar", Situation(world_size=n, straggler=self.straggler))
+            if reason is not None:
+                raise ValueError(
+                    f"--delay auto times StragglAR's pre-phase, which does not apply here (it {reason}); "
+                    "give --delay MS instead"
+                )
+
+    @property
+    def scenario(self) -> str:
+        """``straggler``, ``degraded``, ``jitter`` (jitter alone) or ``none``."""
+        if self.straggler is not None:
+            return "straggler"
+        if self.degrade:
+            return "degraded"
+        if self.jitter > 0:
+            return "jitter"
+        return "none"
+
+    def late_rank(self, step: int) -> int | None:
+        """The straggler at ``step`` (None before ``from_step`` or without one)."""
+        if self.straggler is None or step < self.from_step:
+            return None
+        rank = self.straggler
+        for move_step, move_rank in self.moves:
+            if step >= move_step:
+                rank = move_rank
+        return rank
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        data: dict[str, Any] = json.loads(text)
+        data["degrade"] = {int(k): v for k, v in data.get("degrade", {}).items()}
+        data["moves"] = [tuple(m) for m in data.get("moves", [])]
+        return cls(**data)

@@ -1,0 +1,242 @@
+"""From the ranks' record of a ``--mode train`` run to the summary, the table and the JSON.
+
+Per step and run, every rank timed its own step (barrier, then forward, injected lateness,
+backward with the AllReduce, optimizer step); a step's time is the largest over the ranks.
+
+* ``detected_step`` / ``switched_step``: the step of the hook's first ``detected_*`` / ``switch``
+  event (an event's step is the first step under the resulting plan; docs/detection.md).
+* **Steady state**: the steps from ``settle_steps`` (the hook's, 2 by default) after the last plan
+  change (``switch``, ``rollback``, ``cleared``) to the end; without any change, from
+  ``settle_steps`` after the later of the hook's warm-up, the fault's first step and the
+  straggler's last move. ``speedup_steady`` = median plain step time / median hooked step time
+  over those steps.
+* ``max_param_diff``: the largest absolute difference between the plain and the hooked model's
+  parameters, over every step and rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+from typing import Any
+
+from stragglerkit.bench.train_config import TrainConfig
+
+__all__ = ["PLAN_CHANGES", "print_summary", "summarize", "write_json"]
+
+PLAN_CHANGES = ("switch", "rollback", "cleared")
+"""Event kinds after which the hooked run's plan differs (docs/detection.md, the event log)."""
+_FEW_STEADY_STEPS = 10
+
+
+def _median_ms(values: list[float]) -> float | None:
+    return float(statistics.median(values)) * 1e3 if values else None
+
+
+def _fault_at(config: TrainConfig, step: int) -> str:
+    if step < config.from_step or config.scenario == "none":
+        return "-"
+    parts = []
+    late = config.late_rank(step)
+    if late is not None:
+        parts.append(f"rank {late} late")
+    if config.degrade:
+        parts.append(", ".join(f"rank {r} l={v:g}" for r, v in sorted(config.degrade.items())))
+    if config.jitter > 0:
+        parts.append(f"jitter {config.jitter * 1e3:g} ms")
+    return ", ".join(parts)
+
+
+def _steady_start(config: TrainConfig, record: dict[str, Any]) -> tuple[int, str]:
+    settle = int(record["hook_config"]["settle_steps"])
+    changes = [int(e["step"]) for e in record["events"] if e["kind"] in PLAN_CHANGES]
+    if changes:
+        return max(changes) + settle, f"from {settle} steps after the last plan change at step {max(changes)}"
+    starts = [int(record["hook_config"]["warmup_steps"])]
+    if config.scenario != "none":
+        starts.append(config.from_step)
+    starts += [step for step, _ in config.moves]
+    return max(starts) + settle, f"from {settle} steps after step {max(starts)}, no plan change"
+
+
+def _phases(
+    config: TrainConfig, record: dict[str, Any], plain: list[float], hooked: list[float]
+) -> list[dict[str, Any]]:
+    steps = config.steps
+    steady_from, _ = _steady_start(config, record)
+    cuts = {0, int(record["hook_config"]["warmup_steps"]), steady_from}
+    if config.scenario != "none":
+        cuts.add(config.from_step)
+    cuts.update(step for step, _ in config.moves)
+    cuts.update(int(e["step"]) for e in record["events"] if e["kind"] in PLAN_CHANGES)
+    bounds = [*sorted(c for c in cuts if 0 <= c < steps), steps]
+    phases = []
+    for first, end in itertools.pairwise(bounds):
+        algorithms = record["algorithms"][first:end]
+        ran = max(dict.fromkeys(algorithms), key=algorithms.count)
+        p, h = _median_ms(plain[first:end]), _median_ms(hooked[first:end])
+        phases.append(
+            {
+                "steps": [first, end - 1],
+                "fault": _fault_at(config, first),
+                "hook_algorithm": ran,
+                "plain_ms": p,
+                "hooked_ms": h,
+                "speedup": p / h if p and h else None,
+                "steady": first >= steady_from,
+            }
+        )
+    return phases
+
+
+def _switch_summary(event: dict[str, Any]) -> dict[str, Any]:
+    evidence = event.get("evidence", {})
+    out: dict[str, Any] = {"step": event["step"], "kind": event["kind"], "algorithm": event["algorithm"]}
+    if event["kind"] == "switch":
+        out["plan"] = evidence.get("to")
+        for key in ("predicted_before_s", "predicted_after_s", "measured_before_s"):
+            out[key] = evidence.get(key)
+    elif event["kind"] == "rollback":
+        out["plan"] = evidence.get("restored")
+        for key in ("measured_before_s", "measured_after_s"):
+            out[key] = evidence.get(key)
+    else:
+        out["plan"] = {"ranks": evidence.get("ranks")}
+    return out
+
+
+def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a run (see the module docstring) plus its per-step series."""
+    plain = [max(ranks) for ranks in record["plain_s"]]
+    hooked = [max(ranks) for ranks in record["hooked_s"]]
+    events = record["events"]
+    detections = [e for e in events if e["kind"].startswith("detected_")]
+    switches = [_switch_summary(e) for e in events if e["kind"] in PLAN_CHANGES]
+    first_switch = next((e for e in events if e["kind"] == "switch"), None)
+    steady_from, steady_why = _steady_start(config, record)
+    steady = list(range(steady_from, config.steps))
+    plain_steady = _median_ms([plain[s] for s in steady])
+    hooked_steady = _median_ms([hooked[s] for s in steady])
+    speedup = plain_steady / hooked_steady if plain_steady and hooked_steady else None
+    checksums = record["checksums"]
+    return {
+        "scenario": config.scenario,
+        "detected_step": detections[0]["step"] if detections else None,
+        "detected": [{"step": e["step"], "kind": e["kind"], "ranks": e["evidence"].get("ranks")} for e in detections],
+        "switched_step": first_switch["step"] if first_switch else None,
+        "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
+        "final_plan": record["final_plan"],
+        "speedup_steady": speedup,
+        "steady_steps": [steady[0], steady[-1]] if steady else None,
+        "steady_from_why": steady_why,
+        "plain_steady_ms": plain_steady,
+        "hooked_steady_ms": hooked_steady,
+        "max_param_diff": max(record["param_diff"]) if record["param_diff"] else None,
+        "param_scale": record["param_scale"],
+        "hooked_identical_on_all_ranks": len(set(checksums["hooked"])) == 1,
+        "plain_identical_on_all_ranks": len(set(checksums["plain"])) == 1,
+        "switches": switches,
+        "fault_step": config.from_step if config.scenario != "none" else None,
+        "delay_s": record["delay_s"],
+        "delay_calibration": record["delay_calibration"],
+        "model": {
+            "layers": f"{256}-{record['hidden']}-{record['hidden']}-{16} MLP",
+            "parameters": record["parameters"],
+            "gradient_bytes": record["gradient_bytes"],
+            "buckets_bytes": record["buckets_bytes"],
+            "batch": config.batch,
+        },
+        "hook_config": record["hook_config"],
+        "phases": _phases(config, record, plain, hooked),
+        "steps": {
+            "plain_s": plain,
+            "hooked_s": hooked,
+            "hook_algorithm": record["algorithms"],
+            "rank_map": record["rank_maps"],
+            "late_rank": [config.late_rank(s) for s in range(config.steps)],
+            "param_diff": record["param_diff"],
+            "loss_rank0": record["loss"],
+            "per_rank": {"plain_s": record["plain_s"], "hooked_s": record["hooked_s"]},
+        },
+        "events": events,
+    }
+
+
+def write_json(path: str, header: dict[str, Any], summary: dict[str, Any]) -> None:
+    """``{"header": ..., <the summary's fields>}``, the summary's keys at the top level."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({"header": header, **summary}, handle, indent=1)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = None) -> None:
+    """The per-phase table and the headline figures."""
+    stream = out if out is not None else sys.stdout
+    config = header["config"]
+    model = summary["model"]
+
+    def say(line: str = "") -> None:
+        print(line, file=stream)
+
+    say(f"# stragglerkit bench --mode train: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})")
+    say(
+        f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients in DDP buckets of "
+        + ", ".join(f"{b / 2**20:.2f}" for b in model["buckets_bytes"])
+        + f" MiB; batch {model['batch']}; load average {header['load_average'][0]:.2f}"
+    )
+    scenario = summary["scenario"]
+    if summary["delay_s"] is not None:
+        how = ""
+        if summary["delay_calibration"]:
+            how = f" (auto: {summary['delay_calibration']['scale']:g} x the measured StragglAR pre-phase)"
+        scenario += f", delay {summary['delay_s'] * 1e3:.1f} ms{how}"
+    if summary["fault_step"] is not None:
+        scenario += f", from step {summary['fault_step']}"
+    say(f"# scenario: {scenario}")
+    say("#")
+    say(f"# {'steps':>9} {'fault':>22} {'hook runs':>10} {'plain(ms)':>10} {'hooked(ms)':>11} {'speedup':>8}")
+    for phase in summary["phases"]:
+        first, last = phase["steps"]
+        speedup = "-" if phase["speedup"] is None else f"{phase['speedup']:.3f}x"
+        mark = "  steady" if phase["steady"] else ""
+        say(
+            f"  {f'{first}-{last}':>9} {phase['fault']:>22} {phase['hook_algorithm']:>10} "
+            f"{_ms(phase['plain_ms']):>10} {_ms(phase['hooked_ms']):>11} {speedup:>8}{mark}"
+        )
+    say("#")
+    detected = summary["detected"]
+    found = (
+        f"step {detected[0]['step']} ({detected[0]['kind']}: ranks {', '.join(detected[0]['ranks'] or {})})"
+        if detected
+        else "nothing"
+    )
+    switched = summary["switched_step"]
+    say(
+        f"# detected: {found}; first switch: {'none' if switched is None else f'step {switched}'}; "
+        f"plan changes: {len(summary['switches'])}; final algorithm: {summary['algorithm']}"
+    )
+    for change in summary["switches"]:
+        say(f"#   step {change['step']}: {change['kind']} -> {change['algorithm']} {json.dumps(change['plan'])}")
+    steady = summary["steady_steps"]
+    if steady is None:
+        say("# steady state: no steps left after the last plan change (run more --steps)")
+    else:
+        count = steady[1] - steady[0] + 1
+        speedup = summary["speedup_steady"]
+        say(
+            f"# steady state: steps {steady[0]}-{steady[1]} ({count} steps; {summary['steady_from_why']}): "
+            f"plain {_ms(summary['plain_steady_ms'])} ms, hooked {_ms(summary['hooked_steady_ms'])} ms "
+            f"-> speedup {'-' if speedup is None else f'{speedup:.3f}x'}"
+            + (" (few steps: run more --steps for a firmer figure)" if count < _FEW_STEADY_STEPS else "")
+        )
+    identical = "yes" if summary["hooked_identical_on_all_ranks"] else "NO"
+    say(
+        f"# parameters: largest |plain - hooked| {summary['max_param_diff']:.3g} (largest |parameter| "
+        f"{summary['param_scale']:.3g}); hooked model identical on all ranks: {identical}"
+    )
+    say("# step time: the slowest rank's forward + injected lateness + backward (AllReduce) + optimizer step")

@@ -1,0 +1,314 @@
+"""One rank of ``stragglerkit bench --mode train``: plain DDP and hooked DDP, trained side by side.
+
+Every rank builds two copies of the same MLP (same seed, so the same initial parameters): one
+wrapped in plain ``DistributedDataParallel`` (the process group's own all_reduce, the baseline)
+and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``. Each step, both train on the
+same batch (``torch.Generator`` seeded by (seed, step, rank)), one after the other:
+
+1. ``dist.barrier()``, then the step's clock starts: forward, the injected lateness (the straggler's
+   delay and/or this rank's jitter, the same figure for both models), backward (the AllReduce),
+   optimizer step; the clock stops. A step's time is the largest such time over the ranks.
+2. The order alternates (plain first on even steps, hooked first on odd ones), so whatever one run
+   leaves running in the background (the hook's stats exchange, rank 0's controller thread) falls
+   on either run alike, and so does any change of load on the machine.
+3. After both: the largest absolute difference between the two models' parameters.
+
+With ``--degrade`` on the emulated cluster, rank 0 asks the launcher to reshape the degraded hosts'
+links at ``from_step`` (a request file in the control folder) and every rank waits at a barrier
+until that is done. ``--delay auto`` is measured before training: ``auto_delay_scale`` x the punctual
+ranks' StragglAR pre-phase time on a buffer the size of the whole gradient.
+
+:func:`main` (``argv``: CONFIG OUT [CONTROL], as the launcher starts it) runs one rank from the
+environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) and writes rank 0's record to OUT (JSON).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from stragglerkit.bench.train_config import TrainConfig
+from stragglerkit.bench.worker import measure_pre_phase
+from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
+
+__all__ = ["RESHAPE_DONE", "RESHAPE_FAILED", "RESHAPE_REQUEST", "build_model", "hidden_width", "main", "train"]
+
+INPUTS, OUTPUTS = 256, 16
+RESHAPE_REQUEST, RESHAPE_DONE, RESHAPE_FAILED = "reshape.request", "reshape.done", "reshape.failed"
+
+
+def hidden_width(model_bytes: int) -> int:
+    """Hidden width H of the MLP 256 -> H -> H -> 16 whose float32 gradient is about ``model_bytes``.
+
+    Example::
+
+        hidden_width(8 * 2**20)    # 1320: 2.1M parameters
+    """
+    numel = model_bytes / 4  # H^2 + (256 + 16 + 2) H + 16 parameters
+    b = INPUTS + OUTPUTS + 2
+    width = (-b + math.sqrt(b * b + 4 * max(numel - OUTPUTS, 1))) / 2
+    return max(8, round(width / 8) * 8)
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    """The MLP of the run, initialised from ``config.seed`` (the same on every rank and for both runs)."""
+    width = hidden_width(config.model_bytes)
+    torch.manual_seed(config.seed)
+    return nn.Sequential(
+        nn.Linear(INPUTS, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, OUTPUTS)
+    )
+
+
+def _batch(config: TrainConfig, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + rank)
+    x, y = torch.randn(config.batch, INPUTS, generator=g), torch.randn(config.batch, OUTPUTS, generator=g)
+    return x.to(device), y.to(device)
+
+
+def _progress(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"train: {message}", file=sys.stderr, flush=True)
+
+
+class _Run:
+    """One of the two models: the DDP module, its optimizer, and this rank's step times."""
+
+    def __init__(self, name: str, model: DDP, lr: float) -> None:
+        self.name = name
+        self.model = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+
+class _TrainRank:
+    """This rank's state: the two runs, the hook's state, the injected lateness."""
+
+    def __init__(self, config: TrainConfig, device: torch.device, control: Path | None) -> None:
+        import stragglerkit
+        from stragglerkit.detect.controller import ControllerConfig
+
+        self.config = config
+        self.device = device
+        self.control = control
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.reporter = self.rank == 0
+        hook_config = ControllerConfig()
+        if config.hook_warmup is not None:
+            hook_config = ControllerConfig(warmup_steps=config.hook_warmup)
+        self.hook_config = hook_config
+        self.plain = _Run("plain", DDP(build_model(config).to(device)), config.lr)
+        self.hooked = _Run("hooked", DDP(build_model(config).to(device)), config.lr)
+        self.state = stragglerkit.DDPState(None, hook_config)
+        self.hooked.model.register_comm_hook(self.state, stragglerkit.ddp_hook)
+        self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
+        self.numel = sum(p.numel() for p in self.plain.model.parameters())
+        self.delay = config.delay or 0.0
+        self.calibration: dict[str, Any] | None = None
+        self.reshaped: dict[str, Any] | None = None
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def calibrate(self) -> None:
+        """``--delay auto``: ``auto_delay_scale`` x StragglAR's pre-phase on the gradient's size."""
+        config = self.config
+        if config.straggler is None or config.delay is not None:
+            return
+        x = torch.ones(self.numel, device=self.device)
+        measured = measure_pre_phase(x, x.clone(), config.straggler, config.bandwidth, self.synchronize)
+        self.delay = config.auto_delay_scale * measured["delay_s"]
+        self.calibration = dict(measured, scale=config.auto_delay_scale, numel=self.numel)
+        _progress(
+            self.reporter,
+            f"delay auto = {config.auto_delay_scale:g} x pre-phase {measured['delay_s'] * 1e3:.1f} ms "
+            f"= {self.delay * 1e3:.1f} ms",
+        )
+
+    def lateness(self, step: int) -> float:
+        """Seconds this rank sleeps before its backward at ``step`` (the same for both runs)."""
+        seconds = 0.0
+        if self.config.late_rank(step) == self.rank:
+            seconds += self.delay
+        if self.jitter is not None and step >= self.config.from_step:
+            seconds += self.jitter.delay_for(step, self.rank)
+        return seconds
+
+    def reshape(self) -> None:
+        """Rank 0 asks the launcher to degrade the NICs and waits; then every rank meets at a barrier."""
+        if self.reporter:
+            assert self.control is not None
+            _progress(True, f"step {self.config.from_step}: reshaping the degraded hosts' links")
+            (self.control / RESHAPE_REQUEST).write_text(str(self.config.from_step), encoding="utf-8")
+            deadline = time.monotonic() + self.config.timeout
+            while not (self.control / RESHAPE_DONE).exists():
+                failed = self.control / RESHAPE_FAILED
+                if failed.exists():
+                    raise RuntimeError(f"reshaping the degraded links failed: {failed.read_text(encoding='utf-8')}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the launcher did not reshape the degraded links in time")
+                time.sleep(0.05)
+            self.reshaped = json.loads((self.control / RESHAPE_DONE).read_text(encoding="utf-8"))
+        dist.barrier()
+
+    def one_step(self, run: _Run, x: torch.Tensor, y: torch.Tensor, late: float) -> None:
+        dist.barrier()
+        start = time.perf_counter()
+        run.opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(run.model(x), y)
+        if late > 0:
+            sleep_precisely(late)
+        loss.backward()
+        run.opt.step()
+        self.synchronize()
+        run.times.append(time.perf_counter() - start)
+        run.losses.append(float(loss.detach()))
+
+    def max_param_diff(self) -> float:
+        with torch.no_grad():
+            pairs = zip(self.plain.model.parameters(), self.hooked.model.parameters(), strict=True)
+            return max(float((a - b).abs().max()) for a, b in pairs)
+
+    def train(self) -> dict[str, Any]:
+        config = self.config
+        reshape = bool(config.degrade) and self.control is not None
+        diffs: list[float] = []
+        algorithms: list[str] = []
+        rank_maps: list[list[int]] = []
+        seen_events = 0
+        every = max(1, config.steps // 12)
+        for step in range(config.steps):
+            if reshape and step == config.from_step:
+                self.reshape()
+            x, y = _batch(config, step, self.rank, self.device)
+            late = self.lateness(step)
+            order = (self.plain, self.hooked) if step % 2 == 0 else (self.hooked, self.plain)
+            for run in order:
+                self.one_step(run, x, y, late)
+            diffs.append(self.max_param_diff())
+            algorithms.append(self.state.algorithm)
+            rank_maps.append(list(self.state.runtime.rank_map.to_physical))
+            events = self.state.events
+            for event in events[seen_events:]:
+                _progress(self.reporter, f"step {step}: {_describe_event(event)}")
+            seen_events = len(events)
+            if self.reporter and ((step + 1) % every == 0 or step + 1 == config.steps):
+                recent = slice(max(0, step + 1 - every), step + 1)
+                plain, hooked = (statistics.median(run.times[recent]) * 1e3 for run in (self.plain, self.hooked))
+                _progress(
+                    True,
+                    f"step {step + 1}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0, median "
+                    f"of the last {len(self.plain.times[recent])}), hook: {self.state.algorithm}",
+                )
+        self.state.close()
+        return self._record(diffs, algorithms, rank_maps)
+
+    def _record(self, diffs: list[float], algorithms: list[str], rank_maps: list[list[int]]) -> dict[str, Any]:
+        with torch.no_grad():
+            flat = {
+                name: torch.cat([p.detach().flatten() for p in run.model.parameters()]).double().cpu()
+                for name, run in (("plain", self.plain), ("hooked", self.hooked))
+            }
+        weights = torch.arange(self.numel, dtype=torch.float64) % 7 + 1
+        own = {
+            "plain_s": self.plain.times,
+            "hooked_s": self.hooked.times,
+            "diffs": diffs,
+            "checksums": {name: float((v * weights).sum()) for name, v in flat.items()},
+            "scale": float(flat["plain"].abs().max()),
+        }
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, own)
+        last = self.state.step - 1
+        return {
+            "world_size": self.world_size,
+            "device": str(self.device),
+            "backend": dist.get_backend(),
+            "hidden": hidden_width(self.config.model_bytes),
+            "parameters": self.numel,
+            "gradient_bytes": 4 * self.numel,
+            "buckets_bytes": [t.nbytes for t in sorted(self.state.profiler.buckets(last), key=lambda t: t.bucket)],
+            "delay_s": self.delay if self.config.straggler is not None else None,
+            "delay_calibration": self.calibration,
+            "hook_config": asdict(self.hook_config),
+            "reshaped": self.reshaped,
+            # [step][rank]
+            "plain_s": [list(t) for t in zip(*(g["plain_s"] for g in gathered), strict=True)],
+            "hooked_s": [list(t) for t in zip(*(g["hooked_s"] for g in gathered), strict=True)],
+            "param_diff": [max(t) for t in zip(*(g["diffs"] for g in gathered), strict=True)],
+            "param_scale": max(g["scale"] for g in gathered),
+            "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},
+            "loss": {"plain": self.plain.losses, "hooked": self.hooked.losses},
+            "algorithms": algorithms,
+            "rank_maps": rank_maps,
+            "events": self.state.events,
+            "final_plan": self.state.controller.plan.describe(),
+        }
+
+
+def _describe_event(event: dict[str, Any]) -> str:
+    kind, evidence = event["kind"], event.get("evidence", {})
+    if kind in ("detected_straggler", "detected_degraded"):
+        ranks = ", ".join(f"rank {r} ({v:.3g})" for r, v in evidence.get("ranks", {}).items())
+        unit = "median delay s" if kind == "detected_straggler" else "l"
+        return f"{kind}: {ranks} [{unit}]"
+    if kind == "switch":
+        to = evidence.get("to", {})
+        return f"switch to {event['algorithm']} (straggler {to.get('straggler')}, slowdowns {to.get('slowdowns')})"
+    return f"{kind}, now {event['algorithm']}"
+
+
+def train(config: TrainConfig, device: torch.device, control: Path | None = None) -> dict[str, Any]:
+    """Run the training on this rank of the initialised default group; the record (the same on every rank)."""
+    state = _TrainRank(config, device, control)
+    _progress(
+        state.reporter,
+        f"{state.world_size} ranks, MLP of {state.numel / 1e6:.2f}M parameters ({4 * state.numel / 2**20:.1f} MiB of "
+        f"gradients), {config.steps} steps, scenario {config.scenario}",
+    )
+    state.calibrate()
+    return state.train()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3):
+        print("usage: python -m stragglerkit.bench.train_worker CONFIG.json OUT.json [CONTROL_DIR]", file=sys.stderr)
+        return 2
+    config = TrainConfig.from_json(Path(args[0]).read_text(encoding="utf-8"))
+    control = Path(args[2]) if len(args) == 3 else None
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout))
+    try:
+        record = train(config, torch.device("cpu"), control)
+        if dist.get_rank() == 0:
+            _write_atomically(args[1], record)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _write_atomically(path: str, record: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

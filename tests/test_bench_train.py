@@ -1,0 +1,212 @@
+"""stragglerkit bench --mode train: options, the summary's arithmetic, and small end-to-end runs.
+
+The loopback run always happens (4 ranks, 40 steps, about 20 s); the emulated-cluster run needs
+root and iproute2 and is skipped otherwise with EmulatedCluster.available()'s reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stragglerkit.bench.train import given_options, run_train
+from stragglerkit.bench.train_config import TrainConfig, parse_jitter
+from stragglerkit.bench.train_report import summarize
+from stragglerkit.bench.train_worker import hidden_width
+from stragglerkit.cli import main
+from stragglerkit.testbed import EmulatedCluster
+
+FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_param_diff", "switches"}
+
+# ------------------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 1}, "world-size"),
+        ({"steps": 0}, "--steps"),
+        ({"straggler": 8}, "not a rank"),
+        ({"delay": 0.01}, "needs --straggler"),
+        ({"straggler": 1, "degrade": {2: 2.0}}, "either"),
+        ({"degrade": {1: 2.0}, "mode": "loopback"}, "emulated cluster"),
+        ({"degrade": {1: 2.0}, "mode": "torchrun"}, "emulated cluster"),
+        ({"degrade": {9: 2.0}}, "not a rank"),
+        ({"moves": [(30, 2)]}, "needs --straggler"),
+        ({"straggler": 1, "delay": 0.01, "from_step": 20, "moves": [(10, 2)]}, "after --from-step"),
+        ({"straggler": 1, "delay": 0.01, "moves": [(10, 1)]}, "already the straggler"),
+        ({"straggler": 1, "delay": 0.01, "moves": [(500, 2)]}, "before --steps"),
+        ({"from_step": 5}, "give --straggler"),
+        ({"straggler": 1, "delay": 0.01, "from_step": 120}, "below --steps"),
+        ({"world_size": 5, "straggler": 4}, "give --delay MS"),
+        ({"jitter": -1.0}, "--jitter"),
+        ({"model_bytes": 100}, "--model-size"),
+        ({"hook_warmup": -1}, "--hook-warmup"),
+    ],
+)
+def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_config_round_trips_and_knows_the_late_rank() -> None:
+    config = TrainConfig(straggler=3, delay=0.05, from_step=10, moves=[(40, 1), (80, 5)], jitter=0.002)
+    assert TrainConfig.from_json(config.to_json()) == config
+    assert [config.late_rank(s) for s in (0, 9, 10, 39, 40, 79, 80, 119)] == [None, None, 3, 3, 1, 1, 5, 5]
+    assert config.scenario == "straggler"
+    assert TrainConfig(jitter=0.01).scenario == "jitter"
+    assert TrainConfig().scenario == "none"
+
+
+def test_option_parsers() -> None:
+    assert parse_jitter("20") == pytest.approx(0.02)
+    assert parse_jitter("5ms") == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="--jitter"):
+        parse_jitter("lots")
+    assert given_options(["--steps", "5", "--siz=1MiB", "--from-step"], ["--sizes", "--steps", "--from-step"]) == [
+        "--steps",
+        "--sizes",
+        "--from-step",
+    ]
+    for size in (2**20, 8 * 2**20, 32 * 2**20):
+        width = hidden_width(size)
+        numel = width * width + 274 * width + 16
+        assert abs(4 * numel - size) / size < 0.02
+
+
+def test_cli_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--mode", "train", "--loopback", "--sizes", "1MiB"]) == 2
+    assert "--sizes: only for the AllReduce bench" in capsys.readouterr().err
+    assert main(["bench", "--loopback", "--steps", "10"]) == 2
+    assert "--steps: only for --mode train" in capsys.readouterr().err
+    assert main(["bench", "--mode", "train", "--loopback", "--degrade", "1:2"]) == 2
+    assert "emulated cluster" in capsys.readouterr().err
+    assert main(["bench", "--mode", "train", "--loopback", "--move-straggler-at", "50", "1"]) == 2
+    assert "needs --straggler" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--mode", "train", "--jitter", "often"])
+    assert "--jitter" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- summary
+
+
+def _record(steps: int, events: list[dict[str, Any]], plain: float, hooked: float) -> dict[str, Any]:
+    return {
+        "hidden": 392,
+        "parameters": 261088,
+        "gradient_bytes": 1044352,
+        "buckets_bytes": [1044352],
+        "delay_s": 0.03,
+        "delay_calibration": None,
+        "hook_config": {"warmup_steps": 10, "settle_steps": 2},
+        "plain_s": [[plain, plain * 0.9]] * steps,
+        "hooked_s": [[hooked, hooked * 0.9] if s >= 30 else [plain, plain] for s in range(steps)],
+        "param_diff": [0.0] * steps,
+        "param_scale": 1.0,
+        "checksums": {"plain": [1.0, 1.0], "hooked": [2.0, 2.0]},
+        "loss": {"plain": [], "hooked": []},
+        "algorithms": ["allreduce"] * 10 + ["ring"] * 20 + ["stragglar"] * (steps - 30),
+        "rank_maps": [[0, 1]] * steps,
+        "events": events,
+        "final_plan": {},
+    }
+
+
+def test_summary_steady_state_starts_after_the_last_plan_change() -> None:
+    config = TrainConfig(world_size=2, mode="loopback", steps=60, straggler=1, delay=0.03, from_step=5)
+    events = [
+        {"step": 30, "kind": "detected_straggler", "algorithm": "stragglar", "evidence": {"ranks": {"1": 0.03}}},
+        {"step": 30, "kind": "switch", "algorithm": "stragglar", "evidence": {"to": {"straggler": 1}}},
+    ]
+    summary = summarize(config, _record(60, events, plain=0.2, hooked=0.1))
+    assert summary["detected_step"] == 30 and summary["switched_step"] == 30
+    assert summary["steady_steps"] == [32, 59]
+    assert summary["speedup_steady"] == pytest.approx(2.0)
+    assert summary["algorithm"] == "stragglar" and len(summary["switches"]) == 1
+    phases = summary["phases"]
+    assert [p["steps"] for p in phases] == [[0, 4], [5, 9], [10, 29], [30, 31], [32, 59]]
+    assert [p["steady"] for p in phases] == [False, False, False, False, True]
+    assert phases[1]["fault"] == "rank 1 late" and phases[0]["fault"] == "-"
+
+
+def test_summary_without_plan_change_measures_after_warm_up_and_fault() -> None:
+    config = TrainConfig(world_size=2, mode="loopback", steps=60)
+    summary = summarize(config, _record(60, [], plain=0.2, hooked=0.2))
+    assert summary["detected_step"] is None and summary["switched_step"] is None
+    assert summary["steady_steps"] == [12, 59]
+    config = TrainConfig(world_size=2, mode="loopback", steps=60, jitter=0.01, from_step=20)
+    assert summarize(config, _record(60, [], plain=0.2, hooked=0.2))["steady_steps"] == [22, 59]
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+
+def test_loopback_train_end_to_end(tmp_path: Path) -> None:
+    """4 ranks, rank 3 sleeps 30 ms before backward from step 2: detected, switched, same parameters."""
+    out = io.StringIO()
+    json_path = tmp_path / "train.json"
+    config = TrainConfig(
+        world_size=4,
+        mode="loopback",
+        bandwidth=None,
+        steps=40,
+        straggler=3,
+        delay=0.03,
+        from_step=2,
+        model_bytes=2**20,
+        timeout=180,
+    )
+    summary = run_train(config, argv=["--mode", "train", "--loopback"], json_path=str(json_path), out=out)
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert FIELDS <= set(data)
+    assert {"command", "machine", "date", "load_average", "config"} <= set(data["header"])
+    assert data["header"]["command"].startswith("stragglerkit bench --mode train")
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    assert data["detected_step"] is not None and data["detected_step"] > 2
+    assert data["detected"][0]["ranks"].keys() == {"3"}
+    assert isinstance(data["speedup_steady"], float) and data["speedup_steady"] > 0
+    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    assert all(t > 0 for t in data["steps"]["plain_s"] + data["steps"]["hooked_s"])
+    # the straggler's sleep is inside both runs' step times
+    assert min(data["steps"]["plain_s"][2:]) >= 0.03 and min(data["steps"]["hooked_s"][2:]) >= 0.03
+    if data["switched_step"] is not None:
+        assert data["switches"][0]["kind"] == "switch" and data["switches"][0]["algorithm"] == "stragglar"
+        assert "stragglar" in data["steps"]["hook_algorithm"][data["switched_step"] :]
+    table = out.getvalue()
+    assert "steady state: steps" in table and "rank 3 late" in table
+
+
+def _our_namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(f"sk-{os.getpid()}-")]
+
+
+def test_emulated_train_reshapes_a_degraded_nic_mid_run(tmp_path: Path) -> None:
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    config = TrainConfig(
+        world_size=4, bandwidth=100e6, steps=30, degrade={2: 2.0}, from_step=5, model_bytes=2**20, timeout=300
+    )
+    json_path = tmp_path / "train.json"
+    summary = run_train(config, json_path=str(json_path), out=io.StringIO())
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert FIELDS <= set(data)
+    links = data["header"]["cluster"]["degraded_links"]
+    assert len(links) == 1 and len(links[0]) == 2  # rank 2's send and receive rates, verified
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"]
+    # from step 5 rank 2's link runs at half the rate: plain DDP's ring is paced by it
+    before, after = data["steps"]["plain_s"][1:5], data["steps"]["plain_s"][8:]
+    assert min(after) > min(before)
+    assert _our_namespaces() == []
