@@ -108,6 +108,8 @@ def _record(steps: int, events: list[dict[str, Any]], plain: float, hooked: floa
         "hook_config": {"warmup_steps": 10, "settle_steps": 2},
         "plain_s": [[plain, plain * 0.9]] * steps,
         "hooked_s": [[hooked, hooked * 0.9] if s >= 30 else [plain, plain] for s in range(steps)],
+        "plain_backward_s": [[plain / 2, plain]] * steps,
+        "hooked_backward_s": [[hooked / 2, hooked] if s >= 30 else [plain / 2, plain] for s in range(steps)],
         "param_diff": [0.0] * steps,
         "param_scale": 1.0,
         "checksums": {"plain": [1.0, 1.0], "hooked": [2.0, 2.0]},
@@ -129,6 +131,8 @@ def test_summary_steady_state_starts_after_the_last_plan_change() -> None:
     assert summary["detected_step"] == 30 and summary["switched_step"] == 30
     assert summary["steady_steps"] == [32, 59]
     assert summary["speedup_steady"] == pytest.approx(2.0)
+    assert summary["backward_speedup_steady"] == pytest.approx(2.0)
+    assert summary["plain_backward_steady_ms"] == pytest.approx(100.0)
     assert summary["algorithm"] == "stragglar" and len(summary["switches"]) == 1
     phases = summary["phases"]
     assert [p["steps"] for p in phases] == [[0, 4], [5, 9], [10, 29], [30, 31], [32, 59]]
@@ -174,6 +178,7 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
     assert data["detected_step"] is not None and data["detected_step"] > 2
     assert data["detected"][0]["ranks"].keys() == {"3"}
     assert isinstance(data["speedup_steady"], float) and data["speedup_steady"] > 0
+    assert isinstance(data["backward_speedup_steady"], float) and data["backward_speedup_steady"] > 0
     assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
     assert all(t > 0 for t in data["steps"]["plain_s"] + data["steps"]["hooked_s"])
     # the straggler's sleep is inside both runs' step times

@@ -10,6 +10,10 @@ backward with the AllReduce, optimizer step); a step's time is the largest over 
   ``settle_steps`` after the later of the hook's warm-up, the fault's first step and the
   straggler's last move. ``speedup_steady`` = median plain step time / median hooked step time
   over those steps.
+* ``backward_speedup_steady``: the same ratio for the *last arriver's backward*: per step the
+  smallest backward time over the ranks (timed from the end of the injected lateness; the rank
+  that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
+  It separates what the AllReduce gained from the rest of the step.
 * ``max_param_diff``: the largest absolute difference between the plain and the hooked model's
   parameters, over every step and rank.
 """
@@ -120,6 +124,13 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     plain_steady = _median_ms([plain[s] for s in steady])
     hooked_steady = _median_ms([hooked[s] for s in steady])
     speedup = plain_steady / hooked_steady if plain_steady and hooked_steady else None
+    plain_backward = [min(ranks) for ranks in record["plain_backward_s"]]
+    hooked_backward = [min(ranks) for ranks in record["hooked_backward_s"]]
+    plain_backward_steady = _median_ms([plain_backward[s] for s in steady])
+    hooked_backward_steady = _median_ms([hooked_backward[s] for s in steady])
+    backward_speedup = (
+        plain_backward_steady / hooked_backward_steady if plain_backward_steady and hooked_backward_steady else None
+    )
     checksums = record["checksums"]
     return {
         "scenario": config.scenario,
@@ -133,6 +144,9 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "steady_from_why": steady_why,
         "plain_steady_ms": plain_steady,
         "hooked_steady_ms": hooked_steady,
+        "backward_speedup_steady": backward_speedup,
+        "plain_backward_steady_ms": plain_backward_steady,
+        "hooked_backward_steady_ms": hooked_backward_steady,
         "max_param_diff": max(record["param_diff"]) if record["param_diff"] else None,
         "param_scale": record["param_scale"],
         "hooked_identical_on_all_ranks": len(set(checksums["hooked"])) == 1,
@@ -153,12 +167,16 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "steps": {
             "plain_s": plain,
             "hooked_s": hooked,
+            "plain_backward_s": plain_backward,
+            "hooked_backward_s": hooked_backward,
             "hook_algorithm": record["algorithms"],
             "rank_map": record["rank_maps"],
             "late_rank": [config.late_rank(s) for s in range(config.steps)],
             "param_diff": record["param_diff"],
             "loss_rank0": record["loss"],
-            "per_rank": {"plain_s": record["plain_s"], "hooked_s": record["hooked_s"]},
+            "per_rank": {
+                name: record[name] for name in ("plain_s", "hooked_s", "plain_backward_s", "hooked_backward_s")
+            },
         },
         "events": events,
     }
@@ -233,6 +251,12 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
             f"plain {_ms(summary['plain_steady_ms'])} ms, hooked {_ms(summary['hooked_steady_ms'])} ms "
             f"-> speedup {'-' if speedup is None else f'{speedup:.3f}x'}"
             + (" (few steps: run more --steps for a firmer figure)" if count < _FEW_STEADY_STEPS else "")
+        )
+        backward = summary["backward_speedup_steady"]
+        ratio = "-" if backward is None else f"{backward:.3f}x"
+        say(
+            f"#   last arriver's backward + AllReduce: plain {_ms(summary['plain_backward_steady_ms'])} ms, "
+            f"hooked {_ms(summary['hooked_backward_steady_ms'])} ms -> {ratio}"
         )
     identical = "yes" if summary["hooked_identical_on_all_ranks"] else "NO"
     say(

@@ -7,7 +7,9 @@ same batch (``torch.Generator`` seeded by (seed, step, rank)), one after the oth
 
 1. ``dist.barrier()``, then the step's clock starts: forward, the injected lateness (the straggler's
    delay and/or this rank's jitter, the same figure for both models), backward (the AllReduce),
-   optimizer step; the clock stops. A step's time is the largest such time over the ranks.
+   optimizer step; the clock stops. A step's time is the largest such time over the ranks. The
+   backward alone (from the end of the lateness) is timed too: on the rank that arrives last it is
+   that rank's backward compute plus the AllReduce from its arrival.
 2. The order alternates (plain first on even steps, hooked first on odd ones), so whatever one run
    leaves running in the background (the hook's stats exchange, rank 0's controller thread) falls
    on either run alike, and so does any change of load on the machine.
@@ -91,6 +93,7 @@ class _Run:
         self.model = model
         self.opt = torch.optim.SGD(model.parameters(), lr=lr)
         self.times: list[float] = []
+        self.backward: list[float] = []
         self.losses: list[float] = []
 
 
@@ -173,7 +176,10 @@ class _TrainRank:
         loss = nn.functional.mse_loss(run.model(x), y)
         if late > 0:
             sleep_precisely(late)
+        arrived = time.perf_counter()
         loss.backward()
+        self.synchronize()
+        run.backward.append(time.perf_counter() - arrived)
         run.opt.step()
         self.synchronize()
         run.times.append(time.perf_counter() - start)
@@ -228,6 +234,8 @@ class _TrainRank:
         own = {
             "plain_s": self.plain.times,
             "hooked_s": self.hooked.times,
+            "plain_backward_s": self.plain.backward,
+            "hooked_backward_s": self.hooked.backward,
             "diffs": diffs,
             "checksums": {name: float((v * weights).sum()) for name, v in flat.items()},
             "scale": float(flat["plain"].abs().max()),
@@ -250,6 +258,8 @@ class _TrainRank:
             # [step][rank]
             "plain_s": [list(t) for t in zip(*(g["plain_s"] for g in gathered), strict=True)],
             "hooked_s": [list(t) for t in zip(*(g["hooked_s"] for g in gathered), strict=True)],
+            "plain_backward_s": [list(t) for t in zip(*(g["plain_backward_s"] for g in gathered), strict=True)],
+            "hooked_backward_s": [list(t) for t in zip(*(g["hooked_backward_s"] for g in gathered), strict=True)],
             "param_diff": [max(t) for t in zip(*(g["diffs"] for g in gathered), strict=True)],
             "param_scale": max(g["scale"] for g in gathered),
             "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},
