@@ -163,6 +163,8 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
             "batch": config.batch,
         },
         "hook_config": record["hook_config"],
+        "detector_evidence": record.get("detector_evidence"),
+        "cost_model": record.get("cost_model"),
         "phases": _phases(config, record, plain, hooked),
         "steps": {
             "plain_s": plain,

@@ -268,6 +268,9 @@ class _TrainRank:
             "rank_maps": rank_maps,
             "events": self.state.events,
             "final_plan": self.state.controller.plan.describe(),
+            # rank 0 decides: its detector's latest evaluation and its fitted cost model, as evidence
+            "detector_evidence": self.state.controller.detector.last_evidence,
+            "cost_model": dict(self.state.controller.model.fit_info),
         }
 
 
