@@ -45,6 +45,7 @@ def hook_vs_plain(
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
     algorithms: list[str] = []
+    bucket_algorithms: list[list[tuple[int, str]]] = []
     diffs: list[float] = []
     checksums: list[float] = []
     for step in range(steps):
@@ -61,6 +62,8 @@ def hook_vs_plain(
             loss.backward()
             opt.step()
         algorithms.append(state.algorithm)
+        ran = sorted(state.profiler.buckets(step), key=lambda t: t.bucket)
+        bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
             flat_plain = torch.cat([p.flatten() for p in plain.parameters()])
             flat_hooked = torch.cat([p.flatten() for p in hooked.parameters()])
@@ -73,6 +76,7 @@ def hook_vs_plain(
         "hooked": torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy(),
         "scale": max(float(p.detach().abs().max()) for p in plain.parameters()),
         "algorithms": algorithms,
+        "bucket_algorithms": bucket_algorithms,
         "events": state.events,
         "step": state.step,
     }

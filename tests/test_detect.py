@@ -243,6 +243,35 @@ def test_degraded_rank_detected_and_cleared() -> None:
     assert 10 < findings[0][0] <= 10 + 8 + 4 and 40 < findings[1][0] <= 40 + 8 + 4
 
 
+def test_degraded_window_counts_steps_when_links_are_measured_on_probe_steps_only() -> None:
+    """One l estimate every 4th step (probes): the window of 8 steps holds 2 estimates, not 4."""
+    det = Detector(DetectorConfig(window=8))
+    found_at = None
+    for step in range(0, 60, 2):
+        l_est = np.full(4, np.nan)  # exchanges without a probe carry no estimate
+        if step % 4 == 0:
+            l_est = np.ones(4)
+            if step >= 20:
+                l_est[1] = 2.0
+        for f in det.update([step, step + 1], np.full((2, 4), 0.01), l_est, lambda r: math.inf, 4):
+            if f.kind == "detected_degraded" and found_at is None:
+                found_at = step
+    # 2 estimates fill the window: at 24 it holds only slow ones (probes 20, 24), at 28 that is confirmed
+    assert found_at == 28 and det.degraded == {1: 2.0}
+
+
+def test_the_groups_own_allreduce_is_modelled_as_a_ring_and_does_not_feed_the_fit() -> None:
+    model = OnlineModel(8, CostModel.Config(alpha=30e-6, beta=1 / 5e9))
+    for nbytes in (1 << 16, 1 << 24):
+        assert model.predict("allreduce", nbytes) == model.predict("ring", nbytes)
+        assert model.predict("allreduce", nbytes, straggler=3, delay=0.01) == model.predict(
+            "ring", nbytes, straggler=3, delay=0.01
+        )
+    model.add("allreduce", 1 << 20, 0.5)
+    assert len(model.samples) == 0
+    assert model.critical_delay(7, 1 << 24, "allreduce", 0.05) == model.critical_delay(7, 1 << 24, "ring", 0.05)
+
+
 def test_detector_config_is_validated() -> None:
     with pytest.raises(ValueError, match="hysteresis"):
         DetectorConfig(fraction=0.3, clear_fraction=0.4)
@@ -316,7 +345,7 @@ def run_controller(
 def test_controller_switches_to_stragglar_with_the_straggler_last() -> None:
     controller, _ = run_controller(8, [8 << 20, 1024], late=3, delay=0.05, verify_steps=1000)
     assert controller.plan.algorithm == "stragglar" and controller.plan.straggler == 3
-    assert controller.plan.buckets == ("stragglar", "ring")  # the 1 KiB bucket keeps the baseline
+    assert controller.plan.buckets == ("stragglar", "allreduce")  # the 1 KiB bucket keeps the baseline
     assert controller.plan.rank_map(8) == [0, 1, 2, 4, 5, 6, 7, 3]
     kinds = [e["kind"] for e in controller.events]
     assert kinds[:2] == ["detected_straggler", "switch"]
@@ -330,13 +359,13 @@ def test_controller_switches_to_stragglar_with_the_straggler_last() -> None:
 @pytest.mark.parametrize("n", [3, 5, 7])
 def test_controller_never_picks_stragglar_for_odd_world_sizes(n: int) -> None:
     controller, _ = run_controller(n, [8 << 20], late=1, delay=0.05)
-    assert controller.plan.algorithm == "ring"
+    assert controller.plan.algorithm == "allreduce"
     assert all(e["evidence"]["to"]["buckets"] == [] for e in controller.events if e["kind"] == "switch")
 
 
 def test_controller_keeps_the_baseline_for_tiny_buckets() -> None:
     controller, _ = run_controller(8, [4096, 1024], late=2, delay=0.05)
-    assert controller.plan == Plan("ring")
+    assert controller.plan == Plan("allreduce")
 
 
 def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
@@ -361,10 +390,10 @@ def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
     assert kinds[:3] == ["detected_straggler", "switch", "rollback"]
     rollback = controller.events[2]
     assert (
-        rollback["algorithm"] == "ring"
+        rollback["algorithm"] == "allreduce"
         and rollback["evidence"]["measured_after_s"] >= rollback["evidence"]["measured_before_s"]
     )
-    assert controller.plan == Plan("ring")  # blocked for cooldown_steps: no re-switch
+    assert controller.plan == Plan("allreduce")  # blocked for cooldown_steps: no re-switch
     assert kinds.count("switch") == 1
 
 
@@ -443,6 +472,9 @@ def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:
 def test_controller_config_is_validated() -> None:
     with pytest.raises(ValueError, match="baseline"):
         ControllerConfig(baseline="stragglar")
+    with pytest.raises(ValueError, match="probe_every"):
+        ControllerConfig(probe_every=-1)
+    assert ControllerConfig().baseline == "allreduce" and ControllerConfig(baseline="ring").baseline == "ring"
     with pytest.raises(ValueError, match="exchange_every"):
         ControllerConfig(exchange_every=0)
     with pytest.raises(ValueError, match="timeout"):

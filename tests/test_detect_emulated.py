@@ -17,7 +17,7 @@ AVAILABLE, REASON = EmulatedCluster.available()
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {REASON}")
 def test_degraded_nic_is_detected_and_optcc_chosen() -> None:
-    hosts, steps, degraded = 4, 38, 2
+    hosts, steps, degraded = 4, 60, 2
     config = EmulatedCluster.Config(
         hosts=hosts,
         bandwidth=100e6,  # 800 Mbit/s per host
@@ -37,7 +37,7 @@ def test_degraded_nic_is_detected_and_optcc_chosen() -> None:
     summary = [(e["step"], e["kind"], e["algorithm"]) for e in events]
     assert all([(e["step"], e["kind"]) for e in r["events"]] == [s[:2] for s in summary] for r in results)
     found = [e for e in events if e["kind"] == "detected_degraded"]
-    assert found, summary
+    assert found, (summary, {k: results[0]["detector"].get(k) for k in ("l_estimates", "l_median")})
     assert set(found[0]["evidence"]["ranks"]) == {str(degraded)}, found[0]["evidence"]
     # first-message estimates run high (TCP ramp-up on the slow link): l = 2 reads about 2.0-2.6
     assert 1.5 <= found[0]["evidence"]["ranks"][str(degraded)] <= 3.0, found[0]["evidence"]

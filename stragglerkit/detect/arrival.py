@@ -65,13 +65,20 @@ class BucketTiming:
     finish_ns: int = 0
     algorithm: str = ""
     first_done: np.ndarray | None = None
-    """Per peer: when the first message from it completed, s after ``start_ns`` (NIC health)."""
+    """Per peer: when the first message from it completed, s after ``link_start_ns`` (NIC health)."""
     first_bytes: np.ndarray | None = None
+    link_start_ns: int = 0
+    """When the run's first message was posted (the executor's entry; 0: not measured)."""
 
     @property
     def start_wall(self) -> float:
         """``start_ns`` in this rank's wall clock (s)."""
         return (self.start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
+
+    @property
+    def link_start_wall(self) -> float:
+        """``link_start_ns`` in this rank's wall clock (s)."""
+        return (self.link_start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
 
     @property
     def span(self) -> float:
@@ -134,18 +141,24 @@ class ArrivalProfiler:
         algorithm: str,
         finish_ns: int | None = None,
         first_receives: tuple[np.ndarray, np.ndarray] | None = None,
+        link_start_ns: int | None = None,
     ) -> None:
         """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value).
 
         ``first_receives``: ``(done, nbytes)`` per peer from
-        :func:`stragglerkit.detect.nic_health.first_receives`, relative to the AllReduce's start.
+        :func:`stragglerkit.detect.nic_health.first_receives`, relative to ``link_start_ns`` (the
+        run's first post; default: the AllReduce's start).
         """
         if first_receives is not None:
             timing.first_done, timing.first_bytes = first_receives
         end = time.monotonic_ns() if finish_ns is None else finish_ns
         with self._lock:
-            # AllReduces run one at a time in call order: this one started when the previous ended
+            # stragglerkit runs AllReduces one at a time in call order: this one started when the
+            # previous ended (the group's own all_reduce may overlap the previous: then its span
+            # counts from the previous end, alike on every rank)
             timing.start_ns = max(timing.hook_ns, self._last_finish_ns)
+            if first_receives is not None:
+                timing.link_start_ns = timing.start_ns if link_start_ns is None else link_start_ns
             timing.finish_ns = max(end, timing.start_ns)
             timing.algorithm = algorithm
             self._last_finish_ns = timing.finish_ns
@@ -183,7 +196,7 @@ class ArrivalProfiler:
             bucket_spans=tuple(spans),
             bucket_bytes=tuple(sizes),
             algorithms=tuple(algorithms),
-            link_enter_wall=link.start_wall if link is not None else float("nan"),
+            link_enter_wall=link.link_start_wall if link is not None else float("nan"),
             link_done=link.first_done if link is not None else None,
             link_bytes=link.first_bytes if link is not None else None,
         )

@@ -51,6 +51,7 @@ from stragglerkit.sim.cost_model import CostModel
 
 __all__ = [
     "ALGORITHM_CODES",
+    "BASELINE_CHOICES",
     "EVENT_KINDS",
     "Controller",
     "ControllerConfig",
@@ -62,6 +63,8 @@ __all__ = [
 
 ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
 """Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
+BASELINE_CHOICES = ("allreduce", *BASELINES)
+"""What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
 EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared")
 
 
@@ -75,8 +78,14 @@ class ControllerConfig:
     """K: steps between stats exchanges (one small all-gather, off the critical path)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     """W, q, hysteresis and the degraded thresholds."""
-    baseline: str = "ring"
-    """Algorithm used when nothing is detected (ring, rhd or direct)."""
+    baseline: str = "allreduce"
+    """Algorithm used when nothing is detected: ``allreduce`` (the process group's own, what plain
+    DDP runs, so the hook costs nothing when nothing is wrong), or stragglerkit's ring, rhd or direct."""
+    probe_every: int = 4
+    """With the ``allreduce`` baseline: every ``probe_every``-th step after warm-up the largest
+    bucket runs stragglerkit's ring instead, whose per-op timings measure each link's rate (NIC
+    health, degraded ranks) and feed the cost model. 0: no probes (degraded NICs are then found
+    from sysfs link speeds only). Ignored with another baseline (every run measures)."""
     min_gain: float = 0.05
     """A plan must be predicted to save at least this fraction of the baseline's time."""
     min_bucket_bytes: int = 64 * 1024
@@ -99,14 +108,16 @@ class ControllerConfig:
     """Most recent baseline AllReduces kept for fitting."""
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "settle_steps", "cooldown_steps"):
+        for name in ("warmup_steps", "settle_steps", "cooldown_steps", "probe_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("exchange_every", "verify_steps", "max_buckets", "fit_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ControllerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"ControllerConfig.baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
+        if self.baseline not in BASELINE_CHOICES:
+            raise ValueError(
+                f"ControllerConfig.baseline must be one of {', '.join(BASELINE_CHOICES)}, got {self.baseline!r}"
+            )
         if not 0 <= self.min_gain < 1 or not 0 <= self.rollback_margin < 1:
             raise ValueError("ControllerConfig.min_gain and rollback_margin must be in [0, 1)")
         if not self.timeout > 0:
@@ -256,7 +267,12 @@ class Controller:
                     self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])))
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
-        slowdowns = np.fmax(slowdowns_from_links(stats.link_rates), slowdowns_from_speeds(stats.speeds))
+        from_links = slowdowns_from_links(stats.link_rates)
+        from_speeds = slowdowns_from_speeds(stats.speeds)
+        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
+            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
+        else:
+            slowdowns = np.fmax(from_links, from_speeds)
         if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
             per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
             known = ~np.isnan(slowdowns)
@@ -269,7 +285,10 @@ class Controller:
         def critical(rank: int) -> float:
             return self._critical_delay(rank, first_bucket)
 
-        findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical)
+        per_estimate = len(stats.steps)
+        if cfg.baseline == "allreduce" and cfg.probe_every > 0:
+            per_estimate = max(per_estimate, cfg.probe_every)
+        findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical, per_estimate)
         if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
             lateness = np.median(np.stack(self._lateness), axis=0)
             for f in findings:
@@ -300,8 +319,14 @@ class Controller:
         return self.model.critical_delay(rank, nbytes, cfg.baseline, cfg.min_gain)
 
     def _bucket_delays(self, straggler: int) -> np.ndarray:
-        """Per bucket: median over the window of (fastest other rank's span - straggler's span), >= 0."""
+        """Per bucket: median of (fastest other rank's span - straggler's span), >= 0, over the
+        window's steps in which ``straggler`` arrived last (as the detector's delay; all steps if
+        none): right after a straggler moved, the steps of the previous one say nothing about it."""
         window = np.stack(self._bucket_window)  # [step, rank, bucket]
+        totals = np.where(np.isnan(window), 0.0, window).sum(axis=2)  # [step, rank]
+        last = totals.argmin(axis=1) == straggler
+        if last.any():
+            window = window[last]
         others = np.delete(window, straggler, axis=1)
         fastest_other = np.where(np.isnan(others), np.inf, others).min(axis=1)
         gaps = np.where(np.isinf(fastest_other), np.nan, fastest_other) - window[:, straggler, :]

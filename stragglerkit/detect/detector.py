@@ -12,7 +12,8 @@ What it decides and why.
   so a fraction rather than an average delay: random jitter spread over all ranks makes each rank
   last in about ``1/n`` of the steps and is never acted on.
 * **Degraded ranks.** ``l_i`` (:mod:`stragglerkit.detect.nic_health`) is estimated once per stats
-  exchange (when a ring run gave first-message figures). A rank is degraded when, over the
+  exchange that has a ring run's first-message figures (with the ``allreduce`` baseline: a probe
+  step's). A rank is degraded when, over the
   estimates of the last ``W`` steps, the median and at least a fraction ``q`` of them are at least
   ``degraded_threshold``; the figure reported is the median. Exchanges without an estimate
   (e.g. while OptCC runs) leave the belief as it is.
@@ -160,11 +161,14 @@ class Detector:
         spans: np.ndarray,
         slowdowns: np.ndarray | None,
         critical_delay: Callable[[int], float],
+        steps_per_estimate: int | None = None,
     ) -> list[Finding]:
         """Add ``spans[i, rank]`` (total AllReduce seconds of ``steps[i]``) and one ``l`` estimate per rank.
 
         ``critical_delay(rank)``: the smallest delay (s) at which acting on a straggler at ``rank``
-        pays (``math.inf``: never). Returns the findings of this evaluation (usually none).
+        pays (``math.inf``: never). ``steps_per_estimate``: how many steps one ``l`` estimate stands
+        for (default ``len(steps)``; more when links are measured only on probe steps), so that the
+        degraded window covers ``W`` steps. Returns the findings of this evaluation (usually none).
         """
         table = np.asarray(spans, dtype=np.float64)
         if table.ndim != 2 or table.shape[0] != len(steps):
@@ -174,7 +178,8 @@ class Detector:
             self._span_rows.append(row)
         findings = self._straggler(critical_delay)
         if slowdowns is not None:
-            findings += self._degraded(np.asarray(slowdowns, dtype=np.float64), max(1, len(steps)))
+            per_estimate = len(steps) if steps_per_estimate is None else steps_per_estimate
+            findings += self._degraded(np.asarray(slowdowns, dtype=np.float64), max(1, per_estimate))
         return findings
 
     # -- persistent straggler -------------------------------------------------------------------

@@ -6,8 +6,10 @@ slowdowns. The parameters come from the job itself:
 
 * **Samples.** Every baseline AllReduce (ring, rhd, direct) of every bucket is a sample: its
   time from the last arrival is, clock-free, the *smallest* span over the ranks (the last
-  arriver does not wait). With the schedule's GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`)
-  this is one row of :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
+  arriver does not wait). With the process group's own all_reduce as the baseline, the samples
+  come from the hook's ring probes (``ControllerConfig.probe_every``). With the schedule's
+  GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`) this is one row of
+  :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
   at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
@@ -48,12 +50,16 @@ from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
 from stragglerkit.sim.simulator import Network, simulate_graph
 
-__all__ = ["BASELINES", "OnlineModel"]
+__all__ = ["BASELINES", "MODELLED_AS", "OnlineModel"]
 
 UNRESOLVED_BETA = 1e-12
 """Seconds per byte used when the fit finds no bandwidth term (1 TB/s: transfers cost ~nothing)."""
 BASELINES = ("ring", "rhd", "direct")
 """Algorithms whose runs feed the fit (they do not depend on who is late)."""
+MODELLED_AS = {"allreduce": "ring"}
+"""Algorithms predicted as another: the process group's own all_reduce is a ring for the buffers
+that matter (gloo's ring and NCCL's ring are bandwidth-optimal like ours). Its runs do not feed the
+fit: gloo overlaps consecutive buckets, so their spans are not one AllReduce's time each."""
 
 
 class OnlineModel:
@@ -184,6 +190,7 @@ class OnlineModel:
         ``slowdowns``: the network's degraded ranks; ``planned_slowdowns`` / ``planned_straggler``:
         those the schedule was built for (default: the same), e.g. a plan for a straggler that moved.
         """
+        algorithm = MODELLED_AS.get(algorithm, algorithm)
         slow = tuple(sorted((slowdowns or {}).items()))
         planned = slow if planned_slowdowns is None else tuple(sorted(planned_slowdowns.items()))
         delay = max(float(delay), 0.0)

@@ -5,7 +5,12 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
 1. **Warm-up** (``ControllerConfig.warmup_steps``): every bucket goes to the process group's own
    ``all_reduce`` (pre-divided by the world size, like DDP without a hook). Arrivals are recorded
    already, so the detector's window fills during warm-up.
-2. **Plans**: then each bucket runs the controller's current plan through stragglerkit's executor
+2. **Plans**: then each bucket runs the controller's current plan. While nothing is wrong that is
+   the baseline, by default the process group's own ``all_reduce`` (``ControllerConfig.baseline``):
+   what plain DDP runs, so the hook costs only its bookkeeping. Every ``probe_every``-th step the
+   largest bucket runs stragglerkit's ring instead (a *probe*): its per-op timings give each
+   link's achieved rate (NIC health) and a cost-model sample. Buckets whose plan names one of
+   stragglerkit's algorithms (StragglAR, OptCC, ...) go to the executor
    (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
    ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
 3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues one async
@@ -73,6 +78,7 @@ class DDPState:
         "_observer",
         "_observing",
         "_pending",
+        "_probe_bucket",
         "_shipped",
         "_speed",
         "_step_open",
@@ -126,6 +132,7 @@ class DDPState:
         self._observing: concurrent.futures.Future[Decision | None] | None = None
         self._step_open = False
         self._algorithm = "allreduce"
+        self._probe_bucket = -1
 
     # -- the interface the training loop reads ---------------------------------------------------
     @property
@@ -158,6 +165,7 @@ class DDPState:
             self._receive(self._pending)
             self._pending = None
         self._algorithm = "allreduce" if self.step < self.config.warmup_steps else self.controller.plan.algorithm
+        self._probe_bucket = self._bucket_to_probe()
         k = self.config.exchange_every
         if self.world_size > 1 and self.step > 0 and self.step % k == 0:
             first = self.step - k
@@ -167,6 +175,20 @@ class DDPState:
             payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
             self._pending = self.exchange.start(payload, first)
             self._shipped = decision
+
+    def _bucket_to_probe(self) -> int:
+        """This step's probe: the largest bucket of the previous step (-1: none). The same on every
+        rank: the step number and DDP's buckets are."""
+        cfg = self.config
+        if cfg.baseline != "allreduce" or cfg.probe_every == 0 or self.world_size < 3:
+            return -1
+        if self.step < max(cfg.warmup_steps, 1) or self.step % cfg.probe_every != 0:
+            return -1
+        previous = self.profiler.buckets(self.step - 1)
+        if not previous:
+            return -1
+        largest = max(previous, key=lambda t: (t.nbytes, -t.bucket))
+        return largest.bucket if largest.nbytes >= cfg.min_bucket_bytes else -1
 
     def _receive(self, pending: PendingExchange) -> None:
         rows = self.exchange.wait(pending)
@@ -215,12 +237,13 @@ class DDPState:
     def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None) -> None:
         end = None
         firsts = None
+        link_start = None
         if record is not None and len(record.timings):
-            end = record.timings.span_ns()[1]
+            first_post, end = record.timings.span_ns()
             if algorithm == "ring":  # every rank sends its first chunk on entry (see nic_health)
-                start = max(timing.hook_ns, self.profiler.last_finish_ns)
-                firsts = first_receives(record.timings.records(), start, self.world_size)
-        self.profiler.finish(timing, algorithm, end, firsts)
+                link_start = first_post  # the executor's entry: its first post
+                firsts = first_receives(record.timings.records(), link_start, self.world_size)
+        self.profiler.finish(timing, algorithm, end, firsts, link_start)
 
 
 def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -247,6 +270,10 @@ def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[t
         return _plain(state, tensor, timing)
     plan = state.controller.plan
     algorithm = plan.algorithm_for(index)
+    if algorithm == "allreduce":
+        if index != state._probe_bucket:
+            return _plain(state, tensor, timing)
+        algorithm = "ring"
     slowdowns = dict(plan.slowdowns) if algorithm == "optcc" else None
     straggler = plan.straggler if algorithm == "stragglar" else None
     handle = state.runtime.all_reduce_async(tensor, algorithm, "avg", straggler, slowdowns)
