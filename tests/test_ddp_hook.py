@@ -50,14 +50,15 @@ def test_hook_trains_like_plain_ddp_through_plan_switches() -> None:
     assert all(results[r]["algorithms"] == algorithms for r in range(N))
     assert algorithms[:5] == ["allreduce"] * 5 and algorithms[5] == "allreduce"
     assert "stragglar" in algorithms[15:150] and "optcc" in algorithms[150:]
-    # the baseline is the group's own all_reduce; every 4th step after warm-up the largest bucket
-    # runs stragglerkit's ring (a probe) -- until the plan moves the bucket to StragglAR
+    # the baseline is the group's own all_reduce; every probe_every-th step after warm-up the
+    # largest bucket runs stragglerkit's ring (a probe) -- until the plan moves it to StragglAR
     buckets = results[0]["bucket_algorithms"]
     assert all(results[r]["bucket_algorithms"] == buckets for r in range(N))
-    for step in range(5, 12):
+    every = ControllerConfig().probe_every
+    for step in range(5, 15):
         largest = max(nbytes for nbytes, _ in buckets[step - 1])
         ring = [nbytes for nbytes, algorithm in buckets[step] if algorithm == "ring"]
-        assert ring == ([largest] if step % 4 == 0 else []), (step, buckets[step])
+        assert ring == ([largest] if step % every == 0 else []), (step, buckets[step])
         assert {a for _, a in buckets[step]} <= {"allreduce", "ring"}
     events = _same_events(results)
     assert any(kind == "switch" and algorithm == "stragglar" and step < 60 for step, kind, algorithm in events)

@@ -17,7 +17,7 @@ AVAILABLE, REASON = EmulatedCluster.available()
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {REASON}")
 def test_degraded_nic_is_detected_and_optcc_chosen() -> None:
-    hosts, steps, degraded = 4, 60, 2
+    hosts, steps, degraded = 4, 70, 2
     config = EmulatedCluster.Config(
         hosts=hosts,
         bandwidth=100e6,  # 800 Mbit/s per host
