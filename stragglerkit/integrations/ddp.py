@@ -24,9 +24,13 @@ Gradients are averaged (sum, then divided once by the world size), identically o
 With NCCL the executor sends over the NCCL group and the exchange stays on a gloo side group
 (CPU tensors). Lateness injection is not part of the hook.
 
-Faults: after warm-up a rank that dies or stalls makes the step fail with a
-:class:`~stragglerkit.errors.StragglerKitError` naming it (``ControllerConfig.timeout``); during
-warm-up the process group's own timeout applies.
+Faults: a rank that dies or stalls makes the step fail on every other rank with a
+:class:`~stragglerkit.errors.StragglerKitError` naming it, after at most ``ControllerConfig.timeout``
+seconds. The group's own ``all_reduce`` runs (with gloo) on a group of the hook's own with that
+timeout. When a bucket's AllReduce fails, each surviving rank reports the step it reached in the
+rendezvous store and waits up to 2 s for the others' reports: the ranks that do not report (or
+report an earlier step) are named as stalled or dead. Nothing is reported or waited for while
+all is well. (With NCCL the group's own AllReduce runs on the NCCL group, under its timeout.)
 
 Example::
 
@@ -40,7 +44,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import itertools
 import os
+import time
 import warnings
 from typing import Any
 
@@ -52,9 +58,15 @@ from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffs
 from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, log_path_for
 from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
 from stragglerkit.detect.nic_health import first_receives, local_link_speed
+from stragglerkit.errors import StragglerKitError
 from stragglerkit.runtime.api import RunRecord, Runtime
 
 __all__ = ["DDPState", "ddp_hook"]
+
+_STATES = itertools.count()
+"""Numbers DDPStates in creation order (the same on every rank): their keys in the store."""
+REPORT_WAIT_S = 2.0
+"""After a failed AllReduce, how long a rank waits for the others' reports before naming the missing."""
 
 
 class DDPState:
@@ -73,6 +85,7 @@ class DDPState:
 
     __slots__ = (
         "_algorithm",
+        "_allreduce_group",
         "_decision_in_flight",
         "_host",
         "_observer",
@@ -82,6 +95,7 @@ class DDPState:
         "_shipped",
         "_speed",
         "_step_open",
+        "_store",
         "clock_offsets",
         "config",
         "controller",
@@ -115,7 +129,13 @@ class DDPState:
         """Completed training steps (a step ends at the bucket with ``is_last()``)."""
         self.runtime = Runtime(self.process_group, timeout=self.config.timeout)
         ranks = dist.get_process_group_ranks(self.process_group)
-        side = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=self.config.timeout))
+        timeout = datetime.timedelta(seconds=self.config.timeout)
+        side = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        self._allreduce_group = self.process_group
+        """Where the group's own all_reduce runs: with gloo a group of the hook's, with its timeout."""
+        if dist.get_backend(self.process_group) == "gloo":
+            self._allreduce_group = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        self._store = _report_store(next(_STATES))
         self.exchange = StatsExchange(
             side, self.world_size, self.rank, self.config.exchange_every, self.config.max_buckets
         )
@@ -175,6 +195,45 @@ class DDPState:
             payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
             self._pending = self.exchange.start(payload, first)
             self._shipped = decision
+
+    def explain_failure(self, step: int) -> str:
+        """After a failed AllReduce at ``step``: which ranks did not reach it in time (module docstring).
+
+        Each rank reports the step and when it entered that step's first AllReduce (rank 0's clock,
+        through the start-up clock offsets). Named: ranks that do not report within
+        ``REPORT_WAIT_S``, report an earlier step, or entered at least half the timeout after the
+        first rank (they woke from a stall and failed in turn).
+        """
+        store = self._store
+        if store is None or self.world_size == 1:
+            return "no store to compare notes in: the rank at fault is unknown"
+        keys = [f"reached/{r}" for r in range(self.world_size)]
+        entries = [t.hook_wall_ns for t in self.profiler.buckets(step)]
+        entered = (min(entries) if entries else time.time_ns()) + self.clock_offsets.offset_ns[self.rank]
+        try:
+            store.set(keys[self.rank], f"{step} {entered}")
+            deadline = time.monotonic() + min(REPORT_WAIT_S, self.config.timeout)
+            while True:
+                reported = [r for r in range(self.world_size) if store.check([keys[r]])]
+                if len(reported) == self.world_size or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            reports = {r: store.get(keys[r]).decode().split() for r in reported}
+        except Exception as err:  # the store went down too (e.g. with rank 0, which usually hosts it)
+            return f"the rendezvous store did not answer ({err}): the rank at fault is unknown"
+        first = min(int(entered_ns) for _, entered_ns in reports.values())
+        late_ns = self.config.timeout / 2 * 1e9
+        named = [f"rank {r}" for r in range(self.world_size) if r not in reports]
+        for r, (reached, entered_ns) in sorted(reports.items()):
+            if int(reached) < step or int(entered_ns) - first >= late_ns:
+                named.append(f"rank {r}")
+        if not named:
+            return f"every rank reached step {step} in time: the fault is in the network or the process group"
+        return (
+            f"{', '.join(named)} did not reach step {step}'s AllReduce in time (no report within "
+            f"{REPORT_WAIT_S:g} s, or entered it {late_ns / 1e9:g} s or more after the first rank): "
+            "stalled or dead; check its log"
+        )
 
     def _bucket_to_probe(self) -> int:
         """This step's probe: the largest bucket of the previous step (-1: none). The same on every
@@ -283,8 +342,9 @@ def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[t
         try:
             record = handle.wait(0)
             state._finish(timing, record.algorithm, record)
-        except BaseException as err:  # the executor's error (naming the rank) goes to DDP
-            result.set_exception(err)  # type: ignore[arg-type]
+        except BaseException as err:  # the executor's error (naming a rank), and who stalled, go to DDP
+            failure = StragglerKitError(f"{err}; {state.explain_failure(timing.step)}")
+            result.set_exception(failure)  # type: ignore[arg-type]
             return
         result.set_result(tensor)
 
@@ -298,12 +358,27 @@ ddp_hook.__annotations__ = {"state": DDPState, "bucket": dist.GradBucket, "retur
 
 def _plain(state: DDPState, tensor: torch.Tensor, timing: BucketTiming) -> torch.futures.Future[torch.Tensor]:
     tensor.div_(state.world_size)
-    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    work = dist.all_reduce(tensor, group=state._allreduce_group, async_op=True)
     assert work is not None
 
     def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        fut.wait()
+        try:
+            fut.wait()
+        except Exception as err:
+            raise StragglerKitError(
+                f"stragglerkit all_reduce (the process group's own, bucket {timing.bucket} of step {timing.step}) "
+                f"failed on rank {state.rank}: {state.explain_failure(timing.step)}; cause: {err}"
+            ) from err
         state._finish(timing, "allreduce", None)
         return tensor
 
     return work.get_future().then(finish)
+
+
+def _report_store(index: int) -> dist.Store | None:
+    """The rendezvous store under a prefix of this DDPState's own (``None`` if there is none)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # initialised without a store the hook can reach
+        return None
+    return dist.PrefixStore(f"stragglerkit/ddp{index}", store)
