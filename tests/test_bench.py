@@ -217,3 +217,7 @@ def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
     assert optcc_segments(2**30, 8) == 64  # capped
     assert optcc_segments(1000, 8) == 1
     assert optcc_segments(2**30, 8, most=16) == 16
+    # at least 3 segments (one doubles the pipeline's fill) while messages stay >= 128 KiB
+    assert optcc_segments(7 * 2**20, 8) == 3 and optcc_segments(3 * 2**20, 8) == 3
+    assert optcc_segments(1356960, 8) == 1  # 3 segments would cut 65 KiB messages
+    assert optcc_segments(7 * 2**20, 3) == 7  # 512 KiB messages already give more

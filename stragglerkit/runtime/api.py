@@ -124,20 +124,30 @@ OPTCC_MESSAGE_BYTES = 512 * 1024
 """OptCC's pipeline segments are chosen so that its messages are about this large (or larger)."""
 
 
+OPTCC_MIN_SEGMENTS = 3
+"""... but at least this many segments while messages stay at least ``OPTCC_SMALLEST_MESSAGE_BYTES``."""
+OPTCC_SMALLEST_MESSAGE_BYTES = 128 * 1024
+
+
 def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
     """OptCC's segment count k for a bucket of ``nbytes``: messages of about 512 KiB, 1 <= k <= ``most``.
 
     More segments shorten the pipeline's fill (time ``l·n·(k+1)/k``) but every segment is a round
     of messages, and each message costs a fixed overhead (latency, a wake-up of the receiving
-    rank); at 64 segments a 32 MiB bucket on 8 ranks is cut into 75 KiB messages.
+    rank); at 64 segments a 32 MiB bucket on 8 ranks is cut into 75 KiB messages. With one
+    segment the fill doubles the time and OptCC loses to a ring, so a bucket gets at least 3
+    segments as long as its messages stay at least 128 KiB (8 ranks, one NIC at 1/2, 6.7 MiB on
+    the emulated cluster: 1 segment 282 ms, 2-3 segments 206-210 ms, gloo 207 ms).
 
     Example::
 
         optcc_segments(32 * 2**20, 8)   # 9
+        optcc_segments(7 * 2**20, 8)    # 3
     """
     message_bytes = int(os.environ.get("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", OPTCC_MESSAGE_BYTES))
     per_segment = (world_size - 1) * max(message_bytes, 1)
-    return max(1, min(most, nbytes // per_segment))
+    floor = min(OPTCC_MIN_SEGMENTS, nbytes // ((world_size - 1) * OPTCC_SMALLEST_MESSAGE_BYTES))
+    return max(1, min(most, max(nbytes // per_segment, floor)))
 
 
 def _auto(situation: Situation, numel: int) -> str:
