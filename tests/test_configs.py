@@ -27,6 +27,8 @@ def test_short_job_reacts_sooner_and_long_job_later() -> None:
 
     assert latency(short_job()) < latency(default()) < latency(long_job())
     assert long_job().detector.fraction > default().detector.fraction
+    # links are measured more often when the job must react sooner
+    assert short_job().probe_every < default().probe_every < long_job().probe_every
     assert default() == ControllerConfig()
 
 
