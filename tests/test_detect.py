@@ -86,6 +86,24 @@ def test_profiler_start_is_the_end_of_the_previous_allreduce() -> None:
     assert step.bucket_bytes == (100, 200, 0, 0) and math.isnan(step.bucket_spans[2])
 
 
+def test_profiler_overlapping_group_allreduces_start_at_their_hand_over() -> None:
+    """gloo runs two buckets' all_reduce at once and the small one may end first: the large one's
+    span still counts from its own hand-over, and the step's time is their union, not their sum."""
+    profiler = ArrivalProfiler()
+    large = profiler.begin(0, 0, 7_000_000)
+    small = profiler.begin(0, 1, 1_000_000)
+    small.hook_ns = large.hook_ns + 2_000_000
+    profiler.finish(small, "allreduce", large.hook_ns + 90_000_000, queued=False)  # ends first
+    profiler.finish(large, "allreduce", large.hook_ns + 100_000_000, queued=False)
+    assert large.span == pytest.approx(0.100) and small.span == pytest.approx(0.088)
+    step = profiler.step_arrival(0, 2)
+    assert step is not None and step.total_span == pytest.approx(0.100)
+    # a queued run after them still waits only for the queue (stragglerkit's own runs)
+    probe = profiler.begin(1, 0, 7_000_000)
+    profiler.finish(probe, "ring", probe.hook_ns + 50_000_000)
+    assert probe.span == pytest.approx(0.050)
+
+
 def test_wall_clock_lateness_uses_offsets() -> None:
     arrivals = np.array([[100.000, 99.500, 100.020]])  # rank 1's clock is 0.5 s behind
     offsets = ClockOffsets((0, 500_000_000, 0), (0, 100, 300))
@@ -354,6 +372,13 @@ def test_controller_switches_to_stragglar_with_the_straggler_last() -> None:
         switch["algorithm"] == "stragglar"
         and switch["evidence"]["predicted_after_s"] < switch["evidence"]["predicted_before_s"]
     )
+
+
+def test_only_the_first_bucket_hides_the_delay() -> None:
+    """Two large buckets, both measured with the straggler's delay: StragglAR for the first only.
+    stragglerkit's runs are queued, so the second starts after the first ended: no delay is left."""
+    controller, _ = run_controller(8, [8 << 20, 8 << 20], late=3, delay=0.05, verify_steps=1000)
+    assert controller.plan.buckets == ("stragglar", "allreduce")
 
 
 @pytest.mark.parametrize("n", [3, 5, 7])

@@ -61,7 +61,8 @@ class BucketTiming:
     hook_wall_ns: int
     """The same moment in this rank's wall clock (``time.time_ns()``), for cross-rank figures."""
     start_ns: int = 0
-    """When its AllReduce could start: max(hook, end of the previous AllReduce on this rank)."""
+    """When its AllReduce could start: the hand-over, or for stragglerkit's queued runs the end of
+    the previous queued one if later (see :meth:`ArrivalProfiler.finish`)."""
     finish_ns: int = 0
     algorithm: str = ""
     first_done: np.ndarray | None = None
@@ -92,7 +93,9 @@ class StepArrival:
 
     step: int
     total_span: float
-    """Sum of the step's bucket spans (seconds)."""
+    """The step's AllReduce time on this rank (seconds): from the earliest start to the latest
+    finish of its buckets. Buckets of the group's own all_reduce may overlap; summing their spans
+    would count one straggler's delay once per bucket."""
     arrival_wall: float
     """Wall-clock time (s, this rank's clock) at which the step's first bucket was handed over."""
     bucket_spans: tuple[float, ...]
@@ -142,26 +145,29 @@ class ArrivalProfiler:
         finish_ns: int | None = None,
         first_receives: tuple[np.ndarray, np.ndarray] | None = None,
         link_start_ns: int | None = None,
+        *,
+        queued: bool = True,
     ) -> None:
         """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value).
 
         ``first_receives``: ``(done, nbytes)`` per peer from
         :func:`stragglerkit.detect.nic_health.first_receives`, relative to ``link_start_ns`` (the
-        run's first post; default: the AllReduce's start).
+        run's first post; default: the AllReduce's start). ``queued``: the AllReduce ran in
+        stragglerkit's one-at-a-time queue, so it started when handed over or when the previous
+        queued one ended, whichever was later; ``False`` for the group's own all_reduce, which may
+        overlap the others (gloo runs two at once): it starts when handed over.
         """
         if first_receives is not None:
             timing.first_done, timing.first_bytes = first_receives
         end = time.monotonic_ns() if finish_ns is None else finish_ns
         with self._lock:
-            # stragglerkit runs AllReduces one at a time in call order: this one started when the
-            # previous ended (the group's own all_reduce may overlap the previous: then its span
-            # counts from the previous end, alike on every rank)
-            timing.start_ns = max(timing.hook_ns, self._last_finish_ns)
+            timing.start_ns = max(timing.hook_ns, self._last_finish_ns) if queued else timing.hook_ns
             if first_receives is not None:
                 timing.link_start_ns = timing.start_ns if link_start_ns is None else link_start_ns
             timing.finish_ns = max(end, timing.start_ns)
             timing.algorithm = algorithm
-            self._last_finish_ns = timing.finish_ns
+            if queued:
+                self._last_finish_ns = timing.finish_ns
 
     @property
     def last_finish_ns(self) -> int:
@@ -191,7 +197,7 @@ class ArrivalProfiler:
         link = max(measured, key=lambda t: t.nbytes) if measured else None
         return StepArrival(
             step=step,
-            total_span=sum(t.span for t in done),
+            total_span=(max(t.finish_ns for t in done) - min(t.start_ns for t in done)) / 1e9,
             arrival_wall=first.hook_wall_ns / 1e9,
             bucket_spans=tuple(spans),
             bucket_bytes=tuple(sizes),

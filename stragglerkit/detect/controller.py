@@ -180,7 +180,7 @@ class WindowStats:
 
     steps: list[int]
     totals: np.ndarray
-    """[step, rank]: summed bucket spans (s)."""
+    """[step, rank]: the step's AllReduce time (s): earliest bucket start to latest finish."""
     bucket_spans: np.ndarray
     """[step, rank, bucket]: span of each bucket (s, NaN: none)."""
     bucket_bytes: list[int]
@@ -350,6 +350,11 @@ class Controller:
         chosen = []
         for b, nbytes in enumerate(bucket_bytes[: cfg.max_buckets]):
             delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
+            if "stragglar" in chosen:
+                # stragglerkit's runs are queued: this bucket starts once the earlier StragglAR run
+                # ended, which is after the straggler arrived (its delay was measured while the
+                # group's own all_reduce ran the buckets side by side)
+                delay = 0.0
             best, best_time = cfg.baseline, math.inf
             if nbytes >= cfg.min_bucket_bytes and candidates:
                 kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}

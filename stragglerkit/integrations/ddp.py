@@ -293,7 +293,7 @@ class DDPState:
         count = max(sizes) + 1 if sizes else 0
         return [sizes.get(b, 0) for b in range(count)], algorithms
 
-    def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None) -> None:
+    def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None, *, queued: bool = True) -> None:
         end = None
         firsts = None
         link_start = None
@@ -302,7 +302,7 @@ class DDPState:
             if algorithm == "ring":  # every rank sends its first chunk on entry (see nic_health)
                 link_start = first_post  # the executor's entry: its first post
                 firsts = first_receives(record.timings.records(), link_start, self.world_size)
-        self.profiler.finish(timing, algorithm, end, firsts, link_start)
+        self.profiler.finish(timing, algorithm, end, firsts, link_start, queued=queued)
 
 
 def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -369,7 +369,7 @@ def _plain(state: DDPState, tensor: torch.Tensor, timing: BucketTiming) -> torch
                 f"stragglerkit all_reduce (the process group's own, bucket {timing.bucket} of step {timing.step}) "
                 f"failed on rank {state.rank}: {state.explain_failure(timing.step)}; cause: {err}"
             ) from err
-        state._finish(timing, "allreduce", None)
+        state._finish(timing, "allreduce", None, queued=False)  # gloo may run it next to the others
         return tensor
 
     return work.get_future().then(finish)
