@@ -461,6 +461,8 @@ def test_exchange_carries_spans_and_link_figures() -> None:
                     algorithms=("ring", "ring"),
                     link_enter_wall=1000.0 - (1.0 if rank == 3 else 0.0),
                     arrival_wall=2000.0 - (0.98 if rank == 3 else 0.0),  # rank 3: 20 ms late, clock 1 s behind
+                    # every rank done 100 ms after rank 3 arrived, rank 1 another 15 ms later
+                    finish_wall=2000.12 + (0.015 if rank == 1 else 0.0) - (1.0 if rank == 3 else 0.0),
                     link_done=done,
                     link_bytes=nbytes,
                 )
@@ -476,6 +478,8 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     assert exchange.decision(torch.stack(rows).numpy()) is None
     assert stats.hosts == [7, 7, 8, 8]
     assert stats.lateness is not None and stats.lateness[1] == pytest.approx([0, 0, 0, 0.02], abs=1e-6)
+    # from the last arrival (rank 3, 2000.02 on rank 0's clock) to the last finish (rank 1, 2000.135)
+    assert stats.tails is not None and stats.tails == pytest.approx([0.115, 0.115], abs=1e-6)
 
 
 def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:

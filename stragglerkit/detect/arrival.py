@@ -102,6 +102,8 @@ class StepArrival:
     """Span of each bucket, by bucket index (NaN where a bucket index did not occur)."""
     bucket_bytes: tuple[int, ...]
     algorithms: tuple[str, ...]
+    finish_wall: float = float("nan")
+    """Wall-clock time (s, this rank's clock) at which the step's last bucket finished."""
     link_enter_wall: float = float("nan")
     """Start (wall clock, s) of the step's largest bucket with first-message figures (NaN: none)."""
     link_done: np.ndarray | None = None
@@ -193,12 +195,14 @@ class ArrivalProfiler:
                 sizes[t.bucket] = t.nbytes
                 algorithms[t.bucket] = t.algorithm
         first = min(done, key=lambda t: t.hook_ns)
+        last = max(done, key=lambda t: t.finish_ns)
         measured = [t for t in done if t.first_done is not None]
         link = max(measured, key=lambda t: t.nbytes) if measured else None
         return StepArrival(
             step=step,
             total_span=(max(t.finish_ns for t in done) - min(t.start_ns for t in done)) / 1e9,
             arrival_wall=first.hook_wall_ns / 1e9,
+            finish_wall=(last.finish_ns + last.hook_wall_ns - last.hook_ns) / 1e9,
             bucket_spans=tuple(spans),
             bucket_bytes=tuple(sizes),
             algorithms=tuple(algorithms),

@@ -17,8 +17,10 @@ What it decides and why.
   degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
   schedule (and its cache entry) is the same whoever is late.
 * **Verification.** ``settle_steps`` after a switch the controller measures ``verify_steps``
-  steps: the time from the last arrival (smallest span over the ranks, summed over the step's
-  buckets). If the median is not below the median of the window before the switch by
+  steps: the time from the last rank's arrival to the last rank's finish (wall clocks made
+  comparable by the start-up offsets; it includes a schedule's tail on the punctual ranks, which
+  the straggler's own time does not show). Without wall-clock figures: the smallest step time
+  over the ranks. If the median is not below the median of the window before the switch by
   ``rollback_margin``, the switch did not pay: the previous plan comes back (``rollback``) and the
   rejected plan is not tried again for ``cooldown_steps``.
 * **Events.** Every decision is an event dict ``{"step", "kind", "algorithm", "evidence"}``
@@ -195,6 +197,9 @@ class WindowStats:
     """Per rank: host id (ranks with the same id share a server and its NICs)."""
     lateness: np.ndarray | None = None
     """[step, rank]: wall-clock arrival after the step's first arrival (s, clock offsets applied)."""
+    tails: np.ndarray | None = None
+    """[step]: from the last rank's arrival to the last rank's finish (s, wall clocks with offsets;
+    NaN where a rank's figures are missing). What a switch is verified with."""
 
 
 class Controller:
@@ -260,7 +265,10 @@ class Controller:
         for i, step in enumerate(stats.steps):
             spans = stats.bucket_spans[i]
             self._bucket_window.append(spans)
-            if not np.isnan(stats.totals[i]).all():
+            tail = float(stats.tails[i]) if stats.tails is not None else math.nan
+            if math.isfinite(tail) and tail > 0:
+                self._step_times.append((step, tail))
+            elif stats.tails is None and not np.isnan(stats.totals[i]).all():
                 self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
             if step < self._plan_start + cfg.settle_steps:
                 continue

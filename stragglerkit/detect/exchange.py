@@ -14,8 +14,9 @@ Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_st
 default]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
 ``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
 bytes; :mod:`stragglerkit.detect.nic_health`) + ``K`` wall-clock arrivals (first bucket handed
-over). Times of day are wall-clock seconds; rank 0 makes them comparable with the start-up clock
-offsets (the float64's resolution, ~0.2 us, is ample).
+over) + ``K`` wall-clock finishes (last bucket done). Times of day are wall-clock seconds; rank 0
+makes them comparable with the start-up clock offsets (the float64's resolution, ~0.2 us, is
+ample).
 
 Example::
 
@@ -42,7 +43,7 @@ from stragglerkit.detect.nic_health import link_rates
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 1.0
+_VERSION = 2.0
 _HEADER = 10
 _EVENTS = 6
 
@@ -81,7 +82,14 @@ class StatsExchange:
         self.steps = steps
         self.buckets = buckets
         self.size = (
-            _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * (1 + 2 * world_size) + steps
+            _HEADER
+            + _EVENTS
+            + world_size
+            + buckets
+            + steps
+            + steps * buckets
+            + steps * (1 + 2 * world_size)
+            + 2 * steps
         )
         self.offsets = ClockOffsets.zero(world_size)
         """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
@@ -134,6 +142,7 @@ class StatsExchange:
         for i, arrival in enumerate(arrivals[:k]):
             if arrival is not None:
                 vec[at + i] = arrival.arrival_wall
+                vec[at + k + i] = arrival.finish_wall
         return torch.from_numpy(vec)
 
     def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
@@ -164,7 +173,12 @@ class StatsExchange:
         rates = link_rates(enter[usable], done[usable], nbytes[usable]) if usable.any() else np.full((n, n), np.nan)
         at += k * (1 + 2 * n)
         arrival_wall = rows[:, at : at + count].T
+        finish_wall = rows[:, at + k : at + k + count].T
         complete = ~np.isnan(arrival_wall).any(axis=1)
+        # from the last arrival to the last finish, on rank 0's clock: the step's AllReduce tail
+        shift = np.asarray(self.offsets.offset_ns, dtype=np.float64)[None, :] / 1e9
+        with np.errstate(invalid="ignore"):
+            tails = (finish_wall + shift).max(axis=1) - (arrival_wall + shift).max(axis=1)
         return WindowStats(
             steps=list(range(first, first + count)),
             totals=totals,
@@ -175,6 +189,7 @@ class StatsExchange:
             speeds=rows[:, 5].copy(),
             hosts=[int(h) for h in rows[:, 4]],
             lateness=wall_clock_lateness(arrival_wall[complete], self.offsets),
+            tails=tails,
         )
 
     def decision(self, rows: np.ndarray) -> Decision | None:
