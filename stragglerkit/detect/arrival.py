@@ -71,15 +71,9 @@ class BucketTiming:
     link_start_ns: int = 0
     """When the run's first message was posted (the executor's entry; 0: not measured)."""
 
-    @property
-    def start_wall(self) -> float:
-        """``start_ns`` in this rank's wall clock (s)."""
-        return (self.start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
-
-    @property
-    def link_start_wall(self) -> float:
-        """``link_start_ns`` in this rank's wall clock (s)."""
-        return (self.link_start_ns + self.hook_wall_ns - self.hook_ns) / 1e9
+    def wall(self, monotonic_ns: int) -> float:
+        """A ``time.monotonic_ns()`` value of this bucket in this rank's wall clock (s)."""
+        return (monotonic_ns + self.hook_wall_ns - self.hook_ns) / 1e9
 
     @property
     def span(self) -> float:
@@ -171,12 +165,6 @@ class ArrivalProfiler:
             if queued:
                 self._last_finish_ns = timing.finish_ns
 
-    @property
-    def last_finish_ns(self) -> int:
-        """When the latest finished AllReduce ended (monotonic ns; 0 before the first)."""
-        with self._lock:
-            return self._last_finish_ns
-
     def buckets(self, step: int) -> list[BucketTiming]:
         with self._lock:
             return list(self._steps.get(step, ()))
@@ -200,13 +188,13 @@ class ArrivalProfiler:
         link = max(measured, key=lambda t: t.nbytes) if measured else None
         return StepArrival(
             step=step,
-            total_span=(max(t.finish_ns for t in done) - min(t.start_ns for t in done)) / 1e9,
+            total_span=(last.finish_ns - min(t.start_ns for t in done)) / 1e9,
             arrival_wall=first.hook_wall_ns / 1e9,
-            finish_wall=(last.finish_ns + last.hook_wall_ns - last.hook_ns) / 1e9,
+            finish_wall=last.wall(last.finish_ns),
             bucket_spans=tuple(spans),
             bucket_bytes=tuple(sizes),
             algorithms=tuple(algorithms),
-            link_enter_wall=link.link_start_wall if link is not None else float("nan"),
+            link_enter_wall=link.wall(link.link_start_ns) if link is not None else float("nan"),
             link_done=link.first_done if link is not None else None,
             link_bytes=link.first_bytes if link is not None else None,
         )

@@ -28,8 +28,9 @@ Faults: a rank that dies or stalls makes the step fail on every other rank with 
 :class:`~stragglerkit.errors.StragglerKitError` naming it, after at most ``ControllerConfig.timeout``
 seconds. The group's own ``all_reduce`` runs (with gloo) on a group of the hook's own with that
 timeout. When a bucket's AllReduce fails, each surviving rank reports the step it reached in the
-rendezvous store and waits up to 2 s for the others' reports: the ranks that do not report (or
-report an earlier step) are named as stalled or dead. Nothing is reported or waited for while
+rendezvous store and waits up to 2 s for the others' reports: the ranks that do not report,
+report an earlier step, or entered the step at least half the timeout after the first rank are
+named as stalled or dead. Nothing is reported or waited for while
 all is well. (With NCCL the group's own AllReduce runs on the NCCL group, under its timeout.)
 
 Example::
