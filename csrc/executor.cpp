@@ -479,10 +479,34 @@ class Run {
     std::ostringstream out;
     out << context() << ": aborted because rank " << note.origin << " failed (" << reason_text(note.reason);
     if (note.remote >= 0) out << " involving rank " << note.remote;
-    out << "); see rank " << note.origin << "'s error for details";
+    out << ")";
+    if (note.reason == kReasonMismatch && note.remote == physical_rank_) {
+      // The origin's header may not have reached this rank yet (its abort note can overtake it):
+      // the note carries what the origin passed, so this rank can say what differs.
+      out << ": " << mismatch_with_note(note);
+    }
+    out << "; see rank " << note.origin << "'s error for details";
     if (op >= 0) out << ". This rank was waiting for the " << describe_op(op);
     aborted_by_peer_ = true;
     throw ExecFailure(out.str(), note.reason, note.origin);
+  }
+
+  // What differs between this rank's call and that of a note's origin, from the note's fields.
+  std::string mismatch_with_note(const AbortNote& note) const {
+    std::ostringstream out;
+    const std::string origin = "rank " + std::to_string(note.origin);
+    if (note.numel != buffer_.numel() || note.dtype != static_cast<int64_t>(buffer_.scalar_type())) {
+      out << "this rank's tensor has " << buffer_.numel() << " elements of " << c10::toString(buffer_.scalar_type())
+          << " but " << origin << "'s has " << note.numel << " elements of "
+          << c10::toString(static_cast<c10::ScalarType>(note.dtype))
+          << ": every rank must pass a tensor of the same size and dtype";
+    } else if (note.plan_id != plan_.plan_id) {
+      out << origin << " runs a different plan (plan id " << note.plan_id << " vs this rank's " << plan_.plan_id
+          << "): every rank must pass the same algorithm, op, straggler, slowdowns and rank mapping";
+    } else {
+      out << origin << " saw a different call number or rank mapping: every rank must make the same sequence of calls";
+    }
+    return out.str();
   }
 
   void wait_for(const c10::intrusive_ptr<c10d::Work>& work, int64_t op, int64_t peer) {
@@ -579,6 +603,9 @@ class Run {
     n[2] = physical_rank_;
     n[3] = failure.reason;
     n[4] = failure.remote;
+    n[5] = buffer_.numel();
+    n[6] = static_cast<int64_t>(buffer_.scalar_type());
+    n[7] = plan_.plan_id;
     note = note.to(buffer_.device());
     std::vector<c10::intrusive_ptr<c10d::Work>> sends;
     for (int rank = 0; rank < group_->getSize(); ++rank) {

@@ -61,7 +61,7 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
       continue;
     }
     std::lock_guard<std::mutex> lock(state->mu);
-    AbortNote abort_note{fields[2], fields[3], fields[4]};
+    AbortNote abort_note{fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]};
     state->aborts.emplace(fields[1], abort_note);
     if (state->active_call == fields[1]) {
       for (auto& blocked : state->blocked) blocked->abort();

@@ -2,7 +2,7 @@
 //
 // Every gloo group gets one listener thread with a receive-from-any posted on a reserved tag. A
 // rank whose call fails sends each rank a small abort note (call number, origin, reason, remote
-// rank); the listener records it and wakes the wait the executor is blocked in, so that rank
+// rank, and the origin's tensor size, dtype and plan id, so a mismatch is explained on both sides); the listener records it and wakes the wait the executor is blocked in, so that rank
 // raises too. NCCL groups have no receive-from-any: there the notes are off and NCCL's watchdog
 // reports faults. States are never freed: they own threads and transport buffers that a failed
 // call may leave registered with the transport.
@@ -38,6 +38,11 @@ struct AbortNote {
   int64_t origin = -1;
   int64_t reason = 0;
   int64_t remote = -1;
+  // The origin's numel, dtype (c10::ScalarType) and plan id: a rank told of a mismatch involving
+  // it can say what differs even when the origin's header has not reached it yet.
+  int64_t numel = -1;
+  int64_t dtype = -1;
+  int64_t plan_id = -1;
 };
 
 // Per process group: call counter, abort listener, and a place to keep buffers that a failed call
