@@ -10,6 +10,8 @@ that background work and load changes fall on every copy alike:
   running *any* Python comm hook;
 * ``hook_quiet``: stragglerkit's hook with no stats exchange and no probes (its per-bucket
   bookkeeping on top of the group's own all_reduce);
+* ``hook_exchange_only``: the stats exchange and rank 0's controller, no probes;
+* ``hook_probes_only``: the ring probes, no exchange;
 * ``hook_default``: stragglerkit's hook with the default ControllerConfig (exchange every 2 steps,
   rank 0's controller, a ring probe every 8th step).
 
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-COPIES = ("plain", "python_allreduce_hook", "hook_quiet", "hook_default")
+COPIES = ("plain", "python_allreduce_hook", "hook_quiet", "hook_exchange_only", "hook_probes_only", "hook_default")
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -71,6 +73,8 @@ def _worker(args: argparse.Namespace) -> None:
     models["python_allreduce_hook"].register_comm_hook(None, python_allreduce_hook)
     states = {
         "hook_quiet": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
+        "hook_exchange_only": stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
+        "hook_probes_only": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9)),
         "hook_default": stragglerkit.DDPState(None, ControllerConfig()),
     }
     for name, state in states.items():
