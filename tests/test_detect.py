@@ -317,6 +317,29 @@ def test_online_fit_recovers_alpha_and_beta() -> None:
     assert at == pytest.approx(0.95 * model.predict("ring", big), rel=0.05)
 
 
+def test_samples_of_a_degraded_cluster_fit_the_healthy_nic() -> None:
+    """Ring runs measured while rank 3's NIC ran at 1/2: with ``slowest=2`` the fit finds the healthy
+    bandwidth again; fitted as if healthy they read as a NIC of half the speed."""
+    truth = OnlineModel(8, CostModel.Config(alpha=30e-6, beta=1 / 5e9))
+    slow = {3: 2.0}
+    sizes = (1 << 16, 1 << 20, 1 << 24)
+    measured = [(nbytes, truth.predict("ring", nbytes, slowdowns=slow)) for nbytes in sizes]
+    aware = OnlineModel(8, CostModel.Config(alpha=1e-3, beta=1e-6))
+    naive = OnlineModel(8, CostModel.Config(alpha=1e-3, beta=1e-6))
+    for nbytes, seconds in measured:
+        aware.add("ring", nbytes, seconds, slowest=2.0)
+        naive.add("ring", nbytes, seconds)
+    aware.refit(), naive.refit()
+    assert 1 / aware.config.beta == pytest.approx(5e9, rel=1e-2)
+    assert 1 / naive.config.beta == pytest.approx(2.5e9, rel=1e-2)
+    # so the degraded cluster's own predictions come out right, not doubly slowed
+    big = sizes[-1]
+    assert aware.predict("ring", big, slowdowns=slow) == pytest.approx(measured[-1][1], rel=1e-2)
+    assert naive.predict("ring", big, slowdowns=slow) > 1.5 * measured[-1][1]
+    with pytest.raises(ValueError, match="slowest"):
+        aware.add("ring", 1 << 20, 0.01, slowest=0.5)
+
+
 # -- controller -------------------------------------------------------------------------------------
 def window(
     n: int, steps: range, late: int | None, delay: float, sizes: list[int], slow: dict[int, float] | None = None
@@ -391,6 +414,15 @@ def test_controller_never_picks_stragglar_for_odd_world_sizes(n: int) -> None:
 def test_controller_keeps_the_baseline_for_tiny_buckets() -> None:
     controller, _ = run_controller(8, [4096, 1024], late=2, delay=0.05)
     assert controller.plan == Plan("allreduce")
+
+
+def test_controller_fits_samples_with_the_measured_slowest_nic() -> None:
+    config = ControllerConfig(warmup_steps=0, settle_steps=0)
+    controller = Controller(8, 0, config)
+    controller.observe(window(8, range(0, 2), None, 0.0, [16 << 20], slow={5: 2.0}), 4)
+    assert [sample[3] for sample in controller.model.samples] == [pytest.approx(2.0)] * 2
+    controller.observe(window(8, range(2, 4), None, 0.0, [16 << 20]), 6)
+    assert [sample[3] for sample in controller.model.samples][2:] == [1.0, 1.0]
 
 
 def test_controller_chooses_optcc_for_a_degraded_rank() -> None:

@@ -214,6 +214,7 @@ class Controller:
         "_plan_start",
         "_planned_for",
         "_seq",
+        "_slowest",
         "_step_times",
         "_verify",
         "config",
@@ -239,6 +240,8 @@ class Controller:
         self._blocked: dict[tuple[object, ...], int] = {}
         self._verify: dict[str, Any] | None = None
         self._last_sizes: list[int] = []
+        self._slowest = 1.0
+        """The slowest NIC's slowdown as last measured (the samples' ``slowest``, see the model)."""
         self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
         window = config.detector.window
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
@@ -262,6 +265,17 @@ class Controller:
     def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
         """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
         cfg = self.config
+        from_links = slowdowns_from_links(stats.link_rates)
+        from_speeds = slowdowns_from_speeds(stats.speeds)
+        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
+            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
+        else:
+            slowdowns = np.fmax(from_links, from_speeds)
+        measured = slowdowns[np.isfinite(slowdowns)]
+        if measured.size:  # this exchange's probe (or sysfs) measured the links
+            self._slowest = float(measured.max())
+        # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC
+        slowest = self._slowest if self._slowest >= cfg.detector.clear_degraded_threshold else 1.0
         for i, step in enumerate(stats.steps):
             spans = stats.bucket_spans[i]
             self._bucket_window.append(spans)
@@ -274,15 +288,9 @@ class Controller:
                 continue
             for b, algorithm in enumerate(stats.algorithms[i]):
                 if b < len(stats.bucket_bytes) and not np.isnan(spans[:, b]).any():
-                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])))
+                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest)
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
-        from_links = slowdowns_from_links(stats.link_rates)
-        from_speeds = slowdowns_from_speeds(stats.speeds)
-        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
-            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
-        else:
-            slowdowns = np.fmax(from_links, from_speeds)
         if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
             per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
             known = ~np.isnan(slowdowns)

@@ -10,6 +10,13 @@ slowdowns. The parameters come from the job itself:
   come from the hook's ring probes (``ControllerConfig.probe_every``). With the schedule's
   GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`) this is one row of
   :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
+* **Samples on a degraded cluster.** The fit is of the *healthy* NIC: predictions put a degraded
+  rank's NIC at ``1/(l·beta)`` themselves. A sample taken while the slowest NIC ran at 1/l is
+  fitted with its bandwidth term times l (``add(..., slowest=l)``): a baseline's critical path
+  moves its bytes at the slowest NIC's pace (exact for the ring, where every rank sends the same
+  bytes each step; first order for rhd and direct). Without it the samples of a degraded
+  cluster read as a slow healthy bandwidth (72 MB/s fitted for 119.5 on the emulated cluster
+  with one NIC at 1/2).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
   at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
@@ -88,7 +95,7 @@ class OnlineModel:
         self.world_size = world_size
         self.config = dataclasses.replace(prior)
         self.max_samples = max_samples
-        self.samples: deque[tuple[str, int, float]] = deque(maxlen=max_samples)
+        self.samples: deque[tuple[str, int, float, float]] = deque(maxlen=max_samples)
         self.fit_info: dict[str, Any] = {"fitted": False, "params": "prior"}
         self._terms: dict[tuple[str, int], CostTerms] = {}
         self._schedules: dict[tuple[object, ...], Schedule] = {}
@@ -96,10 +103,13 @@ class OnlineModel:
         self._predictions: dict[tuple[object, ...], float] = {}
 
     # -- fitting --------------------------------------------------------------------------------
-    def add(self, algorithm: str, nbytes: int, seconds: float) -> None:
-        """One measured AllReduce of a baseline algorithm (time from the last arrival)."""
+    def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0) -> None:
+        """One measured AllReduce of a baseline algorithm (time from the last arrival), run while
+        the slowest NIC was at ``1/slowest`` of the others (module docstring)."""
+        if not (math.isfinite(slowest) and slowest >= 1.0):
+            raise ValueError(f"slowest must be a slowdown l >= 1 (1: every NIC healthy), got {slowest}")
         if algorithm in BASELINES and nbytes > 0 and math.isfinite(seconds) and seconds > 0:
-            self.samples.append((algorithm, int(nbytes), float(seconds)))
+            self.samples.append((algorithm, int(nbytes), float(seconds), float(slowest)))
 
     def _sample_terms(self, algorithm: str, nbytes: int) -> CostTerms:
         key = (algorithm, nbytes)
@@ -109,9 +119,13 @@ class OnlineModel:
             self._terms[key] = terms
         return terms
 
+    def _scaled_terms(self, algorithm: str, nbytes: int, slowest: float) -> CostTerms:
+        terms = self._sample_terms(algorithm, nbytes)
+        return terms if slowest == 1.0 else dataclasses.replace(terms, B=terms.B * slowest)
+
     def refit(self) -> dict[str, Any]:
         """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``."""
-        rows = [(self._sample_terms(a, b), s) for a, b, s in self.samples]
+        rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest in self.samples]
         if len(rows) < 3:
             return self.fit_info
         try:
