@@ -75,7 +75,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("group"), py::arg("device"), py::arg("algorithm"), py::call_guard<py::gil_scoped_release>(),
       "Tell the other ranks this rank's call failed on invalid arguments (they raise instead of waiting).");
   m.def("abort_notes", &stragglerkit::abort_notes, py::arg("group"), py::call_guard<py::gil_scoped_release>(),
-        "Abort notes received from other ranks: (call, origin rank, reason code, remote rank).");
+        "Abort notes received from other ranks: (call, origin rank, reason code, remote rank, the origin's numel, "
+        "dtype code and plan id).");
   m.def("shutdown_listeners", &stragglerkit::shutdown_listeners, py::call_guard<py::gil_scoped_release>(),
         "Stop the abort listener threads (called at interpreter exit).");
 

@@ -100,7 +100,8 @@ std::vector<std::vector<int64_t>> abort_notes(const c10::intrusive_ptr<c10d::Pro
   }
   std::lock_guard<std::mutex> lock(state->mu);
   for (const auto& entry : state->aborts) {
-    out.push_back({entry.first, entry.second.origin, entry.second.reason, entry.second.remote});
+    const AbortNote& note = entry.second;
+    out.push_back({entry.first, note.origin, note.reason, note.remote, note.numel, note.dtype, note.plan_id});
   }
   return out;
 }

@@ -338,6 +338,13 @@ def test_samples_of_a_degraded_cluster_fit_the_healthy_nic() -> None:
     assert naive.predict("ring", big, slowdowns=slow) > 1.5 * measured[-1][1]
     with pytest.raises(ValueError, match="slowest"):
         aware.add("ring", 1 << 20, 0.01, slowest=0.5)
+    # one bucket size, healthy and degraded samples: still beta alone, the healthy bandwidth
+    one_size = OnlineModel(8, CostModel.Config(alpha=30e-6, beta=1e-6))
+    for slowest in (1.0, 2.0, 1.0, 2.0):
+        seconds = truth.predict("ring", big, slowdowns=slow if slowest > 1 else None)
+        one_size.add("ring", big, seconds, slowest=slowest)
+    assert one_size.refit()["params"].startswith("beta (one bucket size")
+    assert 1 / one_size.config.beta == pytest.approx(5e9, rel=1e-2)
 
 
 # -- controller -------------------------------------------------------------------------------------
@@ -416,13 +423,18 @@ def test_controller_keeps_the_baseline_for_tiny_buckets() -> None:
     assert controller.plan == Plan("allreduce")
 
 
-def test_controller_fits_samples_with_the_measured_slowest_nic() -> None:
-    config = ControllerConfig(warmup_steps=0, settle_steps=0)
+def test_controller_fits_samples_with_the_confirmed_slowest_nic() -> None:
+    config = ControllerConfig(warmup_steps=0, settle_steps=0, verify_steps=1000)
     controller = Controller(8, 0, config)
-    controller.observe(window(8, range(0, 2), None, 0.0, [16 << 20], slow={5: 2.0}), 4)
-    assert [sample[3] for sample in controller.model.samples] == [pytest.approx(2.0)] * 2
-    controller.observe(window(8, range(2, 4), None, 0.0, [16 << 20]), 6)
-    assert [sample[3] for sample in controller.model.samples][2:] == [1.0, 1.0]
+    step = 0
+    while not controller.detector.degraded and step < 60:  # until rank 5 (at 1/2) is confirmed
+        controller.observe(window(8, range(step, step + 2), None, 0.0, [16 << 20], slow={5: 2.0}), step + 4)
+        step += 2
+    assert controller.detector.degraded == {5: pytest.approx(2.0)}
+    assert all(sample[3] == 1.0 for sample in controller.model.samples)  # before: as if healthy
+    controller.observe(window(8, range(step, step + 2), None, 0.0, [16 << 20], slow={5: 2.0}), step + 4)
+    assert [sample[3] for sample in controller.model.samples][-2:] == [pytest.approx(2.0)] * 2
+    assert controller.model.fit_info["params"].startswith("beta (one bucket size")
 
 
 def test_controller_chooses_optcc_for_a_degraded_rank() -> None:

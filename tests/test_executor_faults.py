@@ -59,3 +59,17 @@ def test_dtype_mismatch_is_caught_on_every_rank(wait_mode: str, monkeypatch: pyt
         assert out["error"].startswith("StragglerKitError") and "mismatch" in out["error"], (rank, out)
     assert "Double" in results[0]["error"] and "Float" in results[0]["error"]
     assert results[0]["unchanged"]
+
+
+def test_mismatch_notes_carry_what_their_origin_passed() -> None:
+    """A rank told of a mismatch by a note can name the difference even if the origin's header has not
+    reached it yet (the note can overtake it): the note carries the origin's numel, dtype and plan."""
+    results = run_group(3, fault_bodies.dtype_mismatch_notes)
+    dtype_code = {0: 7, 1: 6, 2: 6}  # c10::ScalarType: Double 7, Float 6 (rank 0 passed float64)
+    mismatch = 1  # AbortReason kReasonMismatch
+    notes = [note for out in results.values() for note in out["notes"] if note[2] == mismatch]
+    assert notes, results  # at least one side of the mismatched pair sent one
+    for _call_number, origin, _reason, remote, numel, dtype, plan_id in notes:
+        assert numel == 1000 and dtype == dtype_code[origin], notes
+        assert remote in (0, 1, 2) and remote != origin and plan_id != 0, notes
+        assert (origin == 0) != (remote == 0), notes  # every mismatch involves rank 0

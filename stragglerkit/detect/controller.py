@@ -214,7 +214,6 @@ class Controller:
         "_plan_start",
         "_planned_for",
         "_seq",
-        "_slowest",
         "_step_times",
         "_verify",
         "config",
@@ -240,8 +239,6 @@ class Controller:
         self._blocked: dict[tuple[object, ...], int] = {}
         self._verify: dict[str, Any] | None = None
         self._last_sizes: list[int] = []
-        self._slowest = 1.0
-        """The slowest NIC's slowdown as last measured (the samples' ``slowest``, see the model)."""
         self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
         window = config.detector.window
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
@@ -271,11 +268,10 @@ class Controller:
             slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
         else:
             slowdowns = np.fmax(from_links, from_speeds)
-        measured = slowdowns[np.isfinite(slowdowns)]
-        if measured.size:  # this exchange's probe (or sysfs) measured the links
-            self._slowest = float(measured.max())
-        # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC
-        slowest = self._slowest if self._slowest >= cfg.detector.clear_degraded_threshold else 1.0
+        # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC, as
+        # confirmed by the detector (one exchange's link figures are too noisy: a healthy link
+        # read 1.9 once in an 8-rank run)
+        slowest = max(self.detector.degraded.values(), default=1.0)
         for i, step in enumerate(stats.steps):
             spans = stats.bucket_spans[i]
             self._bucket_window.append(spans)

@@ -11,8 +11,9 @@ slowdowns. The parameters come from the job itself:
   GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`) this is one row of
   :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
 * **Samples on a degraded cluster.** The fit is of the *healthy* NIC: predictions put a degraded
-  rank's NIC at ``1/(l·beta)`` themselves. A sample taken while the slowest NIC ran at 1/l is
-  fitted with its bandwidth term times l (``add(..., slowest=l)``): a baseline's critical path
+  rank's NIC at ``1/(l·beta)`` themselves. A sample taken while the slowest NIC ran at 1/l (the
+  controller passes the detector's confirmed l) is fitted with its bandwidth term times l
+  (``add(..., slowest=l)``): a baseline's critical path
   moves its bytes at the slowest NIC's pace (exact for the ring, where every rank sends the same
   bytes each step; first order for rhd and direct). Without it the samples of a degraded
   cluster read as a slow healthy bandwidth (72 MB/s fitted for 119.5 on the emulated cluster
@@ -129,6 +130,10 @@ class OnlineModel:
         if len(rows) < 3:
             return self.fit_info
         try:
+            if len({(a, b) for a, b, _, _ in self.samples}) < 2:
+                # one bucket size: scaling by l must not pass for a second size (alpha and beta
+                # would be told apart by the slowdowns' noise alone)
+                raise ValueError("one bucket size")
             result = fit(rows, params=("alpha", "beta"))
             alpha, beta, rms = result.config.alpha, result.config.beta, result.relative_rms
             params = "alpha, beta"
