@@ -444,14 +444,9 @@ class Run {
       problem << "this is this rank's all_reduce call #" << m[kHdrCall] << " on the group but " << rank_name(peer)
               << "'s call #" << t[kHdrCall] << ": every rank must make the same sequence of calls";
     } else if (t[kHdrNumel] != m[kHdrNumel] || t[kHdrDtype] != m[kHdrDtype]) {
-      problem << "this rank's tensor has " << m[kHdrNumel] << " elements of "
-              << c10::toString(static_cast<c10::ScalarType>(m[kHdrDtype])) << " but " << rank_name(peer) << "'s has "
-              << t[kHdrNumel] << " elements of " << c10::toString(static_cast<c10::ScalarType>(t[kHdrDtype]))
-              << ": every rank must pass a tensor of the same size and dtype";
+      problem << tensor_difference(rank_name(peer), t[kHdrNumel], t[kHdrDtype]);
     } else if (t[kHdrPlanId] != m[kHdrPlanId] || t[kHdrWorld] != m[kHdrWorld] || t[kHdrLogical] != peer) {
-      problem << rank_name(peer) << " runs a different plan (plan id " << t[kHdrPlanId] << " vs this rank's "
-              << m[kHdrPlanId]
-              << "): every rank must pass the same algorithm, op, straggler, slowdowns and rank mapping";
+      problem << plan_difference(rank_name(peer), t[kHdrPlanId]);
     }
     const std::string text = problem.str();
     if (!text.empty()) {
@@ -493,19 +488,30 @@ class Run {
 
   // What differs between this rank's call and that of a note's origin, from the note's fields.
   std::string mismatch_with_note(const AbortNote& note) const {
-    std::ostringstream out;
     const std::string origin = "rank " + std::to_string(note.origin);
     if (note.numel != buffer_.numel() || note.dtype != static_cast<int64_t>(buffer_.scalar_type())) {
-      out << "this rank's tensor has " << buffer_.numel() << " elements of " << c10::toString(buffer_.scalar_type())
-          << " but " << origin << "'s has " << note.numel << " elements of "
-          << c10::toString(static_cast<c10::ScalarType>(note.dtype))
-          << ": every rank must pass a tensor of the same size and dtype";
-    } else if (note.plan_id != plan_.plan_id) {
-      out << origin << " runs a different plan (plan id " << note.plan_id << " vs this rank's " << plan_.plan_id
-          << "): every rank must pass the same algorithm, op, straggler, slowdowns and rank mapping";
-    } else {
-      out << origin << " saw a different call number or rank mapping: every rank must make the same sequence of calls";
+      return tensor_difference(origin, note.numel, note.dtype);
     }
+    if (note.plan_id != plan_.plan_id) {
+      return plan_difference(origin, note.plan_id);
+    }
+    return origin + " saw a different call number or rank mapping: every rank must make the same sequence of calls";
+  }
+
+  // The mismatch text for `other`'s tensor (`numel` elements of ScalarType `dtype`) against this rank's.
+  std::string tensor_difference(const std::string& other, int64_t numel, int64_t dtype) const {
+    std::ostringstream out;
+    out << "this rank's tensor has " << buffer_.numel() << " elements of " << c10::toString(buffer_.scalar_type())
+        << " but " << other << "'s has " << numel << " elements of "
+        << c10::toString(static_cast<c10::ScalarType>(dtype)) << ": every rank must pass a tensor of the same size and dtype";
+    return out.str();
+  }
+
+  // The mismatch text for `other` running plan `plan_id` where this rank runs its own.
+  std::string plan_difference(const std::string& other, int64_t plan_id) const {
+    std::ostringstream out;
+    out << other << " runs a different plan (plan id " << plan_id << " vs this rank's " << plan_.plan_id
+        << "): every rank must pass the same algorithm, op, straggler, slowdowns and rank mapping";
     return out.str();
   }
 

@@ -2,7 +2,8 @@
 //
 // Every gloo group gets one listener thread with a receive-from-any posted on a reserved tag. A
 // rank whose call fails sends each rank a small abort note (call number, origin, reason, remote
-// rank, and the origin's tensor size, dtype and plan id, so a mismatch is explained on both sides); the listener records it and wakes the wait the executor is blocked in, so that rank
+// rank, and the origin's tensor size, dtype and plan id, so a mismatch is explained on both
+// sides); the listener records it and wakes the wait the executor is blocked in, so that rank
 // raises too. NCCL groups have no receive-from-any: there the notes are off and NCCL's watchdog
 // reports faults. States are never freed: they own threads and transport buffers that a failed
 // call may leave registered with the transport.

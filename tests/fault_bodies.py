@@ -67,17 +67,14 @@ def dtype_mismatch(rank: int, n: int) -> dict[str, Any]:
 
 
 def dtype_mismatch_notes(rank: int, n: int) -> dict[str, Any]:
-    """The dtype mismatch of ``dtype_mismatch``; then the abort notes this rank received."""
+    """``dtype_mismatch``; then the abort notes this rank received."""
     import stragglerkit._C as native
 
     import stragglerkit.runtime.api as api
 
-    api.runtime_for().timeout = 30.0
-    _call(torch.ones(1000), algorithm="rhd")
-    dtype = torch.float64 if rank == 0 else torch.float32
-    error = _call(torch.ones(1000, dtype=dtype), algorithm="rhd")
+    out = dtype_mismatch(rank, n)
     time.sleep(1.0)  # notes still on their way when this rank raised
-    return {"error": error, "notes": [list(note) for note in native.abort_notes(api.runtime_for().group)]}
+    return {"error": out["error"], "notes": [list(note) for note in native.abort_notes(api.runtime_for().group)]}
 
 
 def peer_dies(rank: int, n: int, queue_hint: Any = None) -> str:

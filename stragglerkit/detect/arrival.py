@@ -240,6 +240,10 @@ class ClockOffsets:
     def zero(world_size: int) -> ClockOffsets:
         return ClockOffsets((0,) * world_size, (0,) * world_size)
 
+    def to_reference(self, wall_s: np.ndarray) -> np.ndarray:
+        """``wall_s[..., rank]``: wall-clock seconds on each rank's clock, as seconds on rank 0's."""
+        return np.asarray(wall_s, dtype=np.float64) + np.asarray(self.offset_ns, dtype=np.float64) / 1e9
+
     def per_host(self, hosts: list[int]) -> dict[int, int]:
         """The offset of each host (id -> ns): the one measured with the shortest round trip."""
         best: dict[int, tuple[int, int]] = {}
@@ -295,6 +299,5 @@ def wall_clock_lateness(arrival_wall: np.ndarray, offsets: ClockOffsets) -> np.n
 
         lateness = wall_clock_lateness(arrivals, offsets)   # lateness[:, r].mean(): how late r is
     """
-    table = np.asarray(arrival_wall, dtype=np.float64)
-    corrected = table + np.asarray(offsets.offset_ns, dtype=np.float64)[None, :] / 1e9
+    corrected = offsets.to_reference(arrival_wall)
     return corrected - np.nanmin(corrected, axis=1, keepdims=True)

@@ -262,12 +262,6 @@ class Controller:
     def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
         """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
         cfg = self.config
-        from_links = slowdowns_from_links(stats.link_rates)
-        from_speeds = slowdowns_from_speeds(stats.speeds)
-        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
-            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
-        else:
-            slowdowns = np.fmax(from_links, from_speeds)
         # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC, as
         # confirmed by the detector (one exchange's link figures are too noisy: a healthy link
         # read 1.9 once in an 8-rank run)
@@ -287,6 +281,12 @@ class Controller:
                     self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest)
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
+        from_links = slowdowns_from_links(stats.link_rates)
+        from_speeds = slowdowns_from_speeds(stats.speeds)
+        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
+            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
+        else:
+            slowdowns = np.fmax(from_links, from_speeds)
         if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
             per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
             known = ~np.isnan(slowdowns)

@@ -176,9 +176,9 @@ class StatsExchange:
         finish_wall = rows[:, at + k : at + k + count].T
         complete = ~np.isnan(arrival_wall).any(axis=1)
         # from the last arrival to the last finish, on rank 0's clock: the step's AllReduce tail
-        shift = np.asarray(self.offsets.offset_ns, dtype=np.float64)[None, :] / 1e9
+        on_rank0 = self.offsets.to_reference
         with np.errstate(invalid="ignore"):
-            tails = (finish_wall + shift).max(axis=1) - (arrival_wall + shift).max(axis=1)
+            tails = on_rank0(finish_wall).max(axis=1) - on_rank0(arrival_wall).max(axis=1)
         return WindowStats(
             steps=list(range(first, first + count)),
             totals=totals,
