@@ -11,12 +11,17 @@ that background work and load changes fall on every copy alike:
 * ``hook_quiet``: stragglerkit's hook with no stats exchange and no probes (its per-bucket
   bookkeeping on top of the group's own all_reduce);
 * ``hook_exchange_only``: the stats exchange and rank 0's controller, no probes;
-* ``hook_probes_only``: the ring probes, no exchange;
+* ``hook_probes_only``: the ring probes every 8th step, no exchange;
+* ``hook_fixed_probes``: the default ControllerConfig but with a probe every 8th step throughout
+  (``quiet_probe_every=0``: the default before the probes backed off);
 * ``hook_default``: stragglerkit's hook with the default ControllerConfig (exchange every 2 steps,
-  rank 0's controller, a ring probe every 8th step).
+  rank 0's controller, a ring probe every 8th step until 4 probes in a row read healthy links,
+  then every 64th).
 
 A step's time is the slowest rank's forward + backward (the AllReduce) after a barrier. Reported:
-median and mean over the steps after ``--skip``, and each copy's ratio to ``plain``.
+median and mean over the steps after ``--skip``, and each copy's ratio to ``plain``. The probes
+are 1 step in 8 (or 64): they move the mean, which is what a run's throughput is, more than the
+median.
 
 Example::
 
@@ -40,7 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-COPIES = ("plain", "python_allreduce_hook", "hook_quiet", "hook_exchange_only", "hook_probes_only", "hook_default")
+COPIES = (
+    "plain",
+    "python_allreduce_hook",
+    "hook_quiet",
+    "hook_exchange_only",
+    "hook_probes_only",
+    "hook_fixed_probes",
+    "hook_default",
+)
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -74,7 +87,8 @@ def _worker(args: argparse.Namespace) -> None:
     states = {
         "hook_quiet": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
         "hook_exchange_only": stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
-        "hook_probes_only": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9)),
+        "hook_probes_only": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)),
+        "hook_fixed_probes": stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
         "hook_default": stragglerkit.DDPState(None, ControllerConfig()),
     }
     for name, state in states.items():
@@ -99,7 +113,8 @@ def _worker(args: argparse.Namespace) -> None:
     dist.all_gather_object(gathered, times)
     if rank == 0:
         slowest = {name: [max(g[name][i] for g in gathered) for i in range(args.skip, args.steps)] for name in COPIES}
-        Path(args.out).write_text(json.dumps(slowest), encoding="utf-8")
+        events = {name: state.events for name, state in states.items()}
+        Path(args.out).write_text(json.dumps({"times": slowest, "events": events}), encoding="utf-8")
     dist.destroy_process_group()
 
 
@@ -136,10 +151,14 @@ def main() -> None:
             codes = [p.wait(timeout=1800) for p in procs]
             if any(codes):
                 raise SystemExit(f"ranks exited with {codes}")
-        slowest = json.loads(Path(out).read_text(encoding="utf-8"))
+        written = json.loads(Path(out).read_text(encoding="utf-8"))
+        slowest, events = written["times"], written["events"]
     plain_median = statistics.median(slowest["plain"])
     plain_mean = statistics.mean(slowest["plain"])
     rows = []
+    for name, copy_events in events.items():
+        for event in copy_events:
+            print(f"{name}: step {event['step']}: {event['kind']} {event['evidence'].get('reason', '')}")
     for name in COPIES:
         median, mean = statistics.median(slowest[name]), statistics.mean(slowest[name])
         rows.append(
@@ -163,6 +182,7 @@ def main() -> None:
             "model_bytes": args.model_bytes,
             "steps_measured": args.steps - args.skip,
             "rows": rows,
+            "events": events,
             "step_times_s": slowest,
         }
         args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

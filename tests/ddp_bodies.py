@@ -46,6 +46,7 @@ def hook_vs_plain(
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
     algorithms: list[str] = []
     bucket_algorithms: list[list[tuple[int, str]]] = []
+    probe_every: list[int] = []  # the probe interval in force after each step
     diffs: list[float] = []
     checksums: list[float] = []
     for step in range(steps):
@@ -62,6 +63,7 @@ def hook_vs_plain(
             loss.backward()
             opt.step()
         algorithms.append(state.algorithm)
+        probe_every.append(state.controller.probe_every)
         ran = sorted(state.profiler.buckets(step), key=lambda t: t.bucket)
         bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
@@ -77,6 +79,7 @@ def hook_vs_plain(
         "scale": max(float(p.detach().abs().max()) for p in plain.parameters()),
         "algorithms": algorithms,
         "bucket_algorithms": bucket_algorithms,
+        "probe_every": probe_every,
         "events": state.events,
         "step": state.step,
     }

@@ -65,6 +65,34 @@ def test_hook_trains_like_plain_ddp_through_plan_switches() -> None:
     assert any(kind == "switch" and algorithm == "stragglar" and step < 60 for step, kind, algorithm in events), events
 
 
+def test_probes_back_off_on_every_rank_at_the_same_step() -> None:
+    """No fault: the ring probes come every 2nd step after warm-up, every 8th once 2 probes in a row
+    read healthy links, and (on an alarm) every 2nd again; every rank probes the same steps, which
+    are exactly those the interval in force names. (The degraded threshold is raised: 4 ranks on
+    2 loaded cores can read a healthy loopback link as slow.)"""
+    cfg = {
+        "warmup_steps": 4,
+        "probe_every": 2,
+        "quiet_probe_every": 8,
+        "quiet_after": 2,
+        "detector": {"degraded_threshold": 50.0, "clear_degraded_threshold": 40.0},
+    }
+    steps = 60
+    results = run_group(N, ddp_bodies.hook_vs_plain, steps, 0, steps, 0.0, -1, cfg)
+    buckets, every = results[0]["bucket_algorithms"], results[0]["probe_every"]
+    assert all(results[r]["bucket_algorithms"] == buckets and results[r]["probe_every"] == every for r in range(N))
+    assert every[:4] == [2] * 4 and 8 in every, every
+    for step in range(4, steps):
+        in_force = every[step - 1]  # adopted at the start of a step, recorded after it
+        probed = any(algorithm == "ring" for _, algorithm in buckets[step])
+        assert probed == (step % in_force == 0), (step, in_force, buckets[step])
+    probing = [e for e in results[0]["events"] if e["kind"] == "probing"]
+    assert probing and probing[0]["evidence"]["every"] == 8 and "healthy" in probing[0]["evidence"]["reason"]
+    assert [e["evidence"]["every"] for e in probing] == [8, 2] * (len(probing) // 2) + [8] * (len(probing) % 2)
+    for out in results.values():
+        assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0)
+
+
 def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
     """Default Config but for the baseline: rank 3 late from step 50 (acted on by step 70), rank 1 from
     step 110. The baseline is stragglerkit's ring here: over loopback, with 4 ranks on 2 cores and

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -476,10 +477,78 @@ def test_exchange_roundtrip_of_a_decision() -> None:
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
     assert decoded is not None and decoded.plan == plan and decoded.step == 40 and decoded.seq == 3
     assert [e["kind"] for e in decoded.events] == ["detected_straggler", "switch"]
+    assert decoded.probe_every is None  # unchanged
     optcc = Plan("ring", ("optcc",), None, ((1, 2.5),))
-    row = exchange.pack(38, [None, None], 1e9, 7, Decision(4, 42, optcc, []))
+    row = exchange.pack(38, [None, None], 1e9, 7, Decision(4, 42, optcc, [{"kind": "probing", "evidence": {}}], 64))
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
-    assert decoded is not None and decoded.plan == optcc
+    assert decoded is not None and decoded.plan == optcc and decoded.probe_every == 64
+    assert [e["kind"] for e in decoded.events] == ["probing"]
+
+
+def quiet_window(n: int, steps: range, tail: float, probe_every: int, slow: dict[int, float] | None = None):
+    """An exchange of a fault-free run on the group's own all_reduce: its steps' AllReduce takes
+    ``tail``; a step that is a multiple of ``probe_every`` is a ring probe with link figures."""
+    stats = window(n, steps, None, 0.0, [8 << 20], slow)
+    probe = [s for s in steps if s % probe_every == 0]
+    stats.algorithms = [["ring" if s in probe else "allreduce"] for s in steps]
+    stats.tails = np.array([tail] * len(steps))
+    if not probe:
+        stats.link_rates = np.full((n, n), np.nan)
+    return stats
+
+
+def drive(controller: Controller, start: int, stop: int, tail: float, slow=None) -> list[Decision]:
+    """Exchanges of 2 steps from ``start`` to ``stop``; each decision is applied, as the hook does."""
+    decisions = []
+    for first in range(start, stop, 2):
+        stats = quiet_window(8, range(first, first + 2), tail, controller.probe_every, slow)
+        decision = controller.observe(stats, first + 4)
+        if decision is not None:
+            controller.apply(decision)
+            decisions.append(decision)
+    return decisions
+
+
+def test_probes_back_off_once_links_prove_healthy_and_return_when_the_allreduce_slows() -> None:
+    config = ControllerConfig(warmup_steps=4)
+    controller = Controller(8, 0, config)
+    decisions = drive(controller, 0, 34, tail=0.100)  # probes at 8, 16, 24, 32: four healthy estimates
+    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
+    event = decisions[0].events[-1]
+    assert event["kind"] == "probing" and event["evidence"]["every"] == 64
+    assert event["evidence"]["reference_allreduce_s"] == pytest.approx(0.100)
+    assert "4 probes in a row" in event["evidence"]["reason"]
+    assert controller.plan == Plan("allreduce")
+    # noise within the alarm's factor does not bring the probes back
+    assert drive(controller, 34, 60, tail=0.125) == [] and controller.probe_every == 64
+    # a NIC degrades: every AllReduce takes longer; the probes return before the next quiet probe (64)
+    decisions = drive(controller, 60, 64, tail=0.180)
+    assert controller.probe_every == 8 and decisions[-1].probe_every == 8
+    alarm = decisions[-1].events[-1]
+    assert alarm["kind"] == "probing" and "the AllReduce took 0.15" in alarm["evidence"]["reason"]  # median of 4
+    # and the probes now find it
+    drive(controller, 64, 100, tail=0.180, slow={5: 2.0})
+    assert controller.detector.degraded == {5: pytest.approx(2.0)}
+
+
+def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    drive(controller, 0, 34, tail=0.1)
+    assert controller.probe_every == 64
+    decisions = drive(controller, 34, 66, tail=0.1, slow={2: 3.0})  # the quiet probe at step 64
+    assert controller.probe_every == 8
+    assert "a probe read l = 3" in decisions[-1].events[-1]["evidence"]["reason"]
+
+
+def test_probes_do_not_back_off_without_healthy_estimates() -> None:
+    # a slow link in every probe: the detector confirms it; the probes stay at probe_every
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, verify_steps=1000))
+    decisions = drive(controller, 0, 80, tail=0.1, slow={5: 2.0})
+    assert controller.probe_every == 8 and all(d.probe_every == 8 for d in decisions)
+    assert not [e for e in controller.events if e["kind"] == "probing"]
+    # quiet_probe_every = 0: never back off
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_probe_every=0))
+    assert drive(controller, 0, 80, tail=0.1) == [] and controller.probe_every == 8
 
 
 def test_exchange_carries_spans_and_link_figures() -> None:
@@ -550,5 +619,10 @@ def test_controller_config_is_validated() -> None:
     assert ControllerConfig().baseline == "allreduce" and ControllerConfig(baseline="ring").baseline == "ring"
     with pytest.raises(ValueError, match="exchange_every"):
         ControllerConfig(exchange_every=0)
+    with pytest.raises(ValueError, match=re.escape("quiet_probe_every (12) must be a multiple of probe_every (8)")):
+        ControllerConfig(quiet_probe_every=12)
+    with pytest.raises(ValueError, match="probe_alarm"):
+        ControllerConfig(probe_alarm=1.0)
+    assert ControllerConfig(probe_every=0).quiet_probe_every == 64  # no probes at all: nothing to back off
     with pytest.raises(ValueError, match="timeout"):
         ControllerConfig(timeout=0)

@@ -67,7 +67,7 @@ ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
 """Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
-EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared")
+EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,8 +88,21 @@ class ControllerConfig:
     bucket runs stragglerkit's ring instead, whose per-op timings measure each link's rate (NIC
     health, degraded ranks) and feed the cost model. 0: no probes (degraded NICs are then found
     from sysfs link speeds only). Ignored with another baseline (every run measures). A probe step
-    costs about 10-20 % more on a gloo CPU cluster (bench --mode train), so 8 keeps the average
-    near 2 % while a degraded NIC is still found within about 40 steps."""
+    costs about 10-20 % more on a gloo CPU cluster (bench --mode train): this is the interval while
+    the links are in question (from warm-up on, and whenever the alarm below goes off); once they
+    have proven healthy the probes back off to ``quiet_probe_every``."""
+    quiet_probe_every: int = 64
+    """The probe interval once ``quiet_after`` probes in a row found every link healthy (no rank's
+    ``l`` at ``detector.degraded_threshold``), nothing is believed wrong and the baseline runs.
+    A multiple of ``probe_every`` (the probe steps stay aligned); 0: never back off."""
+    quiet_after: int = 4
+    """Consecutive healthy probe estimates before the probes back off."""
+    probe_alarm: float = 1.3
+    """While backed off, probing returns to ``probe_every`` when the median AllReduce time (last
+    arrival to last finish) of the last ``alarm_steps`` steps without a probe exceeds this times
+    its median when the probes backed off: a NIC that degrades slows every step's AllReduce."""
+    alarm_steps: int = 4
+    """Steps (without a probe) whose median the alarm compares."""
     min_gain: float = 0.05
     """A plan must be predicted to save at least this fraction of the baseline's time."""
     min_bucket_bytes: int = 64 * 1024
@@ -112,10 +125,10 @@ class ControllerConfig:
     """Most recent baseline AllReduces kept for fitting."""
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "settle_steps", "cooldown_steps", "probe_every"):
+        for name in ("warmup_steps", "settle_steps", "cooldown_steps", "probe_every", "quiet_probe_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("exchange_every", "verify_steps", "max_buckets", "fit_samples"):
+        for name in ("exchange_every", "verify_steps", "max_buckets", "fit_samples", "quiet_after", "alarm_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ControllerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.baseline not in BASELINE_CHOICES:
@@ -124,6 +137,14 @@ class ControllerConfig:
             )
         if not 0 <= self.min_gain < 1 or not 0 <= self.rollback_margin < 1:
             raise ValueError("ControllerConfig.min_gain and rollback_margin must be in [0, 1)")
+        quiet, busy = self.quiet_probe_every, self.probe_every
+        if quiet and busy and (quiet % busy or quiet < busy):
+            raise ValueError(
+                f"ControllerConfig.quiet_probe_every ({quiet}) must be a multiple of probe_every ({busy}) "
+                "that is at least as large, or 0 to never back off"
+            )
+        if not self.probe_alarm > 1:
+            raise ValueError(f"ControllerConfig.probe_alarm must be above 1 (a factor), got {self.probe_alarm}")
         if not self.timeout > 0:
             raise ValueError(f"ControllerConfig.timeout must be positive seconds, got {self.timeout}")
 
@@ -174,6 +195,8 @@ class Decision:
     step: int
     plan: Plan
     events: list[dict[str, Any]]
+    probe_every: int | None = None
+    """The probe interval from ``step`` on (``None``: unchanged)."""
 
 
 @dataclass(slots=True)
@@ -208,19 +231,26 @@ class Controller:
     __slots__ = (
         "_blocked",
         "_bucket_window",
+        "_healthy_probes",
         "_last_sizes",
         "_lateness",
         "_log_path",
+        "_plain_tails",
         "_plan_start",
         "_planned_for",
+        "_probe_event",
+        "_probe_target",
+        "_quiet_since",
         "_seq",
         "_step_times",
+        "_tail_reference",
         "_verify",
         "config",
         "detector",
         "events",
         "model",
         "plan",
+        "probe_every",
         "rank",
         "world_size",
     )
@@ -244,6 +274,14 @@ class Controller:
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
         self._lateness: deque[np.ndarray] = deque(maxlen=window)
         self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
+        self.probe_every = config.probe_every
+        """The probe interval in force (every rank: the last decision's); see ``ControllerConfig``."""
+        self._probe_target = config.probe_every  # rank 0: the interval it ships
+        self._probe_event: dict[str, Any] | None = None
+        self._healthy_probes = 0
+        self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(config.alarm_steps, config.probe_every))
+        self._tail_reference = math.nan
+        self._quiet_since = -1
 
     # -- every rank -----------------------------------------------------------------------------
     def apply(self, decision: Decision) -> None:
@@ -251,6 +289,8 @@ class Controller:
         if decision.plan != self.plan:
             self._plan_start = decision.step
         self.plan = decision.plan
+        if decision.probe_every is not None:
+            self.probe_every = decision.probe_every
         for event in decision.events:
             event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
             self.events.append(event)
@@ -272,6 +312,8 @@ class Controller:
             tail = float(stats.tails[i]) if stats.tails is not None else math.nan
             if math.isfinite(tail) and tail > 0:
                 self._step_times.append((step, tail))
+                if all(a in ("", "allreduce") for a in stats.algorithms[i]):  # no probe, no plan of ours
+                    self._plain_tails.append((step, tail))
             elif stats.tails is None and not np.isnan(stats.totals[i]).all():
                 self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
             if step < self._plan_start + cfg.settle_steps:
@@ -303,13 +345,14 @@ class Controller:
         if cfg.baseline == "allreduce" and cfg.probe_every > 0:
             per_estimate = max(per_estimate, cfg.probe_every)
         findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical, per_estimate)
+        self._probing(stats.steps[-1] if stats.steps else apply_step, slowdowns)
         if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
             lateness = np.median(np.stack(self._lateness), axis=0)
             for f in findings:
                 if f.kind == "detected_straggler":
                     f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
         if apply_step < cfg.warmup_steps or not sizes:  # nothing to plan yet: report findings only
-            return self._decision(apply_step, self.plan, findings, {}) if findings else None
+            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         verdict = self._judge_switch(apply_step, findings)
         if verdict is not None:
             return verdict
@@ -320,9 +363,58 @@ class Controller:
             target = self._best_plan(stats.bucket_bytes, apply_step)
             self._planned_for = believed
         if target is None or target == self.plan:
-            return self._decision(apply_step, self.plan, findings, {}) if findings else None
+            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
         return self._switch(apply_step, target, findings, cleared)
+
+    def _news(self, findings: list[Finding]) -> bool:
+        return bool(findings) or self._probe_event is not None
+
+    def _probing(self, step: int, slowdowns: np.ndarray) -> None:
+        """Back the probes off once the links have proven healthy; bring them back on an alarm.
+
+        Sets ``_probe_target`` and, when it changes, ``_probe_event`` (shipped with the next
+        decision as a ``probing`` event). See ``ControllerConfig.quiet_probe_every``.
+        """
+        cfg = self.config
+        quiet, busy = cfg.quiet_probe_every, cfg.probe_every
+        if cfg.baseline != "allreduce" or busy == 0 or quiet in (0, busy):
+            return
+        threshold = cfg.detector.degraded_threshold
+        measured = not np.isnan(slowdowns).all()
+        top = float(np.nanmax(slowdowns)) if measured else math.nan
+        calm = self.plan == Plan(cfg.baseline) and self.detector.straggler is None and not self.detector.degraded
+        if self._probe_target == busy:
+            if measured:
+                self._healthy_probes = self._healthy_probes + 1 if calm and top < threshold else 0
+            recent = [t for _, t in self._plain_tails][-2 * cfg.alarm_steps :]
+            if self._healthy_probes < cfg.quiet_after or len(recent) < cfg.alarm_steps:
+                return
+            self._tail_reference = float(np.median(recent))
+            self._probe_target, self._quiet_since = quiet, step
+            self._probe_event = {
+                "every": quiet,
+                "reason": f"{self._healthy_probes} probes in a row found every link healthy (largest l {top:.3g} "
+                f"< {threshold:g})",
+                "reference_allreduce_s": round(self._tail_reference, 6),
+            }
+            return
+        reason = None
+        if not calm:
+            reason = "a plan other than the baseline runs, or a straggler or degraded rank is believed"
+        elif measured and top >= threshold:
+            reason = f"a probe read l = {top:.3g} (>= {threshold:g})"
+        else:
+            recent = [t for s, t in self._plain_tails if s > self._quiet_since][-cfg.alarm_steps :]
+            if len(recent) >= cfg.alarm_steps and float(np.median(recent)) > cfg.probe_alarm * self._tail_reference:
+                reason = (
+                    f"the AllReduce took {float(np.median(recent)):.4g} s (median of {len(recent)} steps), over "
+                    f"{cfg.probe_alarm:g} x the {self._tail_reference:.4g} s of when the probes backed off"
+                )
+        if reason is None:
+            return
+        self._probe_target, self._healthy_probes = busy, 0
+        self._probe_event = {"every": busy, "reason": reason}
 
     def _critical_delay(self, rank: int, nbytes: int) -> float:
         cfg = self.config
@@ -478,8 +570,11 @@ class Controller:
             for f in findings
         ]
         events += [{"kind": kind, "evidence": evidence} for kind, evidence in extra.items()]
+        if self._probe_event is not None:
+            events.append({"kind": "probing", "evidence": self._probe_event})
+            self._probe_event = None
         self._seq += 1
-        return Decision(self._seq, step, plan, events)
+        return Decision(self._seq, step, plan, events, self._probe_target)
 
 
 def log_path_for(path: str | os.PathLike[str] | None, rank: int) -> str | None:

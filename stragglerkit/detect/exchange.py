@@ -11,7 +11,7 @@ wait costs nothing on the critical path. Rank 0's decision therefore reaches eve
 same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
-default]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
+default, probe_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
 ``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
 bytes; :mod:`stragglerkit.detect.nic_health`) + ``K`` wall-clock arrivals (first bucket handed
 over) + ``K`` wall-clock finishes (last bucket done). Times of day are wall-clock seconds; rank 0
@@ -43,8 +43,8 @@ from stragglerkit.detect.nic_health import link_rates
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 2.0
-_HEADER = 10
+_VERSION = 3.0
+_HEADER = 11
 _EVENTS = 6
 
 
@@ -104,16 +104,17 @@ class StatsExchange:
     ) -> torch.Tensor:
         n, k, b = self.world_size, self.steps, self.buckets
         vec = np.full(self.size, np.nan)
-        vec[:_HEADER] = [_VERSION, self.rank, first_step, len(arrivals), host, speed, -1, -1, -1, -1]
+        vec[:_HEADER] = [_VERSION, self.rank, first_step, len(arrivals), host, speed, -1, -1, -1, -1, -1]
         at = _HEADER
         vec[at : at + _EVENTS] = -1
         if decision is not None:
             plan = decision.plan
-            vec[6:10] = [
+            vec[6:11] = [
                 decision.seq,
                 decision.step,
                 -1 if plan.straggler is None else plan.straggler,
                 ALGORITHM_CODES.index(plan.default),
+                -1 if decision.probe_every is None else decision.probe_every,
             ]
             kinds = [EVENT_KINDS.index(e["kind"]) for e in decision.events][:_EVENTS]
             vec[at : at + len(kinds)] = kinds
@@ -212,4 +213,5 @@ class StatsExchange:
         )
         plan_evidence = {"decided_by": 0, "plan": plan.describe()}
         events = [{"kind": kind, "evidence": dict(plan_evidence)} for kind in kinds]
-        return Decision(int(head[6]), int(head[7]), plan, events)
+        probe_every = None if not head[10] >= 0 else int(head[10])
+        return Decision(int(head[6]), int(head[7]), plan, events, probe_every)
