@@ -1,6 +1,8 @@
 // Per-process-group state: call counter, abort notes and their listener (see group_state.h).
 #include "group_state.h"
 
+#include <chrono>
+
 #include "executor.h"
 
 namespace stragglerkit {
@@ -28,6 +30,14 @@ std::map<c10d::ProcessGroup*, GroupState*>& registry() {
   return *groups;
 }
 
+// How long the listener's receive waits. It must never time out: when a gloo wait times out, gloo
+// closes every connection of the group ("Application timeout caused pair closure"), so a listener
+// that waited with the group's own timeout killed any group left idle that long (30 min by
+// default; a training loop with the executor on the default group died after it). Ten years: far
+// beyond any job, and far from overflowing the condition variable's nanosecond deadline. The
+// listener ends when the group is shut down (its work is aborted) or fails.
+constexpr std::chrono::milliseconds kListenWait = std::chrono::hours(24 * 365 * 10);
+
 void listen_for_aborts(GroupState* state, c10::Device device) {
   while (!state->stopping.load()) {
     auto note = torch::zeros({kHeaderLength}, torch::dtype(torch::kInt64).device(device));
@@ -46,11 +56,9 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
     }
     bool received = false;
     try {
-      received = work->wait();
-    } catch (const std::exception& err) {
-      const std::string what = err.what();
-      if (state->stopping.load() || what.find("imed out") == std::string::npos) return;
-      continue;  // the transport's default timeout: listen again
+      received = work->wait(kListenWait);
+    } catch (const std::exception&) {
+      return;  // the group failed (a peer died, another wait timed out): nothing more to hear
     }
     if (!received || state->stopping.load()) {
       return;

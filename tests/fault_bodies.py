@@ -125,3 +125,27 @@ def straggler_overlap(rank: int, n: int, algorithm: str, straggler: int, delay: 
     finished = time.monotonic_ns()
     timings = [(label, t.peer, t.nbytes, t.start_ns, t.end_ns) for label, t in record.labelled_timings()]
     return {"arrival": arrival, "finished": finished, "timings": timings}
+
+
+def idle_past_the_group_timeout(rank: int, n: int, idle_s: float) -> list[float]:
+    """AllReduce, stay idle for longer than the group's timeout, AllReduce again (executor and the
+    group's own): the executor's abort-note listener must not let the idle group time out."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from stragglerkit.runtime.api import Runtime
+
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=1))
+    runtime = Runtime(group, timeout=5.0)
+    sums = []
+    for algorithm in ("ring", "direct"):
+        tensor = torch.full((1001,), float(rank + 1))
+        runtime.all_reduce(tensor, algorithm)
+        sums.append(float(tensor[0]))
+        time.sleep(idle_s)
+    own = torch.full((3,), float(rank + 1))
+    dist.all_reduce(own, group=group)
+    sums.append(float(own[0]))
+    return sums

@@ -73,3 +73,13 @@ def test_mismatch_notes_carry_what_their_origin_passed() -> None:
         assert numel == 1000 and dtype == dtype_code[origin], notes
         assert remote in (0, 1, 2) and remote != origin and plan_id != 0, notes
         assert (origin == 0) != (remote == 0), notes  # every mismatch involves rank 0
+
+
+def test_an_idle_group_outlives_its_timeout() -> None:
+    """Gloo closes every connection of a group when one of its waits times out; the executor's
+    listener for abort notes waits on every gloo group it used, so it must never time out: a run
+    idle for longer than the group's timeout (1 s here; 30 min by default) still works after."""
+    n = 3
+    results = run_group(n, fault_bodies.idle_past_the_group_timeout, 2.5)
+    total = float(sum(range(1, n + 1)))
+    assert all(results[r] == [total] * 3 for r in range(n)), results
