@@ -489,7 +489,7 @@ def quiet_window(n: int, steps: range, tail: float, probe_every: int, slow: dict
     """An exchange of a fault-free run on the group's own all_reduce: its steps' AllReduce takes
     ``tail``; a step that is a multiple of ``probe_every`` is a ring probe with link figures."""
     stats = window(n, steps, None, 0.0, [8 << 20], slow)
-    probe = [s for s in steps if s % probe_every == 0]
+    probe = [s for s in steps if s > 0 and s % probe_every == 0]  # none in step 0 (warm-up)
     stats.algorithms = [["ring" if s in probe else "allreduce"] for s in steps]
     stats.tails = np.array([tail] * len(steps))
     if not probe:
@@ -517,7 +517,7 @@ def test_probes_back_off_once_links_prove_healthy_and_return_when_the_allreduce_
     event = decisions[0].events[-1]
     assert event["kind"] == "probing" and event["evidence"]["every"] == 64
     assert event["evidence"]["reference_allreduce_s"] == pytest.approx(0.100)
-    assert "4 probes in a row" in event["evidence"]["reason"]
+    assert "the last 4 probes found the links healthy" in event["evidence"]["reason"]
     assert controller.plan == Plan("allreduce")
     # noise within the alarm's factor does not bring the probes back
     assert drive(controller, 34, 60, tail=0.125) == [] and controller.probe_every == 64
@@ -538,6 +538,16 @@ def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
     decisions = drive(controller, 34, 66, tail=0.1, slow={2: 3.0})  # the quiet probe at step 64
     assert controller.probe_every == 8
     assert "a probe read l = 3" in decisions[-1].events[-1]["evidence"]["reason"]
+
+
+def test_one_noisy_probe_does_not_keep_the_probes_busy() -> None:
+    """A loaded host can read a healthy link as slow once: the back-off judges the median."""
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    drive(controller, 0, 18, tail=0.1)  # probes at 8 and 16: healthy
+    drive(controller, 18, 26, tail=0.1, slow={6: 2.6})  # probe at 24 reads rank 6 at 2.6
+    assert controller.probe_every == 8
+    decisions = drive(controller, 26, 34, tail=0.1)  # probe at 32: healthy; median of 1, 1, 2.6, 1
+    assert controller.probe_every == 64 and decisions[-1].events[-1]["evidence"]["largest_l"][2] == pytest.approx(2.6)
 
 
 def test_probes_do_not_back_off_without_healthy_estimates() -> None:

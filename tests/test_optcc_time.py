@@ -83,6 +83,23 @@ def test_optcc_beats_the_degraded_ring_and_stays_near_the_fault_free_one() -> No
     assert time <= fault_free * 1.06
 
 
+@pytest.mark.parametrize(
+    ("p", "slowdown", "k"), [(8, 8 / 7, 9), (8, 1.5, 9), (5, 1.25, 3), (12, 1.1, 17), (8, 8 / 7, 1)]
+)
+def test_the_last_fill_ends_the_pipeline_after_the_last_section(p: int, slowdown: float, k: int) -> None:
+    """With bubble filling (l < 2) S's last sends are the last fill's downloads, which need no ring
+    hop after them: the S4 chain of the last section runs while S still sends, so less than a chain
+    of ``q-1`` section hops (what followed S's last send when it was a section) is left after it."""
+    straggler = 0
+    time, flows = _simulate(p, {straggler: slowdown}, k)
+    sends = sorted((f for f in flows if f.src == straggler), key=lambda f: f.end)
+    assert {f.phase for f in sends[-(p - 1) :]} == {"fill_down"}
+    section = slowdown / (k * ((p - 2) * slowdown + 2))  # s', the time of one section on a healthy link
+    assert time - sends[-1].end < (p - 2) * section
+    assert time >= ob.theorem6_bound(p, slowdown) - 1e-9
+    _assert_one_flow_per_nic_direction(flows)
+
+
 def test_more_segments_approach_the_limit() -> None:
     times = [_simulate(7, {2: 2.0}, k)[0] for k in (4, 16, 64)]
     assert times[0] > times[1] > times[2] >= 2.0

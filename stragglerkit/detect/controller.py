@@ -92,11 +92,13 @@ class ControllerConfig:
     the links are in question (from warm-up on, and whenever the alarm below goes off); once they
     have proven healthy the probes back off to ``quiet_probe_every``."""
     quiet_probe_every: int = 64
-    """The probe interval once ``quiet_after`` probes in a row found every link healthy (no rank's
-    ``l`` at ``detector.degraded_threshold``), nothing is believed wrong and the baseline runs.
-    A multiple of ``probe_every`` (the probe steps stay aligned); 0: never back off."""
+    """The probe interval once the links have proven healthy: over the last ``quiet_after`` probes
+    the median of each probe's largest ``l`` is below ``detector.degraded_threshold`` (a median,
+    because one probe on a loaded host can read a healthy link as slow), nothing is believed wrong
+    and the baseline runs. A multiple of ``probe_every`` (the probe steps stay aligned); 0: never
+    back off."""
     quiet_after: int = 4
-    """Consecutive healthy probe estimates before the probes back off."""
+    """Probes (none of them while something was believed wrong) judged before the probes back off."""
     probe_alarm: float = 1.3
     """While backed off, probing returns to ``probe_every`` when the median AllReduce time (last
     arrival to last finish) of the last ``alarm_steps`` steps without a probe exceeds this times
@@ -231,7 +233,6 @@ class Controller:
     __slots__ = (
         "_blocked",
         "_bucket_window",
-        "_healthy_probes",
         "_last_sizes",
         "_lateness",
         "_log_path",
@@ -239,6 +240,7 @@ class Controller:
         "_plan_start",
         "_planned_for",
         "_probe_event",
+        "_probe_maxima",
         "_probe_target",
         "_quiet_since",
         "_seq",
@@ -278,7 +280,7 @@ class Controller:
         """The probe interval in force (every rank: the last decision's); see ``ControllerConfig``."""
         self._probe_target = config.probe_every  # rank 0: the interval it ships
         self._probe_event: dict[str, Any] | None = None
-        self._healthy_probes = 0
+        self._probe_maxima: deque[float] = deque(maxlen=config.quiet_after)
         self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(config.alarm_steps, config.probe_every))
         self._tail_reference = math.nan
         self._quiet_since = -1
@@ -385,19 +387,26 @@ class Controller:
         top = float(np.nanmax(slowdowns)) if measured else math.nan
         calm = self.plan == Plan(cfg.baseline) and self.detector.straggler is None and not self.detector.degraded
         if self._probe_target == busy:
-            if measured:
-                self._healthy_probes = self._healthy_probes + 1 if calm and top < threshold else 0
+            if not calm:
+                self._probe_maxima.clear()
+            elif measured:
+                self._probe_maxima.append(top)
             recent = [t for _, t in self._plain_tails][-2 * cfg.alarm_steps :]
-            if self._healthy_probes < cfg.quiet_after or len(recent) < cfg.alarm_steps:
+            if len(self._probe_maxima) < cfg.quiet_after or len(recent) < cfg.alarm_steps:
+                return
+            typical = float(np.median(self._probe_maxima))
+            if typical >= threshold:
                 return
             self._tail_reference = float(np.median(recent))
             self._probe_target, self._quiet_since = quiet, step
             self._probe_event = {
                 "every": quiet,
-                "reason": f"{self._healthy_probes} probes in a row found every link healthy (largest l {top:.3g} "
-                f"< {threshold:g})",
+                "reason": f"the last {len(self._probe_maxima)} probes found the links healthy (median of their "
+                f"largest l: {typical:.3g} < {threshold:g})",
+                "largest_l": [round(v, 4) for v in self._probe_maxima],
                 "reference_allreduce_s": round(self._tail_reference, 6),
             }
+            self._probe_maxima.clear()
             return
         reason = None
         if not calm:
@@ -413,7 +422,7 @@ class Controller:
                 )
         if reason is None:
             return
-        self._probe_target, self._healthy_probes = busy, 0
+        self._probe_target = busy
         self._probe_event = {"every": busy, "reason": reason}
 
     def _critical_delay(self, rank: int, nbytes: int) -> float:
