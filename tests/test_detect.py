@@ -467,6 +467,31 @@ def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
     assert kinds.count("switch") == 1
 
 
+def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -> None:
+    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=4)
+    controller = Controller(8, 0, config)
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    switched: int | None = None
+    for start in range(0, 80, 2):
+        stats = window(8, range(start, start + 2), 3, 0.05, [8 << 20])
+        if switched is not None and start >= switched:
+            stats.totals = stats.totals / 2  # the new plan halves the AllReduce
+        controller.model.samples.clear()
+        decision = controller.observe(stats, start + 4)
+        if decision is not None:
+            controller.apply(decision)
+            if switched is None and any(e["kind"] == "switch" for e in decision.events):
+                switched = decision.step
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds == ["detected_straggler", "switch", "verified"], kinds
+    verified = controller.events[2]
+    assert verified["algorithm"] == "stragglar" and verified["evidence"]["kept"]["straggler"] == 3
+    evidence = verified["evidence"]
+    assert evidence["measured_after_s"] == pytest.approx(evidence["measured_before_s"] / 2, rel=0.05)
+    assert evidence["switched_at_step"] == switched and evidence["measured_after_steps"] >= 4
+    assert controller.plan.algorithm == "stragglar"
+
+
 def test_exchange_roundtrip_of_a_decision() -> None:
     exchange = StatsExchange(group=None, world_size=4, rank=0, steps=2, buckets=8)  # type: ignore[arg-type]
     plan = Plan("ring", ("stragglar", "ring"), 2, ())

@@ -22,7 +22,8 @@ What it decides and why.
   the straggler's own time does not show). Without wall-clock figures: the smallest step time
   over the ranks. If the median is not below the median of the window before the switch by
   ``rollback_margin``, the switch did not pay: the previous plan comes back (``rollback``) and the
-  rejected plan is not tried again for ``cooldown_steps``.
+  rejected plan is not tried again for ``cooldown_steps``; otherwise the plan stays and a
+  ``verified`` event records the same measurements.
 * **Events.** Every decision is an event dict ``{"step", "kind", "algorithm", "evidence"}``
   (``step``: the first step under the resulting plan) on ``Controller.events`` and, on rank 0,
   in the JSONL log; ranks other than 0 record the same kinds with the plan as evidence.
@@ -67,7 +68,7 @@ ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
 """Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
-EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing")
+EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing", "verified")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -542,7 +543,7 @@ class Controller:
         return self._decision(step, target, findings, extra)
 
     def _judge_switch(self, step: int, findings: list[Finding]) -> Decision | None:
-        """Roll back a switch that did not pay (see the module docstring)."""
+        """Roll back a switch that did not pay, or record that it did (see the module docstring)."""
         cfg = self.config
         if self._verify is None or self.plan != self._verify["target"]:
             return None
@@ -553,15 +554,7 @@ class Controller:
         record, self._verify = self._verify, None
         switch = record["evidence"]
         before = switch["measured_before_s"]
-        if not math.isfinite(before) or after < (1 - cfg.rollback_margin) * before:
-            return None
-        target: Plan = record["target"]
-        previous: Plan = record["previous"]
-        key = (target.algorithm, target.straggler, tuple(sorted(r for r, _ in target.slowdowns)))
-        self._blocked[key] = step + cfg.cooldown_steps
-        evidence = {
-            "rejected": target.describe(),
-            "restored": previous.describe(),
+        measured = {
             "switched_at_step": record["step"],
             "predicted_before_s": switch["predicted_before_s"],
             "predicted_after_s": switch["predicted_after_s"],
@@ -569,6 +562,18 @@ class Controller:
             "measured_after_s": after,
             "measured_after_steps": count,
             "rollback_margin": cfg.rollback_margin,
+        }
+        if not math.isfinite(before) or after < (1 - cfg.rollback_margin) * before:
+            kept = dict(measured, kept=self.plan.describe())
+            return self._decision(step, self.plan, findings, {"verified": kept})
+        target: Plan = record["target"]
+        previous: Plan = record["previous"]
+        key = (target.algorithm, target.straggler, tuple(sorted(r for r, _ in target.slowdowns)))
+        self._blocked[key] = step + cfg.cooldown_steps
+        evidence = {
+            "rejected": target.describe(),
+            "restored": previous.describe(),
+            **measured,
             "blocked_until_step": step + cfg.cooldown_steps,
         }
         return self._decision(step, previous, findings, {"rollback": evidence})
