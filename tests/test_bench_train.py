@@ -215,3 +215,22 @@ def test_emulated_train_reshapes_a_degraded_nic_mid_run(tmp_path: Path) -> None:
     before, after = data["steps"]["plain_s"][1:5], data["steps"]["plain_s"][8:]
     assert min(after) > min(before)
     assert _our_namespaces() == []
+
+
+def test_progress_lines_say_what_each_verdict_measured() -> None:
+    from stragglerkit.bench.train_worker import _describe_event
+
+    verified = {
+        "step": 75,
+        "kind": "verified",
+        "algorithm": "optcc",
+        "evidence": {"switched_at_step": 61, "measured_before_s": 0.2527, "measured_after_s": 0.2201},
+    }
+    expected = "verified: the switch at step 61 measured 220.1 ms against 252.7 ms before: kept"
+    assert _describe_event(verified) == expected
+    rollback = dict(verified, kind="rollback", algorithm="allreduce")
+    assert _describe_event(rollback).endswith("rolled back, now allreduce")
+    probing = {"step": 45, "kind": "probing", "algorithm": "allreduce", "evidence": {"every": 64, "reason": "healthy"}}
+    assert _describe_event(probing) == "probing every 64 steps: healthy"
+    # other ranks see the decision without rank 0's figures
+    assert _describe_event(dict(verified, evidence={"decided_by": 0})) == "verified, now optcc"
