@@ -15,8 +15,8 @@ that background work and load changes fall on every copy alike:
 * ``hook_fixed_probes``: the default ControllerConfig but with a probe every 8th step throughout
   (``quiet_probe_every=0``: the default before the probes backed off);
 * ``hook_default``: stragglerkit's hook with the default ControllerConfig (exchange every 2 steps,
-  rank 0's controller, a ring probe every 8th step until 4 probes in a row read healthy links,
-  then every 64th).
+  rank 0's controller, a ring probe every 8th step until the last 4 probes read healthy links
+  (the median of their largest ``l``), then every 64th).
 
 A step's time is the slowest rank's forward + backward (the AllReduce) after a barrier. Reported:
 median and mean over the steps after ``--skip``, and each copy's ratio to ``plain``. The probes

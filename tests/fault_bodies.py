@@ -131,7 +131,6 @@ def idle_past_the_group_timeout(rank: int, n: int, idle_s: float) -> list[float]
     """AllReduce, stay idle for longer than the group's timeout, AllReduce again (executor and the
     group's own): the executor's abort-note listener must not let the idle group time out."""
     import datetime
-    import time
 
     import torch.distributed as dist
 

@@ -66,7 +66,7 @@ def test_hook_trains_like_plain_ddp_through_plan_switches() -> None:
 
 
 def test_probes_back_off_on_every_rank_at_the_same_step() -> None:
-    """No fault: the ring probes come every 2nd step after warm-up, every 8th once 2 probes in a row
+    """No fault: the ring probes come every 2nd step after warm-up, every 8th once the last 2 probes
     read healthy links, and (on an alarm) every 2nd again; every rank probes the same steps, which
     are exactly those the interval in force names. (The degraded threshold is raised: 4 ranks on
     2 loaded cores can read a healthy loopback link as slow.)"""

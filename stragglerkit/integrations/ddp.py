@@ -9,10 +9,11 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    the baseline, by default the process group's own ``all_reduce`` (``ControllerConfig.baseline``):
    what plain DDP runs, so the hook costs only its bookkeeping. Every ``probe_every``-th step the
    largest bucket runs stragglerkit's ring instead (a *probe*): its per-op timings give each
-   link's achieved rate (NIC health) and a cost-model sample. Once ``quiet_after`` probes in a
-   row found every link healthy, probes come every ``quiet_probe_every`` steps, and back to
-   ``probe_every`` when the AllReduce slows down (``probe_alarm``) or a probe reads a slow link.
-   Buckets whose plan names one of stragglerkit's algorithms (StragglAR, OptCC, ...) go to the executor
+   link's achieved rate (NIC health) and a cost-model sample. Once the last ``quiet_after``
+   probes found the links healthy (the median of their largest ``l``), probes come every
+   ``quiet_probe_every`` steps, and again every ``probe_every`` when the AllReduce slows down
+   (``probe_alarm``) or a probe reads a slow link. Buckets whose plan names one of stragglerkit's
+   algorithms (StragglAR, OptCC, ...) go to the executor
    (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
    ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
 3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues one async

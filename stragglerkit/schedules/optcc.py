@@ -220,10 +220,10 @@ class OptccPlan:
     def _fill_download_body(self, body: int) -> int:
         """The fill whose sum S downloads in ``body``: the previous body's, but the last fill waits
         until body ``k+1``, after the last section download (see "The tail" above)."""
-        last = self.segments - 1
-        if body == self.segments:
-            return -1
-        return last if body == self.segments + 1 else body - 1
+        k = self.segments
+        if body == k + 1:
+            return k - 1
+        return -1 if body == k else body - 1
 
     def fill_chunk(self, body: int) -> int | None:
         if self.fill_weight and 0 <= body < self.segments:
