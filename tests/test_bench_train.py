@@ -224,10 +224,33 @@ def test_progress_lines_say_what_each_verdict_measured() -> None:
         "step": 75,
         "kind": "verified",
         "algorithm": "optcc",
-        "evidence": {"switched_at_step": 61, "measured_before_s": 0.2527, "measured_after_s": 0.2201},
+        "evidence": {
+            "switched_at_step": 61,
+            "measure": "step period",
+            "measured_before_s": 0.6527,
+            "measured_after_s": 0.6201,
+            "allreduce_before_s": 0.2527,
+            "allreduce_after_s": 0.2201,
+        },
     }
-    expected = "verified: the switch at step 61 measured 220.1 ms against 252.7 ms before: kept"
+    expected = (
+        "verified: after the switch at step 61 the step period was 620.1 ms against 652.7 ms before "
+        "(allreduce part 220.1 ms against 252.7 ms): kept"
+    )
     assert _describe_event(verified) == expected
+    # without wall clocks the AllReduce part is what was judged
+    judged_on_allreduce = dict(
+        verified,
+        evidence={
+            "switched_at_step": 61,
+            "measure": "allreduce part",
+            "measured_before_s": 0.25,
+            "measured_after_s": 0.22,
+        },
+    )
+    assert _describe_event(judged_on_allreduce) == (
+        "verified: after the switch at step 61 the allreduce part was 220.0 ms against 250.0 ms before: kept"
+    )
     rollback = dict(verified, kind="rollback", algorithm="allreduce")
     assert _describe_event(rollback).endswith("rolled back, now allreduce")
     probing = {"step": 45, "kind": "probing", "algorithm": "allreduce", "evidence": {"every": 64, "reason": "healthy"}}

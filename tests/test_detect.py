@@ -492,6 +492,63 @@ def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -
     assert controller.plan.algorithm == "stragglar"
 
 
+def run_switch(allreduce_factor: float, period_factor: float, with_ends: bool = True) -> Controller:
+    """A straggler at rank 3 is switched to StragglAR; from the switch on the AllReduce part takes
+    ``allreduce_factor`` and the step period ``period_factor`` of what they took before."""
+    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=4)
+    controller = Controller(8, 0, config)
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    switched: int | None = None
+    end = 0.0
+    for start in range(0, 80, 2):
+        stats = window(8, range(start, start + 2), 3, 0.05, [8 << 20])
+        after = switched is not None and start >= switched
+        stats.tails = np.array([0.1 * (allreduce_factor if after else 1.0)] * 2)
+        ends = []
+        for _ in range(2):
+            end += 0.5 * (period_factor if after else 1.0)
+            ends.append(end)
+        stats.ends = np.array(ends) if with_ends else None
+        controller.model.samples.clear()
+        decision = controller.observe(stats, start + 4)
+        if decision is not None:
+            controller.apply(decision)
+            if switched is None and any(e["kind"] == "switch" for e in decision.events):
+                switched = decision.step
+    return controller
+
+
+def test_a_switch_is_judged_by_the_step_period_not_the_allreduce_alone() -> None:
+    """The AllReduce part halves, but the whole step gets 10 % slower (its CPU work slows the
+    ranks' backward pass): the user's step did not gain, so the switch is rolled back."""
+    controller = run_switch(allreduce_factor=0.5, period_factor=1.1)
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds[:3] == ["detected_straggler", "switch", "rollback"], kinds
+    evidence = controller.events[2]["evidence"]
+    assert evidence["measure"] == "step period"
+    assert evidence["measured_before_s"] == pytest.approx(0.5) and evidence["measured_after_s"] == pytest.approx(0.55)
+    assert evidence["allreduce_before_s"] == pytest.approx(0.1) and evidence["allreduce_after_s"] == pytest.approx(0.05)
+    assert controller.events[1]["evidence"]["measure"] == "step period"
+    assert controller.plan == Plan("allreduce")
+
+
+def test_a_switch_that_shortens_the_step_period_is_kept() -> None:
+    controller = run_switch(allreduce_factor=0.5, period_factor=0.8)
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds == ["detected_straggler", "switch", "verified"], kinds
+    evidence = controller.events[2]["evidence"]
+    assert evidence["measure"] == "step period" and evidence["measured_after_s"] == pytest.approx(0.4)
+    assert controller.plan.algorithm == "stragglar"
+
+
+def test_without_wall_clock_ends_the_allreduce_part_is_judged() -> None:
+    controller = run_switch(allreduce_factor=0.5, period_factor=1.1, with_ends=False)
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds == ["detected_straggler", "switch", "verified"], kinds
+    evidence = controller.events[2]["evidence"]
+    assert evidence["measure"] == "allreduce part" and evidence["measured_after_s"] == pytest.approx(0.05)
+
+
 def test_exchange_roundtrip_of_a_decision() -> None:
     exchange = StatsExchange(group=None, world_size=4, rank=0, steps=2, buckets=8)  # type: ignore[arg-type]
     plan = Plan("ring", ("stragglar", "ring"), 2, ())
@@ -628,6 +685,8 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     assert stats.lateness is not None and stats.lateness[1] == pytest.approx([0, 0, 0, 0.02], abs=1e-6)
     # from the last arrival (rank 3, 2000.02 on rank 0's clock) to the last finish (rank 1, 2000.135)
     assert stats.tails is not None and stats.tails == pytest.approx([0.115, 0.115], abs=1e-6)
+    # the step's end: the last finish on rank 0's clock (what consecutive steps' periods are taken from)
+    assert stats.ends is not None and stats.ends == pytest.approx([2000.135, 2000.135], abs=1e-6)
 
 
 def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:

@@ -100,11 +100,11 @@ def _switch_summary(event: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"step": event["step"], "kind": event["kind"], "algorithm": event["algorithm"]}
     if event["kind"] == "switch":
         out["plan"] = evidence.get("to")
-        for key in ("predicted_before_s", "predicted_after_s", "measured_before_s"):
+        for key in ("predicted_before_s", "predicted_after_s", "measure", "measured_before_s", "allreduce_before_s"):
             out[key] = evidence.get(key)
     elif event["kind"] == "rollback":
         out["plan"] = evidence.get("restored")
-        for key in ("measured_before_s", "measured_after_s"):
+        for key in ("measure", "measured_before_s", "measured_after_s", "allreduce_before_s", "allreduce_after_s"):
             out[key] = evidence.get(key)
     else:
         out["plan"] = {"ranks": evidence.get("ranks")}

@@ -285,11 +285,17 @@ def _describe_event(event: dict[str, Any]) -> str:
         return f"switch to {event['algorithm']} (straggler {to.get('straggler')}, slowdowns {to.get('slowdowns')})"
     if kind in ("verified", "rollback") and "measured_after_s" in evidence:
         verdict = "kept" if kind == "verified" else f"rolled back, now {event['algorithm']}"
-        return (
-            f"{kind}: the switch at step {evidence.get('switched_at_step')} measured "
-            f"{1e3 * evidence['measured_after_s']:.1f} ms against {1e3 * evidence['measured_before_s']:.1f} ms before: "
-            f"{verdict}"
+        measure = evidence.get("measure", "allreduce part")
+        text = (
+            f"{kind}: after the switch at step {evidence.get('switched_at_step')} the {measure} was "
+            f"{1e3 * evidence['measured_after_s']:.1f} ms against {1e3 * evidence['measured_before_s']:.1f} ms before"
         )
+        if measure != "allreduce part" and "allreduce_after_s" in evidence:
+            text += (
+                f" (allreduce part {1e3 * evidence['allreduce_after_s']:.1f} ms against "
+                f"{1e3 * evidence['allreduce_before_s']:.1f} ms)"
+            )
+        return f"{text}: {verdict}"
     if kind == "probing" and "every" in evidence:
         return f"probing every {evidence['every']} steps: {evidence.get('reason', '')}"
     return f"{kind}, now {event['algorithm']}"

@@ -17,10 +17,13 @@ What it decides and why.
   degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
   schedule (and its cache entry) is the same whoever is late.
 * **Verification.** ``settle_steps`` after a switch the controller measures ``verify_steps``
-  steps: the time from the last rank's arrival to the last rank's finish (wall clocks made
-  comparable by the start-up offsets; it includes a schedule's tail on the punctual ranks, which
-  the straggler's own time does not show). Without wall-clock figures: the smallest step time
-  over the ranks. If the median is not below the median of the window before the switch by
+  steps by the *step period*: from the last rank's finish of one step's AllReduce to the last
+  rank's finish of the next (wall clocks made comparable by the start-up offsets). That is the
+  training step as the user sees it, compute and overlap included: a plan whose AllReduce is
+  faster but whose CPU work slows the ranks' backward pass does not pass. The AllReduce part (last
+  arrival to last finish) is recorded next to it, as the figure the predictions are about.
+  Without wall-clock figures the AllReduce part is judged (the smallest step time over the
+  ranks). If the median after the switch is not below the median of the window before it by
   ``rollback_margin``, the switch did not pay: the previous plan comes back (``rollback``) and the
   rejected plan is not tried again for ``cooldown_steps``; otherwise the plan stays and a
   ``verified`` event records the same measurements.
@@ -54,8 +57,10 @@ from stragglerkit.sim.cost_model import CostModel
 
 __all__ = [
     "ALGORITHM_CODES",
+    "ALLREDUCE_PART",
     "BASELINE_CHOICES",
     "EVENT_KINDS",
+    "STEP_PERIOD",
     "Controller",
     "ControllerConfig",
     "Decision",
@@ -68,6 +73,10 @@ ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
 """Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
+STEP_PERIOD = "step period"
+"""Verification measure: the last finish of one step's AllReduce to the last finish of the next."""
+ALLREDUCE_PART = "allreduce part"
+"""Verification measure: the last rank's arrival to the last rank's finish (the predicted figure)."""
 EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing", "verified")
 
 
@@ -225,7 +234,11 @@ class WindowStats:
     """[step, rank]: wall-clock arrival after the step's first arrival (s, clock offsets applied)."""
     tails: np.ndarray | None = None
     """[step]: from the last rank's arrival to the last rank's finish (s, wall clocks with offsets;
-    NaN where a rank's figures are missing). What a switch is verified with."""
+    NaN where a rank's figures are missing): the step's AllReduce part."""
+    ends: np.ndarray | None = None
+    """[step]: the last rank's finish of the step's AllReduce (s on rank 0's wall clock, offsets
+    applied; NaN where a rank's figure is missing). Consecutive ends give the step period, what a
+    switch is verified with."""
 
 
 class Controller:
@@ -234,9 +247,11 @@ class Controller:
     __slots__ = (
         "_blocked",
         "_bucket_window",
+        "_last_end",
         "_last_sizes",
         "_lateness",
         "_log_path",
+        "_periods",
         "_plain_tails",
         "_plan_start",
         "_planned_for",
@@ -277,6 +292,10 @@ class Controller:
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
         self._lateness: deque[np.ndarray] = deque(maxlen=window)
         self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
+        """(step, AllReduce part s): last arrival to last finish (or the smallest total over the ranks)."""
+        self._periods: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
+        """(step, step period s): the last finish of step - 1 to the last finish of step."""
+        self._last_end: tuple[int, float] = (-2, math.nan)
         self.probe_every = config.probe_every
         """The probe interval in force (every rank: the last decision's); see ``ControllerConfig``."""
         self._probe_target = config.probe_every  # rank 0: the interval it ships
@@ -319,6 +338,12 @@ class Controller:
                     self._plain_tails.append((step, tail))
             elif stats.tails is None and not np.isnan(stats.totals[i]).all():
                 self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
+            end = float(stats.ends[i]) if stats.ends is not None else math.nan
+            if math.isfinite(end):
+                previous_step, previous_end = self._last_end
+                if previous_step == step - 1 and end > previous_end:
+                    self._periods.append((step, end - previous_end))
+                self._last_end = (step, end)
             if step < self._plan_start + cfg.settle_steps:
                 continue
             for b, algorithm in enumerate(stats.algorithms[i]):
@@ -517,21 +542,29 @@ class Controller:
         key = (algorithm, late, tuple(sorted(slow)) if algorithm == "optcc" else ())
         return self._blocked.get(key, -1) > step
 
-    def _recent_time(self, since: int, until: int) -> tuple[float, int]:
-        times = [t for s, t in self._step_times if since <= s < until]
+    def _recent_time(self, since: int, until: int, measure: str = ALLREDUCE_PART) -> tuple[float, int]:
+        """Median and count of ``measure`` over steps ``since <= step < until``."""
+        series = self._periods if measure == STEP_PERIOD else self._step_times
+        times = [t for s, t in series if since <= s < until]
         return (float(np.median(times)) if times else math.nan), len(times)
 
     def _switch(self, step: int, target: Plan, findings: list[Finding], cleared: bool) -> Decision:
         cfg = self.config
         sizes = self._last_sizes
-        before, count = self._recent_time(step - cfg.detector.window - cfg.exchange_every, step)
+        since = step - cfg.detector.window - cfg.exchange_every
+        allreduce_before, allreduce_count = self._recent_time(since, step)
+        period_before, period_count = self._recent_time(since, step, STEP_PERIOD)
+        measure = STEP_PERIOD if period_count > 0 else ALLREDUCE_PART
+        before, count = (period_before, period_count) if measure == STEP_PERIOD else (allreduce_before, allreduce_count)
         evidence = {
             "from": self.plan.describe(),
             "to": target.describe(),
             "predicted_before_s": self._predicted_total(self.plan, sizes),
             "predicted_after_s": self._predicted_total(target, sizes),
+            "measure": measure,
             "measured_before_s": before,
             "measured_steps": count,
+            "allreduce_before_s": allreduce_before,
             "model": dict(self.model.fit_info),
             "detector": self.detector.last_evidence,
         }
@@ -548,19 +581,28 @@ class Controller:
         if self._verify is None or self.plan != self._verify["target"]:
             return None
         start = self._verify["step"] + cfg.settle_steps
-        after, count = self._recent_time(start, step)
+        switch = self._verify["evidence"]
+        measure = switch["measure"]
+        after, count = self._recent_time(start, step, measure)
+        allreduce_after, allreduce_count = self._recent_time(start, step)
+        if count < cfg.verify_steps and measure == STEP_PERIOD and step - start >= 4 * cfg.verify_steps:
+            # the step ends stopped coming (a rank's figures missing): judge the AllReduce part
+            measure, after, count = ALLREDUCE_PART, allreduce_after, allreduce_count
+            switch = dict(switch, measured_before_s=switch["allreduce_before_s"])
         if count < cfg.verify_steps:
             return None
         record, self._verify = self._verify, None
-        switch = record["evidence"]
         before = switch["measured_before_s"]
         measured = {
             "switched_at_step": record["step"],
             "predicted_before_s": switch["predicted_before_s"],
             "predicted_after_s": switch["predicted_after_s"],
+            "measure": measure,
             "measured_before_s": before,
             "measured_after_s": after,
             "measured_after_steps": count,
+            "allreduce_before_s": switch["allreduce_before_s"],
+            "allreduce_after_s": allreduce_after,
             "rollback_margin": cfg.rollback_margin,
         }
         if not math.isfinite(before) or after < (1 - cfg.rollback_margin) * before:

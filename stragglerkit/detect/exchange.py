@@ -179,7 +179,8 @@ class StatsExchange:
         # from the last arrival to the last finish, on rank 0's clock: the step's AllReduce tail
         on_rank0 = self.offsets.to_reference
         with np.errstate(invalid="ignore"):
-            tails = on_rank0(finish_wall).max(axis=1) - on_rank0(arrival_wall).max(axis=1)
+            ends = on_rank0(finish_wall).max(axis=1)
+            tails = ends - on_rank0(arrival_wall).max(axis=1)
         return WindowStats(
             steps=list(range(first, first + count)),
             totals=totals,
@@ -191,6 +192,7 @@ class StatsExchange:
             hosts=[int(h) for h in rows[:, 4]],
             lateness=wall_clock_lateness(arrival_wall[complete], self.offsets),
             tails=tails,
+            ends=ends,
         )
 
     def decision(self, rows: np.ndarray) -> Decision | None:
