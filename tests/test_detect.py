@@ -432,10 +432,39 @@ def test_controller_fits_samples_with_the_confirmed_slowest_nic() -> None:
         controller.observe(window(8, range(step, step + 2), None, 0.0, [16 << 20], slow={5: 2.0}), step + 4)
         step += 2
     assert controller.detector.degraded == {5: pytest.approx(2.0)}
-    assert all(sample[3] == 1.0 for sample in controller.model.samples)  # before: as if healthy
     controller.observe(window(8, range(step, step + 2), None, 0.0, [16 << 20], slow={5: 2.0}), step + 4)
     assert [sample[3] for sample in controller.model.samples][-2:] == [pytest.approx(2.0)] * 2
     assert controller.model.fit_info["params"].startswith("beta (one bucket size")
+
+
+def test_samples_taken_before_a_degraded_nic_was_confirmed_are_rescaled_when_it_is() -> None:
+    """Rank 5's NIC drops to 1/2 at step 20; the probes that saw it slow before the detector
+    confirmed it were added as healthy samples, and are re-tagged with l = 2 on confirmation;
+    the samples from before step 20 stay healthy."""
+    config = ControllerConfig(warmup_steps=0, settle_steps=0, verify_steps=1000)
+    controller = Controller(8, 0, config)
+    step, found = 0, []
+    while not controller.detector.degraded and step < 80:
+        slow = {5: 2.0} if step >= 20 else None
+        decision = controller.observe(window(8, range(step, step + 2), None, 0.0, [16 << 20], slow=slow), step + 4)
+        if decision is not None:
+            found += [e for e in decision.events if e["kind"] == "detected_degraded"]
+        step += 2
+    assert controller.detector.degraded == {5: pytest.approx(2.0)}
+    assert found[0]["evidence"]["rescaled_samples"] == step - 20  # one per step since the fault
+    tags = {sample[4]: sample[3] for sample in controller.model.samples}
+    assert {s: slowdown for s, slowdown in tags.items() if s < 20} == {s: 1.0 for s in range(20)}
+    assert {s: slowdown for s, slowdown in tags.items() if s >= 20} == {s: pytest.approx(2.0) for s in range(20, step)}
+
+
+def test_model_rescale_retags_only_the_named_steps_upwards() -> None:
+    model = OnlineModel(4, CostModel.Config(alpha=1e-5, beta=1e-9))
+    for step in range(4):
+        model.add("ring", 1 << 20, 0.01, 1.0 if step < 3 else 3.0, step)
+    assert model.rescale({1, 2, 3}, 2.0) == 2  # step 3 was already tagged higher
+    assert [s[3] for s in model.samples] == [1.0, 2.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="slowest"):
+        model.rescale({0}, 0.5)
 
 
 def test_controller_chooses_optcc_for_a_degraded_rank() -> None:

@@ -259,6 +259,7 @@ class Controller:
         "_probe_maxima",
         "_probe_target",
         "_quiet_since",
+        "_readings",
         "_seq",
         "_step_times",
         "_tail_reference",
@@ -296,6 +297,8 @@ class Controller:
         self._periods: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
         """(step, step period s): the last finish of step - 1 to the last finish of step."""
         self._last_end: tuple[int, float] = (-2, math.nan)
+        self._readings: deque[tuple[tuple[int, ...], np.ndarray]] = deque(maxlen=config.fit_samples)
+        """(steps, per-rank l read by the links) of the recent exchanges that measured links."""
         self.probe_every = config.probe_every
         """The probe interval in force (every rank: the last decision's); see ``ControllerConfig``."""
         self._probe_target = config.probe_every  # rank 0: the interval it ships
@@ -348,7 +351,7 @@ class Controller:
                 continue
             for b, algorithm in enumerate(stats.algorithms[i]):
                 if b < len(stats.bucket_bytes) and not np.isnan(spans[:, b]).any():
-                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest)
+                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest, step)
         self.model.refit()
         self._last_sizes = list(stats.bucket_bytes)
         from_links = slowdowns_from_links(stats.link_rates)
@@ -373,6 +376,9 @@ class Controller:
         if cfg.baseline == "allreduce" and cfg.probe_every > 0:
             per_estimate = max(per_estimate, cfg.probe_every)
         findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical, per_estimate)
+        if not np.isnan(slowdowns).all():
+            self._readings.append((tuple(stats.steps), slowdowns))
+        self._rescale_samples(findings)
         self._probing(stats.steps[-1] if stats.steps else apply_step, slowdowns)
         if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
             lateness = np.median(np.stack(self._lateness), axis=0)
@@ -394,6 +400,30 @@ class Controller:
             return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
         return self._switch(apply_step, target, findings, cleared)
+
+    def _rescale_samples(self, findings: list[Finding]) -> None:
+        """On a ``detected_degraded`` finding: the samples of the exchanges whose own link readings
+        saw a now-confirmed rank slow (``l`` at least ``clear_degraded_threshold``) were taken on
+        the degraded cluster before it was confirmed, and added as healthy; re-tag them with the
+        confirmed slowest ``l`` and refit (see :mod:`stragglerkit.detect.model`)."""
+        confirmed = [f for f in findings if f.kind == "detected_degraded"]
+        if not confirmed:
+            return
+        degraded = self.detector.degraded
+        slowest = max(degraded.values(), default=1.0)
+        threshold = self.config.detector.clear_degraded_threshold
+        ranks = sorted(degraded)
+        steps = {
+            step
+            for exchange_steps, readings in self._readings
+            if np.nan_to_num(readings[ranks], nan=1.0).max() >= threshold
+            for step in exchange_steps
+        }
+        changed = self.model.rescale(steps, slowest)
+        if changed:
+            self.model.refit()
+        for finding in confirmed:
+            finding.evidence["rescaled_samples"] = changed
 
     def _news(self, findings: list[Finding]) -> bool:
         return bool(findings) or self._probe_event is not None

@@ -17,7 +17,9 @@ slowdowns. The parameters come from the job itself:
   moves its bytes at the slowest NIC's pace (exact for the ring, where every rank sends the same
   bytes each step; first order for rhd and direct). Without it the samples of a degraded
   cluster read as a slow healthy bandwidth (72 MB/s fitted for 119.5 on the emulated cluster
-  with one NIC at 1/2).
+  with one NIC at 1/2). The detector confirms a degraded NIC only after a window of probes that
+  saw it slow; the samples of those probes were added before anyone knew, so the controller
+  re-tags them once it knows (:meth:`OnlineModel.rescale`, by the step each sample came from).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
   at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
@@ -96,7 +98,8 @@ class OnlineModel:
         self.world_size = world_size
         self.config = dataclasses.replace(prior)
         self.max_samples = max_samples
-        self.samples: deque[tuple[str, int, float, float]] = deque(maxlen=max_samples)
+        self.samples: deque[tuple[str, int, float, float, int]] = deque(maxlen=max_samples)
+        """(algorithm, bytes, seconds, slowest l, step) per measured baseline AllReduce."""
         self.fit_info: dict[str, Any] = {"fitted": False, "params": "prior"}
         self._terms: dict[tuple[str, int], CostTerms] = {}
         self._schedules: dict[tuple[object, ...], Schedule] = {}
@@ -104,13 +107,25 @@ class OnlineModel:
         self._predictions: dict[tuple[object, ...], float] = {}
 
     # -- fitting --------------------------------------------------------------------------------
-    def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0) -> None:
-        """One measured AllReduce of a baseline algorithm (time from the last arrival), run while
-        the slowest NIC was at ``1/slowest`` of the others (module docstring)."""
+    def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0, step: int = -1) -> None:
+        """One measured AllReduce of a baseline algorithm (time from the last arrival), run at
+        ``step`` while the slowest NIC was at ``1/slowest`` of the others (module docstring)."""
         if not (math.isfinite(slowest) and slowest >= 1.0):
             raise ValueError(f"slowest must be a slowdown l >= 1 (1: every NIC healthy), got {slowest}")
         if algorithm in BASELINES and nbytes > 0 and math.isfinite(seconds) and seconds > 0:
-            self.samples.append((algorithm, int(nbytes), float(seconds), float(slowest)))
+            self.samples.append((algorithm, int(nbytes), float(seconds), float(slowest), int(step)))
+
+    def rescale(self, steps: set[int], slowest: float) -> int:
+        """Re-tag the samples of ``steps`` as taken while the slowest NIC ran at ``1/slowest``
+        (where they were tagged lower); returns how many changed. Call :meth:`refit` after."""
+        if not (math.isfinite(slowest) and slowest >= 1.0):
+            raise ValueError(f"slowest must be a slowdown l >= 1 (1: every NIC healthy), got {slowest}")
+        changed = 0
+        for i, (algorithm, nbytes, seconds, tagged, step) in enumerate(self.samples):
+            if step in steps and tagged < slowest:
+                self.samples[i] = (algorithm, nbytes, seconds, slowest, step)
+                changed += 1
+        return changed
 
     def _sample_terms(self, algorithm: str, nbytes: int) -> CostTerms:
         key = (algorithm, nbytes)
@@ -126,11 +141,11 @@ class OnlineModel:
 
     def refit(self) -> dict[str, Any]:
         """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``."""
-        rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest in self.samples]
+        rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest, _ in self.samples]
         if len(rows) < 3:
             return self.fit_info
         try:
-            if len({(a, b) for a, b, _, _ in self.samples}) < 2:
+            if len({(a, b) for a, b, *_ in self.samples}) < 2:
                 # one bucket size: scaling by l must not pass for a second size (alpha and beta
                 # would be told apart by the slowdowns' noise alone)
                 raise ValueError("one bucket size")
