@@ -457,6 +457,23 @@ def test_samples_taken_before_a_degraded_nic_was_confirmed_are_rescaled_when_it_
     assert {s: slowdown for s, slowdown in tags.items() if s >= 20} == {s: pytest.approx(2.0) for s in range(20, step)}
 
 
+def test_model_refits_only_when_its_samples_changed() -> None:
+    """The controller refits every exchange; without new samples the fit and the cached
+    predictions (simulations) stay, so a quiet exchange costs no simulation."""
+    model = OnlineModel(4, CostModel.Config(alpha=1e-5, beta=1e-9))
+    for nbytes, seconds in ((1 << 20, 0.011), (4 << 20, 0.041), (8 << 20, 0.081)):
+        model.add("ring", nbytes, seconds)
+    info = model.refit()
+    assert info["fitted"] and info["samples"] == 3
+    model.predict("ring", 2 << 20)
+    cached = dict(model._predictions)
+    assert model.refit() is info and model._predictions == cached
+    model.add("ring", 2 << 20, 0.021)
+    assert model.refit()["samples"] == 4 and not model._predictions
+    assert model.rescale({-1}, 2.0) == 4 and model.refit()["samples"] == 4  # re-tagged: fitted again
+    assert model.fit_info is not info
+
+
 def test_model_rescale_retags_only_the_named_steps_upwards() -> None:
     model = OnlineModel(4, CostModel.Config(alpha=1e-5, beta=1e-9))
     for step in range(4):

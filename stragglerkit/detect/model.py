@@ -81,8 +81,10 @@ class OnlineModel:
     """
 
     __slots__ = (
+        "_fitted_revision",
         "_graphs",
         "_predictions",
+        "_revision",
         "_schedules",
         "_terms",
         "config",
@@ -105,6 +107,8 @@ class OnlineModel:
         self._schedules: dict[tuple[object, ...], Schedule] = {}
         self._graphs: dict[int, TaskGraph] = {}
         self._predictions: dict[tuple[object, ...], float] = {}
+        self._revision = 0  # counts changes to the samples; a refit of unchanged samples is skipped
+        self._fitted_revision = -1
 
     # -- fitting --------------------------------------------------------------------------------
     def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0, step: int = -1) -> None:
@@ -114,6 +118,7 @@ class OnlineModel:
             raise ValueError(f"slowest must be a slowdown l >= 1 (1: every NIC healthy), got {slowest}")
         if algorithm in BASELINES and nbytes > 0 and math.isfinite(seconds) and seconds > 0:
             self.samples.append((algorithm, int(nbytes), float(seconds), float(slowest), int(step)))
+            self._revision += 1
 
     def rescale(self, steps: set[int], slowest: float) -> int:
         """Re-tag the samples of ``steps`` as taken while the slowest NIC ran at ``1/slowest``
@@ -125,6 +130,7 @@ class OnlineModel:
             if step in steps and tagged < slowest:
                 self.samples[i] = (algorithm, nbytes, seconds, slowest, step)
                 changed += 1
+        self._revision += changed
         return changed
 
     def _sample_terms(self, algorithm: str, nbytes: int) -> CostTerms:
@@ -140,7 +146,14 @@ class OnlineModel:
         return terms if slowest == 1.0 else dataclasses.replace(terms, B=terms.B * slowest)
 
     def refit(self) -> dict[str, Any]:
-        """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``."""
+        """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``.
+
+        Unchanged samples since the last fit: nothing to do (the cached predictions stay valid;
+        the controller calls this every exchange, and most exchanges bring no sample).
+        """
+        if self._revision == self._fitted_revision:
+            return self.fit_info
+        self._fitted_revision = self._revision
         rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest, _ in self.samples]
         if len(rows) < 3:
             return self.fit_info
