@@ -11,6 +11,9 @@ that background work and load changes fall on every copy alike:
 * ``hook_quiet``: stragglerkit's hook with no stats exchange and no probes (its per-bucket
   bookkeeping on top of the group's own all_reduce);
 * ``hook_exchange_only``: the stats exchange and rank 0's controller, no probes;
+* ``hook_exchange_allgather``: the same with the exchange as it was first built, one all-gather
+  of every rank's vector (gloo runs it as a ring: ``n(n-1)`` messages) instead of a gather to
+  rank 0 and a broadcast of its decision (about ``2(n-1)``);
 * ``hook_probes_only``: the ring probes every 8th step, no exchange;
 * ``hook_fixed_probes``: the default ControllerConfig but with a probe every 8th step throughout
   (``quiet_probe_every=0``: the default before the probes backed off);
@@ -50,6 +53,7 @@ COPIES = (
     "python_allreduce_hook",
     "hook_quiet",
     "hook_exchange_only",
+    "hook_exchange_allgather",
     "hook_probes_only",
     "hook_fixed_probes",
     "hook_default",
@@ -84,9 +88,30 @@ def _worker(args: argparse.Namespace) -> None:
     }
     models: dict[str, DDP] = {name: DDP(build_model(config)) for name in COPIES}
     models["python_allreduce_hook"].register_comm_hook(None, python_allreduce_hook)
+    from stragglerkit.detect import exchange as exchange_module
+
+    class AllGatherExchange(exchange_module.StatsExchange):
+        """The exchange as first built: every rank's vector to every rank in one all-gather."""
+
+        __slots__ = ()
+
+        def start(self, payload: torch.Tensor, first_step: int) -> exchange_module.PendingExchange:
+            rows = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)]
+            work = dist.all_gather(rows, payload, group=self.group, async_op=True)
+            assert work is not None
+            return exchange_module.PendingExchange([work], rows, first_step)
+
+        def wait(self, pending: exchange_module.PendingExchange) -> Any:
+            for work in pending.works:
+                work.wait()
+            return torch.stack(pending.rows).numpy()
+
+    allgather_state = stragglerkit.DDPState(None, ControllerConfig(probe_every=0))
+    allgather_state.exchange.__class__ = AllGatherExchange
     states = {
         "hook_quiet": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
         "hook_exchange_only": stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
+        "hook_exchange_allgather": allgather_state,
         "hook_probes_only": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)),
         "hook_fixed_probes": stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
         "hook_default": stragglerkit.DDPState(None, ControllerConfig()),
@@ -171,7 +196,7 @@ def main() -> None:
             }
         )
         print(
-            f"{name:22s} median {1e3 * median:7.1f} ms  mean {1e3 * mean:7.1f} ms  "
+            f"{name:24s} median {1e3 * median:7.1f} ms  mean {1e3 * mean:7.1f} ms  "
             f"plain/this: {plain_median / median:.3f} (median), {plain_mean / mean:.3f} (mean)"
         )
     if args.json:

@@ -176,3 +176,44 @@ def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: floa
 
 def gradient_numel() -> int:
     return sum(p.numel() for p in _model(0).parameters())
+
+
+def exchange_rounds(rank: int, n: int, rounds: int) -> dict[str, Any]:
+    """Three exchanges on a gloo group: every rank sends figures of its own, rank 0 a decision;
+    what rank 0 receives of every rank and what every rank decodes of rank 0's decision."""
+    from stragglerkit.detect.arrival import StepArrival
+    from stragglerkit.detect.controller import Decision, Plan
+    from stragglerkit.detect.exchange import StatsExchange
+
+    exchange = StatsExchange(dist.new_group(backend="gloo"), world_size=n, rank=rank, steps=2, buckets=4)
+    seen: list[Any] = []
+    for r in range(rounds):
+        arrivals = [
+            StepArrival(
+                step=2 * r + i,
+                total_span=100.0 * rank + 10 * r + i,
+                arrival_wall=0.0,
+                bucket_spans=(),
+                bucket_bytes=(),
+                algorithms=(),
+            )
+            for i in range(2)
+        ]
+        decision = None
+        if rank == 0:
+            plan = Plan("allreduce", ("stragglar", "allreduce"), r % n, ())
+            decision = Decision(r + 1, 2 * r + 4, plan, [{"kind": "switch", "evidence": {}}], 8 * (r + 1))
+        pending = exchange.start(exchange.pack(2 * r, arrivals, float("nan"), rank, decision), 2 * r)
+        rows = exchange.wait(pending)
+        decoded = exchange.decision(rows)
+        entry: dict[str, Any] = {
+            "decision": None
+            if decoded is None
+            else (decoded.seq, decoded.step, decoded.plan, decoded.probe_every, [e["kind"] for e in decoded.events])
+        }
+        if rank == 0:
+            stats = exchange.stats(rows, [1000, 2000], [["allreduce", "allreduce"]] * 2)
+            entry["totals"] = stats.totals.tolist()
+            entry["hosts"] = stats.hosts
+        seen.append(entry)
+    return {"seen": seen, "rows_shape": list(rows.shape)}

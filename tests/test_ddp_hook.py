@@ -183,6 +183,22 @@ def test_dead_or_stalled_rank_fails_the_step_naming_it(fault: str, step: int) ->
         assert f"rank 2 did not reach step {step}'s AllReduce" in error, error
 
 
+def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> None:
+    """A real gloo group of 5 ranks (odd), three exchanges in a row: rank 0 receives each rank's
+    own figures in rank order, and every rank decodes rank 0's decision of that round."""
+    n, rounds = 5, 3
+    results = run_group(n, ddp_bodies.exchange_rounds, rounds)
+    root = results[0]["seen"]
+    for r in range(rounds):
+        assert root[r]["totals"] == [[100.0 * k + 10 * r + i for k in range(n)] for i in range(2)]
+        assert root[r]["hosts"] == list(range(n))
+        for rank in range(n):
+            seq, step, plan, probe_every, kinds = results[rank]["seen"][r]["decision"]
+            assert (seq, step, probe_every, kinds) == (r + 1, 2 * r + 4, 8 * (r + 1), ["switch"])
+            assert plan.straggler == r % n and plan.buckets == ("stragglar", "allreduce")
+    assert results[0]["rows_shape"][0] == n and all(results[k]["rows_shape"][0] == 1 for k in range(1, n))
+
+
 def test_state_validates_its_arguments() -> None:
     if not dist.is_initialized():
         with pytest.raises(ValueError, match="init_process_group"):

@@ -87,7 +87,7 @@ class ControllerConfig:
     warmup_steps: int = 10
     """Steps run with the process group's own all_reduce before the controller's plans."""
     exchange_every: int = 2
-    """K: steps between stats exchanges (one small all-gather, off the critical path)."""
+    """K: steps between stats exchanges (a small gather to rank 0 and a broadcast, off the critical path)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     """W, q, hysteresis and the degraded thresholds."""
     baseline: str = "allreduce"

@@ -1,14 +1,18 @@
-"""The periodic stats exchange: one small all-gather of a fixed-size float64 vector per rank.
+"""The periodic stats exchange: each rank's fixed-size float64 vector to rank 0, rank 0's decision to all.
 
 What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
 last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the first-message
 figures of its largest ring bucket), its NIC speed from sysfs and a host id; rank 0 adds its latest decision (plan
-and event kinds). The vector has a fixed size (``K``, the bucket limit ``B``, ``n``), so the
-all-gather needs no size negotiation. It runs asynchronously on a separate gloo group over CPU
-tensors (also next to NCCL), issued when a step begins and waited when the next one begins: by
-then every rank has contributed (each did so before entering the step's first AllReduce), so the
-wait costs nothing on the critical path. Rank 0's decision therefore reaches every rank at the
-same step, where all of them switch.
+and event kinds). The vector has a fixed size (``K``, the bucket limit ``B``, ``n``), so no size
+negotiation is needed. Only rank 0 decides, so the figures go to rank 0 alone (one gather) and
+rank 0's decision, the vector's head, goes to everyone (one broadcast): two collectives of about
+``2(n-1)`` messages in all, where an all-gather (a ring in gloo) takes ``n(n-1)`` messages and
+hands every rank every vector. On 8 ranks sharing 2 cores the all-gather cost about 1.5 % of the
+training step, most of what the exchange cost (``profiling/bench_hook_overhead.py``). Both run
+asynchronously on a separate gloo group over CPU tensors (also next to NCCL), issued when a step
+begins and waited when the next one begins: by then every rank has contributed (each did so
+before entering the step's first AllReduce), so the wait costs nothing on the critical path. Rank
+0's decision therefore reaches every rank at the same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
 default, probe_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
@@ -21,8 +25,8 @@ ample).
 Example::
 
     exchange = StatsExchange(side_group, world_size=4, rank=r, steps=2, buckets=32)
-    pending = exchange.start(exchange.pack(...))
-    rows = exchange.wait(pending)           # one tensor per rank
+    pending = exchange.start(exchange.pack(...), first_step)
+    rows = exchange.wait(pending)           # rank 0: one row per rank; elsewhere rank 0's head
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ def host_id(hostname: str | None = None) -> int:
 
 @dataclass(slots=True)
 class PendingExchange:
-    work: dist.Work
-    outputs: list[torch.Tensor]
+    works: list[dist.Work]
+    """The gather (figures to rank 0) and the broadcast (rank 0's decision head to every rank)."""
+    rows: list[torch.Tensor]
+    """On rank 0: every rank's vector, by group rank. Elsewhere: one vector holding rank 0's head."""
     first_step: int
 
 
@@ -146,16 +152,34 @@ class StatsExchange:
                 vec[at + k + i] = arrival.finish_wall
         return torch.from_numpy(vec)
 
+    @property
+    def head_size(self) -> int:
+        """Floats of the vector's head: the header, the event codes and rank 0's plan (slowdowns,
+        bucket algorithms): what the other ranks need of rank 0's vector."""
+        return _HEADER + _EVENTS + self.world_size + self.buckets
+
     def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
-        outputs = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)]
-        work = dist.all_gather(outputs, payload, group=self.group, async_op=True)
-        assert work is not None
-        return PendingExchange(work, outputs, first_step)
+        """Issue the gather of ``payload`` to rank 0 and the broadcast of rank 0's head (async)."""
+        root = self.rank == 0
+        rows = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)] if root else []
+        gathered = dist.gather(payload, rows if root else None, group=self.group, group_dst=0, async_op=True)
+        head = payload[: self.head_size].clone() if root else torch.empty(self.head_size, dtype=torch.float64)
+        broadcast = dist.broadcast(head, group=self.group, group_src=0, async_op=True)
+        assert gathered is not None and broadcast is not None
+        if not root:
+            rows = [head]
+        return PendingExchange([gathered, broadcast], rows, first_step)
 
     def wait(self, pending: PendingExchange) -> np.ndarray:
-        """The gathered vectors as a [rank, field] array."""
-        pending.work.wait()
-        return torch.stack(pending.outputs).numpy()
+        """The exchanged vectors as a [rank, field] array: on rank 0 every rank's; elsewhere one row
+        (rank 0's head, the rest NaN), which is all :meth:`decision` reads."""
+        for work in pending.works:
+            work.wait()
+        if self.rank == 0:
+            return torch.stack(pending.rows).numpy()
+        row = np.full((1, self.size), np.nan)
+        row[0, : self.head_size] = pending.rows[0].numpy()
+        return row
 
     def stats(self, rows: np.ndarray, bucket_bytes: list[int], algorithms: list[list[str]]) -> WindowStats:
         """Rank 0's view of the gathered figures."""

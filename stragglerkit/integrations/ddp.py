@@ -16,12 +16,12 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    algorithms (StragglAR, OptCC, ...) go to the executor
    (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
    ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
-3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues one async
-   all-gather of the last ``K`` steps' figures on a side gloo group, and waits for it at the next
-   step's first bucket (it is complete by then). Rank 0 digests it on a background thread (cost
-   model fit, detector, plan; joined when the next exchange is issued, so with ``K >= 2`` it
-   overlaps a whole step); its decision rides on the next exchange and every rank adopts it at the
-   same step.
+3. **Stats exchange**: at the first bucket of every ``K``-th step the state issues an async
+   gather of the last ``K`` steps' figures to rank 0, and a broadcast of rank 0's decision, on a
+   side gloo group, and waits for them at the next step's first bucket (they are complete by
+   then). Rank 0 digests the figures on a background thread (cost model fit, detector, plan;
+   joined when the next exchange is issued, so with ``K >= 2`` it overlaps a whole step); its
+   decision rides on the next exchange and every rank adopts it at the same step.
 
 Gradients are averaged (sum, then divided once by the world size), identically on every rank.
 With NCCL the executor sends over the NCCL group and the exchange stays on a gloo side group
