@@ -668,6 +668,27 @@ def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
     assert "a probe read l = 3" in decisions[-1].events[-1]["evidence"]["reason"]
 
 
+def test_a_quiet_probe_misread_is_checked_by_the_next_probe_and_the_back_off_resumes() -> None:
+    """Backed off, one probe reads a healthy link as slow (a loaded host): the probes come back,
+    the next one reads the links healthy, and they back off again at once (not after 4 probes)."""
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    drive(controller, 0, 34, tail=0.1)
+    assert controller.probe_every == 64
+    decisions = drive(controller, 34, 66, tail=0.1, slow={6: 1.6})  # the quiet probe at 64 misreads rank 6
+    assert controller.probe_every == 8 and "the next probe checks it" in decisions[-1].events[-1]["evidence"]["reason"]
+    decisions = drive(controller, 66, 74, tail=0.1)  # the probe at 72 reads healthy links
+    assert controller.probe_every == 64
+    check = decisions[-1].events[-1]
+    assert check["kind"] == "probing" and "the check probe read the links healthy" in check["evidence"]["reason"]
+    # a real fault reads slow twice: the probes stay busy and the detector gets its evidence
+    drive(controller, 74, 130, tail=0.1)
+    assert controller.probe_every == 64
+    drive(controller, 130, 194, tail=0.1, slow={5: 2.0})  # quiet probe at 192 reads rank 5 slow
+    assert controller.probe_every == 8
+    drive(controller, 194, 250, tail=0.1, slow={5: 2.0})
+    assert controller.detector.degraded == {5: pytest.approx(2.0)}
+
+
 def test_one_noisy_probe_does_not_keep_the_probes_busy() -> None:
     """A loaded host can read a healthy link as slow once: the back-off judges the median."""
     controller = Controller(8, 0, ControllerConfig(warmup_steps=4))

@@ -106,7 +106,8 @@ class ControllerConfig:
     the median of each probe's largest ``l`` is below ``detector.degraded_threshold`` (a median,
     because one probe on a loaded host can read a healthy link as slow), nothing is believed wrong
     and the baseline runs. A multiple of ``probe_every`` (the probe steps stay aligned); 0: never
-    back off."""
+    back off. A quiet probe that reads a slow link brings back ``probe_every``; if the next probe
+    reads the links healthy, the probes back off again at once (the reading was noise)."""
     quiet_after: int = 4
     """Probes (none of them while something was believed wrong) judged before the probes back off."""
     probe_alarm: float = 1.3
@@ -247,6 +248,7 @@ class Controller:
     __slots__ = (
         "_blocked",
         "_bucket_window",
+        "_checking",
         "_last_end",
         "_last_sizes",
         "_lateness",
@@ -307,6 +309,7 @@ class Controller:
         self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(config.alarm_steps, config.probe_every))
         self._tail_reference = math.nan
         self._quiet_since = -1
+        self._checking = False  # busy probing because one quiet probe read a slow link: check it
 
     # -- every rank -----------------------------------------------------------------------------
     def apply(self, decision: Decision) -> None:
@@ -443,8 +446,24 @@ class Controller:
         top = float(np.nanmax(slowdowns)) if measured else math.nan
         calm = self.plan == Plan(cfg.baseline) and self.detector.straggler is None and not self.detector.degraded
         if self._probe_target == busy:
+            if self._checking and calm and measured:
+                # the first probe after one quiet probe read a slow link: a healthy reading means
+                # that one was noise (single probes on loaded hosts read healthy links up to
+                # l ~ 2.6), so back off again at once instead of after quiet_after probes
+                self._checking = False
+                if top < threshold:
+                    self._probe_target, self._quiet_since = quiet, step
+                    self._probe_event = {
+                        "every": quiet,
+                        "reason": f"the check probe read the links healthy (largest l: {top:.3g} < {threshold:g}); "
+                        "the slow reading before it was noise",
+                        "largest_l": [round(top, 4)],
+                        "reference_allreduce_s": round(self._tail_reference, 6),
+                    }
+                    return
             if not calm:
                 self._probe_maxima.clear()
+                self._checking = False
             elif measured:
                 self._probe_maxima.append(top)
             recent = [t for _, t in self._plain_tails][-2 * cfg.alarm_steps :]
@@ -468,7 +487,8 @@ class Controller:
         if not calm:
             reason = "a plan other than the baseline runs, or a straggler or degraded rank is believed"
         elif measured and top >= threshold:
-            reason = f"a probe read l = {top:.3g} (>= {threshold:g})"
+            reason = f"a probe read l = {top:.3g} (>= {threshold:g}); the next probe checks it"
+            self._checking = True
         else:
             recent = [t for s, t in self._plain_tails if s > self._quiet_since][-cfg.alarm_steps :]
             if len(recent) >= cfg.alarm_steps and float(np.median(recent)) > cfg.probe_alarm * self._tail_reference:
