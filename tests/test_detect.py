@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -513,21 +514,32 @@ def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
     assert kinds.count("switch") == 1
 
 
-def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -> None:
+def run_switch(change: Callable[[WindowStats, bool], None]) -> tuple[Controller, int | None]:
+    """A straggler at rank 3 is switched to StragglAR; ``change(stats, after)`` shapes each
+    exchange's figures (``after``: the exchange is from the switch on). Returns the controller and
+    the step of the switch."""
     config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=4)
     controller = Controller(8, 0, config)
     controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
     switched: int | None = None
     for start in range(0, 80, 2):
         stats = window(8, range(start, start + 2), 3, 0.05, [8 << 20])
-        if switched is not None and start >= switched:
-            stats.totals = stats.totals / 2  # the new plan halves the AllReduce
+        change(stats, switched is not None and start >= switched)
         controller.model.samples.clear()
         decision = controller.observe(stats, start + 4)
         if decision is not None:
             controller.apply(decision)
             if switched is None and any(e["kind"] == "switch" for e in decision.events):
                 switched = decision.step
+    return controller, switched
+
+
+def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -> None:
+    def halve_after(stats: WindowStats, after: bool) -> None:
+        if after:
+            stats.totals = stats.totals / 2  # the new plan halves the AllReduce
+
+    controller, switched = run_switch(halve_after)
     kinds = [e["kind"] for e in controller.events]
     assert kinds == ["detected_straggler", "switch", "verified"], kinds
     verified = controller.events[2]
@@ -538,36 +550,27 @@ def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -
     assert controller.plan.algorithm == "stragglar"
 
 
-def run_switch(allreduce_factor: float, period_factor: float, with_ends: bool = True) -> Controller:
-    """A straggler at rank 3 is switched to StragglAR; from the switch on the AllReduce part takes
+def run_period_switch(allreduce_factor: float, period_factor: float, with_ends: bool = True) -> Controller:
+    """:func:`run_switch` with wall-clock figures: from the switch on the AllReduce part takes
     ``allreduce_factor`` and the step period ``period_factor`` of what they took before."""
-    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=4)
-    controller = Controller(8, 0, config)
-    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
-    switched: int | None = None
     end = 0.0
-    for start in range(0, 80, 2):
-        stats = window(8, range(start, start + 2), 3, 0.05, [8 << 20])
-        after = switched is not None and start >= switched
+
+    def scale_after(stats: WindowStats, after: bool) -> None:
+        nonlocal end
         stats.tails = np.array([0.1 * (allreduce_factor if after else 1.0)] * 2)
         ends = []
         for _ in range(2):
             end += 0.5 * (period_factor if after else 1.0)
             ends.append(end)
         stats.ends = np.array(ends) if with_ends else None
-        controller.model.samples.clear()
-        decision = controller.observe(stats, start + 4)
-        if decision is not None:
-            controller.apply(decision)
-            if switched is None and any(e["kind"] == "switch" for e in decision.events):
-                switched = decision.step
-    return controller
+
+    return run_switch(scale_after)[0]
 
 
 def test_a_switch_is_judged_by_the_step_period_not_the_allreduce_alone() -> None:
     """The AllReduce part halves, but the whole step gets 10 % slower (its CPU work slows the
     ranks' backward pass): the user's step did not gain, so the switch is rolled back."""
-    controller = run_switch(allreduce_factor=0.5, period_factor=1.1)
+    controller = run_period_switch(allreduce_factor=0.5, period_factor=1.1)
     kinds = [e["kind"] for e in controller.events]
     assert kinds[:3] == ["detected_straggler", "switch", "rollback"], kinds
     evidence = controller.events[2]["evidence"]
@@ -579,7 +582,7 @@ def test_a_switch_is_judged_by_the_step_period_not_the_allreduce_alone() -> None
 
 
 def test_a_switch_that_shortens_the_step_period_is_kept() -> None:
-    controller = run_switch(allreduce_factor=0.5, period_factor=0.8)
+    controller = run_period_switch(allreduce_factor=0.5, period_factor=0.8)
     kinds = [e["kind"] for e in controller.events]
     assert kinds == ["detected_straggler", "switch", "verified"], kinds
     evidence = controller.events[2]["evidence"]
@@ -588,7 +591,7 @@ def test_a_switch_that_shortens_the_step_period_is_kept() -> None:
 
 
 def test_without_wall_clock_ends_the_allreduce_part_is_judged() -> None:
-    controller = run_switch(allreduce_factor=0.5, period_factor=1.1, with_ends=False)
+    controller = run_period_switch(allreduce_factor=0.5, period_factor=1.1, with_ends=False)
     kinds = [e["kind"] for e in controller.events]
     assert kinds == ["detected_straggler", "switch", "verified"], kinds
     evidence = controller.events[2]["evidence"]
