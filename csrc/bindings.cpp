@@ -5,7 +5,7 @@
 #include "executor.h"
 
 namespace stragglerkit {
-void reduce_add_(torch::Tensor& dst, const torch::Tensor& src);
+void reduce_add_(torch::Tensor& dst, const torch::Tensor& src, int64_t divisor);
 }  // namespace stragglerkit
 
 // ---- simulator (csrc/sim_core.cpp, used by stragglerkit/sim/graph.py) ----
@@ -58,7 +58,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "stragglerkit native core: plan executor and reductions";
 
   // -- reductions --
-  m.def("reduce_add_", &stragglerkit::reduce_add_, "dst += src (contiguous tensors, same dtype, size and device)");
+  m.def("reduce_add_", &stragglerkit::reduce_add_, py::arg("dst"), py::arg("src"), py::arg("divisor") = 0,
+        "dst += src (contiguous tensors, same dtype, size and device); with divisor > 0 (CPU, floating "
+        "dtypes): dst = (dst + src) / divisor, as the sum followed by div_(divisor)");
 
   // -- executor --
   m.def("execute", &execute, py::arg("group"), py::arg("buffer"), py::arg("scratch"), py::arg("ops"),

@@ -313,7 +313,7 @@ class Run {
         case kReduce:
           with_reduce_range([&] {
             reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
-                            buffer_.scalar_type(), buffer_.device());
+                            buffer_.scalar_type(), buffer_.device(), col(op, kColDivide));
           });
           complete(op);
           break;
@@ -379,7 +379,7 @@ class Run {
   void reduce_into_buffer(int64_t op) {
     with_reduce_range([&] {
       reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
-                      buffer_.scalar_type(), buffer_.device());
+                      buffer_.scalar_type(), buffer_.device(), col(op, kColDivide));
     });
   }
 

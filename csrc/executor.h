@@ -27,7 +27,8 @@ enum OpColumn : int64_t {
   kColLabel = 5,     // index into labels (phase/round), for NVTX ranges and error messages
   kColChanPrev = 6,  // previous comm op on the same (peer, direction) channel, -1: first
   kColChanNext = 7,  // next comm op on the same channel, -1: last
-  kNumOpColumns = 8,
+  kColDivide = 8,    // reductions only: divide the result by this (an averaging plan's final sums), 0: no
+  kNumOpColumns = 9,
 };
 
 // Fields of the 8 x int64 header each rank sends to every peer before any data moves.
@@ -84,6 +85,9 @@ std::vector<std::vector<int64_t>> abort_notes(const c10::intrusive_ptr<c10d::Pro
 void shutdown_listeners();
 
 // dst += src for `count` elements of `dtype` (CPU: vectorised loop; CUDA: reduce_cuda.cu kernel).
-void reduce_add_span(void* dst, const void* src, int64_t count, c10::ScalarType dtype, const c10::Device& device);
+// With `divisor` > 0 (CPU, floating types only): dst = (dst + src) / divisor, rounded as the sum
+// followed by torch's `div_(divisor)` would be.
+void reduce_add_span(void* dst, const void* src, int64_t count, c10::ScalarType dtype, const c10::Device& device,
+                     int64_t divisor = 0);
 
 }  // namespace stragglerkit

@@ -65,13 +65,17 @@ def sweep(
                 ratio = ((x.double() - exact).abs() / tol).max().item() if numel else 0.0
                 torch_ratio = ((theirs.double() - x.double()).abs() / (2 * tol)).max().item() if numel else 0.0
                 worst[case] = max(ratio, torch_ratio)
-    # op avg divides the finished sum exactly once
+    # op avg (divided inside the reductions that finish each chunk's sum) has exactly the bits of
+    # the same algorithm's sum followed by torch's division
     for algorithm, kwargs in algorithms:
-        gen = torch.Generator().manual_seed(rank + 17)
-        x = torch.randn(1000, generator=gen)
-        y = x.clone()
-        stragglerkit.all_reduce(x, algorithm=algorithm, op="sum", **kwargs)
-        stragglerkit.all_reduce(y, algorithm=algorithm, op="avg", **kwargs)
-        digests[f"{algorithm}/avg"] = digest(y)
-        worst[f"{algorithm}/avg"] = 0.0 if torch.equal(y, x / n) else float("inf")
+        for numel in sizes:
+            for dtype in dtypes if numel < (1 << 20) else (torch.float32,):
+                case = f"{algorithm}/{numel}/{str(dtype).removeprefix('torch.')}/avg"
+                gen = torch.Generator().manual_seed(rank + 17 + numel)
+                x = torch.randn(numel, generator=gen).to(dtype)
+                y = x.clone()
+                stragglerkit.all_reduce(x, algorithm=algorithm, op="sum", **kwargs)
+                stragglerkit.all_reduce(y, algorithm=algorithm, op="avg", **kwargs)
+                digests[case] = digest(y)
+                worst[case] = 0.0 if torch.equal(y, x / n) else float("inf")
     return {"digests": digests, "worst": worst, "algorithms": [a for a, _ in algorithms]}

@@ -11,7 +11,8 @@ from stragglerkit.errors import ScheduleError
 from stragglerkit.runtime.plan import OP_COLUMNS, LoweredKind, chunk_bounds, lower, message_order, refine
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules import check, ring
-from stragglerkit.schedules.ir import OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.check import completing_reductions
+from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 from stragglerkit.schedules.registry import Situation, applicable, generate
 
 
@@ -24,19 +25,36 @@ def situation_for(n: int) -> Situation:
     return Situation(world_size=n, straggler=n // 2, slowdowns={1: 3.0}, segments=4)
 
 
-def reduction_trees(schedule: Schedule) -> list[list[int]]:
+DIVIDED = -1
+"""Key tag of an interned ``tree / n`` in :func:`reduction_trees`."""
+
+
+def reduction_trees(schedule: Schedule, divides: list[list[bool]] | None = None) -> list[list[int]]:
     """Run the schedule on interned expression trees; return, per rank and chunk, the final tree id.
 
     A leaf is a rank's own contribution; ``a + b`` is interned under the unordered pair {a, b}
     (floating-point addition is commutative, not associative), so equal ids mean bit-identical
-    results for any input data.
+    results for any input data. ``divides`` (per rank and op): that reduction's result is divided
+    by n, interned as ``(DIVIDED, tree)``; it must hold every rank's contribution, and no
+    reduction may add a divided value (the average would be divided twice or summed after).
     """
     n, num_chunks = schedule.world_size, schedule.num_chunks
     interned: dict[tuple[int, int], int] = {}
+    masks = {rank: 1 << rank for rank in range(n)}
+    divided: set[int] = set()
+    current = (0, 0)  # the (rank, op) being simulated
 
     def add(a: int, b: int) -> int:
+        assert a not in divided and b not in divided, f"rank {current[0]} op {current[1]} adds to an average"
         key = (min(a, b), max(a, b))
-        return interned.setdefault(key, n + len(interned))
+        tree = interned.setdefault(key, n + len(interned))
+        masks[tree] = masks[a] | masks[b]
+        if divides is None or not divides[current[0]][current[1]]:
+            return tree
+        assert masks[tree] == (1 << n) - 1, f"rank {current[0]} op {current[1]} divides a partial sum"
+        quotient = interned.setdefault((DIVIDED, tree), n + len(interned))
+        divided.add(quotient)
+        return quotient
 
     buffers = [[rank] * num_chunks for rank in range(n)]
     scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
@@ -57,6 +75,7 @@ def reduction_trees(schedule: Schedule) -> list[list[int]]:
             for index, op in enumerate(ops):
                 if done[rank][index] or not all(done[rank][d] for d in op.depends):
                     continue
+                current = (rank, index)
                 lo, hi = op.chunks
                 if op.kind is OpKind.SEND:
                     if send_order[(rank, op.peer or 0)][0] != index:
@@ -85,6 +104,10 @@ def reduction_trees(schedule: Schedule) -> list[list[int]]:
                 done[rank][index] = True
                 progress = True
     assert all(all(d) for d in done), "simulation stuck"
+    if divides is not None:
+        for rank in range(n):
+            for chunk, tree in enumerate(buffers[rank]):
+                assert tree in divided, f"rank {rank} chunk {chunk} ends with a sum that no reduction divided"
     return buffers
 
 
@@ -111,6 +134,64 @@ def test_every_rank_ends_with_the_same_reduction_tree(n: int) -> None:
             for chunk in range(refined.num_chunks):
                 held = {trees[rank][chunk] for rank in range(n)}
                 assert len(held) == 1, f"{algorithm} n={n} pieces={pieces}: chunk {chunk} differs across ranks"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 9, 16])
+def test_an_averaging_plan_divides_each_final_sum_once(n: int) -> None:
+    """Lowered with ``divide_by``, exactly the reductions that finish a chunk divide; every rank ends
+    with the same divided tree, and nothing is added to a divided value."""
+    situation = situation_for(n)
+    for algorithm in available(situation):
+        schedule = generate(algorithm, situation)
+        for pieces in (1, 2):
+            plans = lower(schedule, 4096, 4, pieces=pieces, divide_by=n)
+            assert all(plan.divides for plan in plans)
+            divide_column = OP_COLUMNS.index("divide")
+            divides = [[d > 0 for d in plan.ops[:, divide_column].tolist()] for plan in plans]
+            assert {d for plan in plans for d in plan.ops[:, divide_column].tolist()} <= {0, n}
+            assert any(any(row) for row in divides), f"{algorithm} n={n}: no op divides"
+            refined, _ = refine(schedule, pieces)
+            trees = reduction_trees(refined, divides)
+            for chunk in range(refined.num_chunks):
+                held = {trees[rank][chunk] for rank in range(n)}
+                assert len(held) == 1, f"{algorithm} n={n} pieces={pieces}: chunk {chunk} differs across ranks"
+            unmarked = lower(schedule, 4096, 4, pieces=pieces)
+            assert not any(plan.divides for plan in unmarked)
+            assert all(not plan.ops[:, divide_column].any() for plan in unmarked)
+
+
+def test_a_plan_divides_only_where_a_reduction_finishes_its_whole_range() -> None:
+    """An op that finishes some chunks of its range but not others cannot divide op by op: the
+    plans then say they do not divide, and the caller divides after the run."""
+    good = ScheduleBuilder(2, 2)
+    good.add(1, Op(OpKind.SEND, (1, 2), peer=0))
+    good.add(0, Op(OpKind.RECV, (1, 2), peer=1, scratch=0))
+    good.add(0, Op(OpKind.REDUCE, (1, 2), scratch=0))
+    good.add(1, Op(OpKind.SEND, (0, 1), peer=0))
+    good.add(0, Op(OpKind.RECV, (0, 1), peer=1, scratch=1))
+    good.add(0, Op(OpKind.REDUCE, (0, 1), scratch=1))
+    good.add(0, Op(OpKind.SEND, (0, 2), peer=1))
+    good.add(1, Op(OpKind.RECV, (0, 2), peer=0))
+    schedule = good.build("test")
+    assert completing_reductions(schedule) == [[False, True, False, True, False], [False, False, False]]
+    assert all(plan.divides for plan in lower(schedule, 10, 4, divide_by=2))
+
+    mixed = ScheduleBuilder(3, 2)
+    mixed.add(2, Op(OpKind.SEND, (0, 1), peer=1))
+    mixed.add(1, Op(OpKind.RECV_REDUCE, (0, 1), peer=2))  # chunk 0 holds {1, 2}
+    mixed.add(0, Op(OpKind.SEND, (0, 2), peer=1))
+    mixed.add(1, Op(OpKind.RECV_REDUCE, (0, 2), peer=0))  # finishes chunk 0; chunk 1 holds {0, 1}
+    mixed.add(2, Op(OpKind.SEND, (1, 2), peer=1))
+    mixed.add(1, Op(OpKind.RECV_REDUCE, (1, 2), peer=2))  # finishes chunk 1
+    for peer in (0, 2):
+        mixed.add(1, Op(OpKind.SEND, (0, 2), peer=peer))
+        mixed.add(peer, Op(OpKind.RECV, (0, 2), peer=1))
+    schedule = mixed.build("test")
+    check(schedule)
+    assert completing_reductions(schedule) is None
+    plans = lower(schedule, 10, 4, divide_by=3)
+    assert not any(plan.divides for plan in plans)
+    assert all(not plan.ops[:, OP_COLUMNS.index("divide")].any() for plan in plans)
 
 
 def test_reduction_tree_check_can_fail() -> None:

@@ -11,13 +11,15 @@ Policy and validation live here; the C++ executor only runs a checked plan.
   any bucket size, ``0`` and fewer elements than chunks included.
 * **Plans** are generated through :func:`stragglerkit.schedules.registry.generate`, proven by
   :func:`stragglerkit.schedules.check`, lowered (:mod:`stragglerkit.runtime.plan`) and cached per
-  (algorithm, world size, numel, dtype, rank map, straggler, slowdowns, op).
+  (algorithm, world size, numel, dtype, device type, rank map, straggler, slowdowns, op).
 * **Validation** before anything moves: a dense, contiguous tensor of a supported dtype and a
   supported op, checked locally (``ValueError``; the other ranks are told and raise
   :class:`StragglerKitError` instead of waiting). Size or dtype differences *between* ranks are
   caught by the executor's header exchange, on every rank, before data moves between the pair.
 * **Results** are bit-identical on every rank: each chunk is reduced along one tree and then
-  copied, and ``avg`` divides the finished sum once on every rank.
+  copied. ``avg`` on CPU divides inside the reductions that finish a chunk's sum (no extra pass
+  over the tensor; the bits are those of the sum followed by ``div_(n)``); on CUDA it divides the
+  finished sum once on every rank.
 
 Example::
 
@@ -376,7 +378,7 @@ class Runtime:
                 self.reverse_group,
                 concurrent_waits(self.group, flat, cached.plan),
             )
-            if op == "avg":
+            if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
         return RunRecord(algorithm, chosen, timings, cached.plan)
 
@@ -387,6 +389,7 @@ class Runtime:
             situation.world_size,
             tensor.numel(),
             tensor.dtype,
+            tensor.device.type,
             self.rank_map.to_physical,
             situation.straggler,
             slowdowns,
@@ -399,8 +402,15 @@ class Runtime:
             return cached
         schedule = self._schedule(algorithm, situation)
         logical_rank = self.rank_map.logical(self.group.rank())
+        # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
+        divide_by = situation.world_size if op == "avg" and tensor.device.type == "cpu" else 0
         (plan,) = lower(
-            schedule, tensor.numel(), tensor.element_size(), straggler=situation.straggler, ranks=[logical_rank]
+            schedule,
+            tensor.numel(),
+            tensor.element_size(),
+            straggler=situation.straggler,
+            ranks=[logical_rank],
+            divide_by=divide_by,
         )
         ident = (
             f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}"

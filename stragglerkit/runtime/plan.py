@@ -19,6 +19,12 @@ Steps (all in Python, once per cache key; the executor only interprets the resul
 4. **Tables.** One rank's ops become an int64 table (``OP_COLUMNS``) with element offsets, scratch
    offsets, channel links and labels, plus dependency counts and a CSR list of dependents.
 
+Averaging: with ``divide_by = n`` the reductions after which a chunk holds all ``n`` contributions
+(:func:`~stragglerkit.schedules.check.completing_reductions`) also divide by ``n``, so an averaging
+AllReduce needs no pass of its own over the bucket; the other ranks receive those final values by
+copy. (Without a hook DDP divides while it copies gradients into a bucket; a hook that divided the
+whole bucket again cost about 3 % of a training step on the emulated cluster, docs/detection.md.)
+
 Scratch: a schedule's scratch slot ``s`` gets one region (its largest use); every ``recv_reduce``
 gets its own region, so reductions never wait for scratch to be free. Scratch therefore needs at
 most about one bucket per rank for the algorithms here; it is allocated once per cached plan.
@@ -35,7 +41,7 @@ from enum import IntEnum
 import torch
 
 from stragglerkit.errors import ScheduleError
-from stragglerkit.schedules.check import check
+from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 
 __all__ = [
@@ -50,7 +56,7 @@ __all__ = [
     "refine",
 ]
 
-OP_COLUMNS = ("kind", "peer", "offset", "count", "scratch", "label", "chan_prev", "chan_next")
+OP_COLUMNS = ("kind", "peer", "offset", "count", "scratch", "label", "chan_prev", "chan_next", "divide")
 """Columns of :attr:`RankPlan.ops` (csrc/executor.h: OpColumn)."""
 
 ALIGN_BYTES = 64
@@ -100,6 +106,9 @@ class RankPlan:
     labels: list[str]
     scratch_numel: int
     pieces: int
+    divides: bool = False
+    """The plan's final reductions divide by ``world_size`` (lowered with ``divide_by``): the
+    buffer ends holding the average, not the sum."""
 
     def num_messages(self) -> int:
         return int(self.wait_order.numel())
@@ -322,12 +331,16 @@ def lower(
     straggler: int | None = None,
     pieces: int | None = None,
     ranks: Sequence[int] | None = None,
+    divide_by: int = 0,
 ) -> list[RankPlan]:
     """Lower ``schedule`` for a bucket of ``numel`` elements; return the plans of ``ranks``.
 
     ``ranks`` are logical ranks (default: all). ``straggler`` (logical) only affects the wait
     order. ``pieces`` defaults to :func:`choose_pieces`. The refined schedule is re-checked when
-    ``pieces > 1``.
+    ``pieces > 1``. ``divide_by`` (the world size, for an average; 0: a sum): the reductions that
+    complete a chunk divide it (module docstring); the plans say so in ``divides``. If some
+    reduction completes only part of its chunk range the plans do not divide (``divides`` False)
+    and the caller divides after the run.
 
     Example::
 
@@ -336,6 +349,8 @@ def lower(
     """
     if numel < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
+    if divide_by < 0:
+        raise ValueError(f"divide_by must be >= 0 (0: no division), got {divide_by}")
     if pieces is None:
         pieces = choose_pieces(schedule, numel, element_size)
     align = max(1, ALIGN_BYTES // element_size)
@@ -347,11 +362,15 @@ def lower(
         check(refined)
     empty = [[bounds[op.chunks[1]] == bounds[op.chunks[0]] for op in ops] for ops in refined.ops]
     order = message_order(refined, empty, straggler)
+    completing = completing_reductions(refined) if divide_by > 0 else None
     wanted = range(schedule.world_size) if ranks is None else ranks
-    return [
-        _lower_rank(schedule, refined, rank, bounds, empty[rank], order[rank], labels[rank], pieces, numel)
-        for rank in wanted
-    ]
+    plans = []
+    for rank in wanted:
+        divides = None if completing is None else [divide_by if flag else 0 for flag in completing[rank]]
+        plans.append(
+            _lower_rank(schedule, refined, rank, bounds, empty[rank], order[rank], labels[rank], pieces, numel, divides)
+        )
+    return plans
 
 
 def _lower_rank(
@@ -364,7 +383,9 @@ def _lower_rank(
     op_labels: list[str],
     pieces: int,
     numel: int,
+    divides: list[int] | None,
 ) -> RankPlan:
+    """``divides``: per op, the divisor of its reduction (0: none); ``None``: the plan does not divide."""
     ops = refined.ops[rank]
     label_index: dict[str, int] = {}
     slot_size: dict[int, int] = {}
@@ -391,7 +412,8 @@ def _lower_rank(
         elif op.scratch is not None and kind is not LoweredKind.NOOP:
             scratch = slot_offset[op.scratch]
         label = label_index.setdefault(op_labels[index], len(label_index))
-        row = [int(kind), -1 if op.peer is None else op.peer, offset, count, scratch, label, -1, -1]
+        divide = divides[index] if divides is not None and kind in (LoweredKind.RECV_REDUCE, LoweredKind.REDUCE) else 0
+        row = [int(kind), -1 if op.peer is None else op.peer, offset, count, scratch, label, -1, -1, divide]
         if kind in (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE):
             assert op.peer is not None
             channel = (op.peer, kind is LoweredKind.SEND)
@@ -431,4 +453,5 @@ def _lower_rank(
         labels=sorted(label_index, key=label_index.__getitem__),
         scratch_numel=scratch_numel,
         pieces=pieces,
+        divides=divides is not None,
     )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
-__all__ = ["CheckReport", "check", "format_ranks"]
+__all__ = ["CheckReport", "check", "completing_reductions", "format_ranks"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -242,8 +242,12 @@ def _match_messages(sched: Schedule) -> None:
                 )
 
 
-def _execute(sched: Schedule) -> int:
-    """Run the schedule on contribution sets; return the number of messages."""
+def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
+    """Run the schedule on contribution sets; return the number of messages.
+
+    ``completed`` (per rank, one entry per op, zeros): filled with how many chunks of its range
+    each reduction (``recv_reduce``, ``reduce``) left holding all ``n`` contributions.
+    """
     n, num_chunks = sched.world_size, sched.num_chunks
     full = (1 << n) - 1
     buffers = [[1 << rank] * num_chunks for rank in range(n)]
@@ -306,6 +310,8 @@ def _execute(sched: Schedule) -> int:
                         f"{format_ranks(buf[chunk])} (overlap {format_ranks(buf[chunk] & data[offset])})"
                     )
                 buf[chunk] |= data[offset]
+                if completed is not None and buf[chunk] == full:
+                    completed[dst][recv_index] += 1
         elif recv_op.scratch is not None:
             scratch[dst][recv_op.scratch] = data
         else:
@@ -367,6 +373,8 @@ def _execute(sched: Schedule) -> int:
                             f"{format_ranks(buf[chunk])}"
                         )
                     buf[chunk] |= data[offset]
+                    if completed is not None and buf[chunk] == full:
+                        completed[rank][index] += 1
                 else:
                     buf[chunk] = data[offset]
             complete(rank, index)
@@ -422,3 +430,34 @@ def check(sched: Schedule) -> CheckReport:
         num_messages=messages,
         rounds=sched.rounds(),
     )
+
+
+def completing_reductions(sched: Schedule) -> list[list[bool]] | None:
+    """Per rank and op: does this reduction leave its whole chunk range holding all contributions?
+
+    These are the ops after which a chunk's sum is final on that rank; every other rank gets that
+    chunk's final value either from such an op of its own or by a copy of one (a ``recv`` into the
+    buffer, possibly via scratch and ``copy``). An averaging AllReduce can therefore divide inside
+    exactly these reductions (``dst = (dst + src) / n``) instead of dividing the whole buffer
+    after the run: every final value is divided once, by the op that made it final. Returns
+    ``None`` when some reduction completes only part of its range (then the division cannot be
+    fused op by op). Raises :class:`ScheduleError` if ``sched`` is not a correct AllReduce.
+
+    Example::
+
+        flags = completing_reductions(ring(4))
+        assert sum(map(sum, flags)) == 4  # each chunk is completed once, on its owner
+    """
+    check(sched)
+    completed = [[0] * len(rank_ops) for rank_ops in sched.ops]
+    _execute(sched, completed)
+    flags: list[list[bool]] = []
+    for rank, rank_ops in enumerate(sched.ops):
+        row = []
+        for index, op in enumerate(rank_ops):
+            count = completed[rank][index]
+            if 0 < count < op.num_chunks:
+                return None
+            row.append(count > 0)
+        flags.append(row)
+    return flags
