@@ -5,9 +5,16 @@ of gradients) in several DDP copies, one step of each per training step, in a ro
 that background work and load changes fall on every copy alike:
 
 * ``plain``: DDP without a hook (its C++ all_reduce; the baseline);
+* ``builtin_allreduce_hook``: DDP with torch's own C++ comm hook ``BuiltinCommHookType.ALLREDUCE``
+  (divide the bucket by the world size, then all_reduce): no Python at all;
 * ``python_allreduce_hook``: DDP with the smallest Python comm hook there is -- torch's documented
-  pattern ``all_reduce(async_op=True).get_future().then(lambda f: f.value()[0])`` -- the cost of
-  running *any* Python comm hook;
+  pattern ``all_reduce(async_op=True).get_future().then(lambda f: f.value()[0])`` after dividing
+  the bucket -- the cost of running *any* Python comm hook that averages;
+* ``python_hook_no_division``: the same hook without the division (it sums instead of averaging,
+  so it is a timing reference only; the bench never steps an optimizer). Without a hook DDP
+  divides while it copies each gradient into its bucket (one pass over the gradients); with a
+  hook it copies, and the hook must divide the bucket in a pass of its own. This copy isolates
+  that pass from the cost of calling Python;
 * ``hook_quiet``: stragglerkit's hook with no stats exchange and no probes (its per-bucket
   bookkeeping on top of the group's own all_reduce);
 * ``hook_exchange_only``: the stats exchange and rank 0's controller, no probes;
@@ -26,9 +33,14 @@ median and mean over the steps after ``--skip``, and each copy's ratio to ``plai
 are 1 step in 8 (or 64): they move the mean, which is what a run's throughput is, more than the
 median.
 
+``--copies`` picks some of them (``plain`` always); ``--runs N`` launches the cluster N times and
+reports each copy's median ratio over the runs (run-to-run spread on this machine is a few %).
+
 Example::
 
     python profiling/bench_hook_overhead.py --world-size 8 --steps 100 --json profiling/results/hook_overhead.json
+    python profiling/bench_hook_overhead.py --runs 3 \\
+        --copies plain,builtin_allreduce_hook,python_allreduce_hook,python_hook_no_division
 """
 
 from __future__ import annotations
@@ -50,7 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COPIES = (
     "plain",
+    "builtin_allreduce_hook",
     "python_allreduce_hook",
+    "python_hook_no_division",
     "hook_quiet",
     "hook_exchange_only",
     "hook_exchange_allgather",
@@ -86,8 +100,19 @@ def _worker(args: argparse.Namespace) -> None:
         "bucket": dist.GradBucket,
         "return": torch.futures.Future[torch.Tensor],
     }
-    models: dict[str, DDP] = {name: DDP(build_model(config)) for name in COPIES}
-    models["python_allreduce_hook"].register_comm_hook(None, python_allreduce_hook)
+
+    def python_hook_no_division(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+    python_hook_no_division.__annotations__ = python_allreduce_hook.__annotations__
+    copies = tuple(args.copies.split(","))
+    models: dict[str, DDP] = {name: DDP(build_model(config)) for name in copies}
+    if "builtin_allreduce_hook" in models:
+        models["builtin_allreduce_hook"]._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    if "python_allreduce_hook" in models:
+        models["python_allreduce_hook"].register_comm_hook(None, python_allreduce_hook)
+    if "python_hook_no_division" in models:
+        models["python_hook_no_division"].register_comm_hook(None, python_hook_no_division)
     from stragglerkit.detect import exchange as exchange_module
 
     class AllGatherExchange(exchange_module.StatsExchange):
@@ -106,24 +131,30 @@ def _worker(args: argparse.Namespace) -> None:
                 work.wait()
             return torch.stack(pending.rows).numpy()
 
-    allgather_state = stragglerkit.DDPState(None, ControllerConfig(probe_every=0))
-    allgather_state.exchange.__class__ = AllGatherExchange
-    states = {
-        "hook_quiet": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
-        "hook_exchange_only": stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
+    def allgather_state() -> stragglerkit.DDPState:
+        state = stragglerkit.DDPState(None, ControllerConfig(probe_every=0))
+        state.exchange.__class__ = AllGatherExchange
+        return state
+
+    configs = {
+        "hook_quiet": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
+        "hook_exchange_only": lambda: stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
         "hook_exchange_allgather": allgather_state,
-        "hook_probes_only": stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)),
-        "hook_fixed_probes": stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
-        "hook_default": stragglerkit.DDPState(None, ControllerConfig()),
+        "hook_probes_only": lambda: stragglerkit.DDPState(
+            None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)
+        ),
+        "hook_fixed_probes": lambda: stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
+        "hook_default": lambda: stragglerkit.DDPState(None, ControllerConfig()),
     }
+    states = {name: make() for name, make in configs.items() if name in copies}
     for name, state in states.items():
         models[name].register_comm_hook(state, stragglerkit.ddp_hook)
-    times: dict[str, list[float]] = {name: [] for name in COPIES}
+    times: dict[str, list[float]] = {name: [] for name in copies}
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(config.batch, 256, generator=g), torch.randn(config.batch, 16, generator=g)
-        shift = step % len(COPIES)
-        for name in COPIES[shift:] + COPIES[:shift]:
+        shift = step % len(copies)
+        for name in copies[shift:] + copies[:shift]:
             model = models[name]
             dist.barrier()
             start = time.perf_counter()
@@ -137,7 +168,7 @@ def _worker(args: argparse.Namespace) -> None:
     gathered: list[Any] = [None] * n
     dist.all_gather_object(gathered, times)
     if rank == 0:
-        slowest = {name: [max(g[name][i] for g in gathered) for i in range(args.skip, args.steps)] for name in COPIES}
+        slowest = {name: [max(g[name][i] for g in gathered) for i in range(args.skip, args.steps)] for name in copies}
         events = {name: state.events for name, state in states.items()}
         Path(args.out).write_text(json.dumps({"times": slowest, "events": events}), encoding="utf-8")
     dist.destroy_process_group()
@@ -150,6 +181,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--skip", type=int, default=20, help="steps not measured (warm-up of the hook is 10)")
     parser.add_argument("--model-bytes", type=int, default=8 * 2**20)
+    parser.add_argument("--copies", default=",".join(COPIES), help="comma-separated copies to train (default: all)")
+    parser.add_argument("--runs", type=int, default=1, help="launch the cluster this many times; report the median")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -159,6 +192,8 @@ def main() -> None:
         return
     if args.skip >= args.steps:
         parser.error(f"--skip ({args.skip}) must be below --steps ({args.steps})")
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     from _meta import provenance
 
     from stragglerkit.testbed import EmulatedCluster
@@ -166,10 +201,63 @@ def main() -> None:
     ok, why = EmulatedCluster.available()
     if not ok:
         raise SystemExit(f"bench_hook_overhead needs the emulated cluster: {why}")
+    copies = [name.strip() for name in args.copies.split(",") if name.strip()]
+    unknown = sorted(set(copies) - set(COPIES))
+    if unknown or "plain" not in copies:
+        parser.error(f"--copies: unknown {unknown} or no 'plain' (the baseline); choose from {', '.join(COPIES)}")
+    runs = []
+    for run in range(args.runs):
+        slowest, events = _run_once(args, ",".join(copies))
+        for name, copy_events in events.items():
+            for event in copy_events:
+                reason = event["evidence"].get("reason", "")
+                print(f"run {run + 1}: {name}: step {event['step']}: {event['kind']} {reason}")
+        rows = _rows(slowest, copies)
+        for row in rows:
+            print(
+                f"run {run + 1}/{args.runs}: {row['copy']:24s} median {row['median_ms']:7.1f} ms  "
+                f"mean {row['mean_ms']:7.1f} ms  plain/this: {row['plain_over_copy_median']:.3f} (median), "
+                f"{row['plain_over_copy_mean']:.3f} (mean)"
+            )
+        runs.append({"rows": rows, "events": events, "step_times_s": slowest})
+    summary = [
+        {
+            "copy": name,
+            "plain_over_copy_median": round(statistics.median(r["rows"][i]["plain_over_copy_median"] for r in runs), 4),
+            "plain_over_copy_mean": round(statistics.median(r["rows"][i]["plain_over_copy_mean"] for r in runs), 4),
+        }
+        for i, name in enumerate(copies)
+    ]
+    if args.runs > 1:
+        print(f"median over {args.runs} runs:")
+        for row in summary:
+            print(
+                f"{row['copy']:24s} plain/this: {row['plain_over_copy_median']:.3f} (median step), "
+                f"{row['plain_over_copy_mean']:.3f} (mean step)"
+            )
+    if args.json:
+        record = {
+            **provenance(),
+            "world_size": args.world_size,
+            "bandwidth_Bps": args.bandwidth,
+            "model_bytes": args.model_bytes,
+            "steps_measured": args.steps - args.skip,
+            "runs": args.runs,
+            "rows": summary if args.runs > 1 else runs[0]["rows"],
+            "per_run": runs,
+        }
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+
+
+def _run_once(args: argparse.Namespace, copies: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """One launch of the emulated cluster: every rank trains the copies; the slowest rank's step times."""
+    from stragglerkit.testbed import EmulatedCluster
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         argv = [sys.executable, __file__, "--worker", "--out", out, "--steps", str(args.steps)]
-        argv += ["--skip", str(args.skip), "--model-bytes", str(args.model_bytes)]
+        argv += ["--skip", str(args.skip), "--model-bytes", str(args.model_bytes), "--copies", copies]
         config = EmulatedCluster.Config(hosts=args.world_size, bandwidth=args.bandwidth)
         with EmulatedCluster(config) as cluster:
             procs = [cluster.popen(h, argv, env=cluster.torch_env(h, port=29580)) for h in range(args.world_size)]
@@ -177,14 +265,14 @@ def main() -> None:
             if any(codes):
                 raise SystemExit(f"ranks exited with {codes}")
         written = json.loads(Path(out).read_text(encoding="utf-8"))
-        slowest, events = written["times"], written["events"]
+    return written["times"], written["events"]
+
+
+def _rows(slowest: dict[str, list[float]], copies: list[str]) -> list[dict[str, Any]]:
     plain_median = statistics.median(slowest["plain"])
     plain_mean = statistics.mean(slowest["plain"])
     rows = []
-    for name, copy_events in events.items():
-        for event in copy_events:
-            print(f"{name}: step {event['step']}: {event['kind']} {event['evidence'].get('reason', '')}")
-    for name in COPIES:
+    for name in copies:
         median, mean = statistics.median(slowest[name]), statistics.mean(slowest[name])
         rows.append(
             {
@@ -195,23 +283,7 @@ def main() -> None:
                 "plain_over_copy_mean": round(plain_mean / mean, 4),
             }
         )
-        print(
-            f"{name:24s} median {1e3 * median:7.1f} ms  mean {1e3 * mean:7.1f} ms  "
-            f"plain/this: {plain_median / median:.3f} (median), {plain_mean / mean:.3f} (mean)"
-        )
-    if args.json:
-        record = {
-            **provenance(),
-            "world_size": args.world_size,
-            "bandwidth_Bps": args.bandwidth,
-            "model_bytes": args.model_bytes,
-            "steps_measured": args.steps - args.skip,
-            "rows": rows,
-            "events": events,
-            "step_times_s": slowest,
-        }
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+    return rows
 
 
 if __name__ == "__main__":
