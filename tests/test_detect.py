@@ -702,6 +702,23 @@ def test_one_noisy_probe_does_not_keep_the_probes_busy() -> None:
     assert controller.probe_every == 64 and decisions[-1].events[-1]["evidence"]["largest_l"][2] == pytest.approx(2.6)
 
 
+def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> None:
+    """A NIC at 1/2 from step 20 that the probes misread as healthy (as single probes on a loaded
+    host do: l = 1.3-1.6): every AllReduce is 1.8x slower than before, so the probes keep going;
+    a slowdown that lasts ``healthy_memory_steps`` becomes the new normal and they back off."""
+    config = ControllerConfig(warmup_steps=4, healthy_memory_steps=64)
+    controller = Controller(8, 0, config)
+    drive(controller, 0, 20, tail=0.100)  # probes at 8 and 16 read healthy links
+    assert drive(controller, 20, 70, tail=0.180) == [] and controller.probe_every == 8
+    decisions = drive(controller, 70, 120, tail=0.180)
+    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
+    assert decisions[0].step - 4 >= 20 + 64  # not before the healthy steps left the memory
+    # without the earlier healthy steps the same readings back off as soon as 4 probes agree
+    controller = Controller(8, 0, config)
+    decisions = drive(controller, 0, 34, tail=0.180)
+    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
+
+
 def test_probes_do_not_back_off_without_healthy_estimates() -> None:
     # a slow link in every probe: the detector confirms it; the probes stay at probe_every
     controller = Controller(8, 0, ControllerConfig(warmup_steps=4, verify_steps=1000))

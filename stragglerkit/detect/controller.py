@@ -116,6 +116,13 @@ class ControllerConfig:
     its median when the probes backed off: a NIC that degrades slows every step's AllReduce."""
     alarm_steps: int = 4
     """Steps (without a probe) whose median the alarm compares."""
+    healthy_memory_steps: int = 256
+    """The probes do not back off while the AllReduce (median of the last ``alarm_steps`` steps
+    without a probe) takes over ``probe_alarm`` times the lowest such median of the last this many
+    steps: links that the probes read as healthy while every AllReduce got that much slower are not
+    trusted (single probes on a loaded host read a NIC at 1/2 as l = 1.3-1.6). After this many
+    steps a lasting slowdown that no probe can pin down becomes the new normal and the probes may
+    back off."""
     min_gain: float = 0.05
     """A plan must be predicted to save at least this fraction of the baseline's time."""
     min_bucket_bytes: int = 64 * 1024
@@ -141,7 +148,15 @@ class ControllerConfig:
         for name in ("warmup_steps", "settle_steps", "cooldown_steps", "probe_every", "quiet_probe_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("exchange_every", "verify_steps", "max_buckets", "fit_samples", "quiet_after", "alarm_steps"):
+        for name in (
+            "exchange_every",
+            "verify_steps",
+            "max_buckets",
+            "fit_samples",
+            "quiet_after",
+            "alarm_steps",
+            "healthy_memory_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ControllerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.baseline not in BASELINE_CHOICES:
@@ -264,6 +279,7 @@ class Controller:
         "_readings",
         "_seq",
         "_step_times",
+        "_tail_medians",
         "_tail_reference",
         "_verify",
         "config",
@@ -308,6 +324,8 @@ class Controller:
         self._probe_maxima: deque[float] = deque(maxlen=config.quiet_after)
         self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(config.alarm_steps, config.probe_every))
         self._tail_reference = math.nan
+        self._tail_medians: deque[tuple[int, float]] = deque(maxlen=config.healthy_memory_steps)
+        """(step, median AllReduce of the last ``alarm_steps`` plain steps up to it), per exchange."""
         self._quiet_since = -1
         self._checking = False  # busy probing because one quiet probe read a slow link: check it
 
@@ -342,6 +360,9 @@ class Controller:
                 self._step_times.append((step, tail))
                 if all(a in ("", "allreduce") for a in stats.algorithms[i]):  # no probe, no plan of ours
                     self._plain_tails.append((step, tail))
+                    if len(self._plain_tails) >= cfg.alarm_steps:
+                        last = [t for _, t in self._plain_tails][-cfg.alarm_steps :]
+                        self._tail_medians.append((step, float(np.median(last))))
             elif stats.tails is None and not np.isnan(stats.totals[i]).all():
                 self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
             end = float(stats.ends[i]) if stats.ends is not None else math.nan
@@ -431,6 +452,11 @@ class Controller:
     def _news(self, findings: list[Finding]) -> bool:
         return bool(findings) or self._probe_event is not None
 
+    def _healthy_tail(self, step: int) -> float:
+        """The lowest median AllReduce of ``alarm_steps`` plain steps within ``healthy_memory_steps``."""
+        since = step - self.config.healthy_memory_steps
+        return min((m for s, m in self._tail_medians if s > since), default=math.inf)
+
     def _probing(self, step: int, slowdowns: np.ndarray) -> None:
         """Back the probes off once the links have proven healthy; bring them back on an alarm.
 
@@ -451,7 +477,9 @@ class Controller:
                 # that one was noise (single probes on loaded hosts read healthy links up to
                 # l ~ 2.6), so back off again at once instead of after quiet_after probes
                 self._checking = False
-                if top < threshold:
+                recent = [t for _, t in self._plain_tails][-cfg.alarm_steps :]
+                slower = bool(recent) and float(np.median(recent)) > cfg.probe_alarm * self._healthy_tail(step)
+                if top < threshold and not slower:
                     self._probe_target, self._quiet_since = quiet, step
                     self._probe_event = {
                         "every": quiet,
@@ -472,6 +500,9 @@ class Controller:
             typical = float(np.median(self._probe_maxima))
             if typical >= threshold:
                 return
+            current = float(np.median(recent[-cfg.alarm_steps :]))
+            if current > cfg.probe_alarm * self._healthy_tail(step):
+                return  # the links read healthy, but every AllReduce got slower: keep probing
             self._tail_reference = float(np.median(recent))
             self._probe_target, self._quiet_since = quiet, step
             self._probe_event = {
