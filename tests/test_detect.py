@@ -514,11 +514,14 @@ def test_controller_rolls_back_a_switch_that_did_not_pay() -> None:
     assert kinds.count("switch") == 1
 
 
-def run_switch(change: Callable[[WindowStats, bool], None]) -> tuple[Controller, int | None]:
+def run_switch(
+    change: Callable[[WindowStats, bool], None], verify_steps: int = 4, detector_window: int = 16
+) -> tuple[Controller, int | None]:
     """A straggler at rank 3 is switched to StragglAR; ``change(stats, after)`` shapes each
     exchange's figures (``after``: the exchange is from the switch on). Returns the controller and
     the step of the switch."""
-    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=4)
+    detector = DetectorConfig(window=detector_window)
+    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=verify_steps, detector=detector)
     controller = Controller(8, 0, config)
     controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
     switched: int | None = None
@@ -550,21 +553,31 @@ def test_a_switch_that_pays_is_kept_with_its_measurement_in_a_verified_event() -
     assert controller.plan.algorithm == "stragglar"
 
 
-def run_period_switch(allreduce_factor: float, period_factor: float, with_ends: bool = True) -> Controller:
+def run_period_switch(
+    allreduce_factor: float,
+    period_factor: float,
+    with_ends: bool = True,
+    alternate: float = 0.0,
+    verify_steps: int = 4,
+    detector_window: int = 16,
+) -> Controller:
     """:func:`run_switch` with wall-clock figures: from the switch on the AllReduce part takes
-    ``allreduce_factor`` and the step period ``period_factor`` of what they took before."""
+    ``allreduce_factor`` and the step period ``period_factor`` of what they took before. With
+    ``alternate`` the periods alternate between ``0.5 (1 - alternate)`` and ``0.5 (1 + alternate)``
+    s (two kinds of step taking turns, as the train bench's copies do)."""
     end = 0.0
 
     def scale_after(stats: WindowStats, after: bool) -> None:
         nonlocal end
         stats.tails = np.array([0.1 * (allreduce_factor if after else 1.0)] * 2)
         ends = []
-        for _ in range(2):
-            end += 0.5 * (period_factor if after else 1.0)
+        for step in stats.steps:
+            kind = 1 - alternate if step % 2 == 0 else 1 + alternate
+            end += 0.5 * kind * (period_factor if after else 1.0)
             ends.append(end)
         stats.ends = np.array(ends) if with_ends else None
 
-    return run_switch(scale_after)[0]
+    return run_switch(scale_after, verify_steps, detector_window)[0]
 
 
 def test_a_switch_is_judged_by_the_step_period_not_the_allreduce_alone() -> None:
@@ -588,6 +601,20 @@ def test_a_switch_that_shortens_the_step_period_is_kept() -> None:
     evidence = controller.events[2]["evidence"]
     assert evidence["measure"] == "step period" and evidence["measured_after_s"] == pytest.approx(0.4)
     assert controller.plan.algorithm == "stragglar"
+
+
+@pytest.mark.parametrize("factor", [0.95, 1.05])
+def test_steps_of_two_kinds_taking_turns_are_judged_by_their_pairs(factor: float) -> None:
+    """Short and long steps alternate (0.25 s, 0.75 s): the median of an odd number of single
+    periods would be one kind or the other by the window's parity; pairs of steps give 0.5 s
+    before and 0.5·factor after."""
+    controller = run_period_switch(1.0, factor, alternate=0.5, verify_steps=5, detector_window=15)  # 17 periods before
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds[:3] == ["detected_straggler", "switch", "verified" if factor < 1 else "rollback"], kinds
+    evidence = controller.events[2]["evidence"]
+    assert evidence["measure"] == "step period"
+    assert evidence["measured_before_s"] == pytest.approx(0.5)
+    assert evidence["measured_after_s"] == pytest.approx(0.5 * factor)
 
 
 def test_without_wall_clock_ends_the_allreduce_part_is_judged() -> None:

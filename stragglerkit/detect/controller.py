@@ -74,7 +74,11 @@ ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
 STEP_PERIOD = "step period"
-"""Verification measure: the last finish of one step's AllReduce to the last finish of the next."""
+"""Verification measure: the last finish of one step's AllReduce to the last finish of the next,
+taken over two steps (half the time from step s-2's last finish to step s's): a training loop
+whose steps alternate between two kinds (``bench --mode train`` alternates the order of its plain
+and hooked copies; gradient accumulation can do the same) gives one period per pair, where the
+median of single periods would pick one of the two kinds by the parity of the window."""
 ALLREDUCE_PART = "allreduce part"
 """Verification measure: the last rank's arrival to the last rank's finish (the predicted figure)."""
 EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing", "verified")
@@ -264,7 +268,7 @@ class Controller:
         "_blocked",
         "_bucket_window",
         "_checking",
-        "_last_end",
+        "_ends",
         "_last_sizes",
         "_lateness",
         "_log_path",
@@ -313,8 +317,9 @@ class Controller:
         self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
         """(step, AllReduce part s): last arrival to last finish (or the smallest total over the ranks)."""
         self._periods: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
-        """(step, step period s): the last finish of step - 1 to the last finish of step."""
-        self._last_end: tuple[int, float] = (-2, math.nan)
+        """(step, step period s): half the time from the last finish of step - 2 to that of step."""
+        self._ends: deque[tuple[int, float]] = deque(maxlen=2)
+        """(step, last finish) of the last two steps with one, for the step period."""
         self._readings: deque[tuple[tuple[int, ...], np.ndarray]] = deque(maxlen=config.fit_samples)
         """(steps, per-rank l read by the links) of the recent exchanges that measured links."""
         self.probe_every = config.probe_every
@@ -367,10 +372,11 @@ class Controller:
                 self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
             end = float(stats.ends[i]) if stats.ends is not None else math.nan
             if math.isfinite(end):
-                previous_step, previous_end = self._last_end
-                if previous_step == step - 1 and end > previous_end:
-                    self._periods.append((step, end - previous_end))
-                self._last_end = (step, end)
+                if self._ends and self._ends[-1][0] != step - 1:
+                    self._ends.clear()  # a step without a finish: start the pairs again
+                if len(self._ends) == 2 and end > self._ends[0][1]:
+                    self._periods.append((step, (end - self._ends[0][1]) / 2))
+                self._ends.append((step, end))
             if step < self._plan_start + cfg.settle_steps:
                 continue
             for b, algorithm in enumerate(stats.algorithms[i]):
