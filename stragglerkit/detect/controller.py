@@ -330,7 +330,7 @@ class Controller:
         self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(config.alarm_steps, config.probe_every))
         self._tail_reference = math.nan
         self._tail_medians: deque[tuple[int, float]] = deque(maxlen=config.healthy_memory_steps)
-        """(step, median AllReduce of the last ``alarm_steps`` plain steps up to it), per exchange."""
+        """(step, median AllReduce of the last ``alarm_steps`` plain steps up to it), per plain step."""
         self._quiet_since = -1
         self._checking = False  # busy probing because one quiet probe read a slow link: check it
 
@@ -458,10 +458,14 @@ class Controller:
     def _news(self, findings: list[Finding]) -> bool:
         return bool(findings) or self._probe_event is not None
 
-    def _healthy_tail(self, step: int) -> float:
-        """The lowest median AllReduce of ``alarm_steps`` plain steps within ``healthy_memory_steps``."""
-        since = step - self.config.healthy_memory_steps
-        return min((m for s, m in self._tail_medians if s > since), default=math.inf)
+    def _slower_than_healthy(self, step: int) -> bool:
+        """Is the AllReduce (median of the last ``alarm_steps`` plain steps) over ``probe_alarm`` times
+        its lowest such median within ``healthy_memory_steps``? (See that field.)"""
+        cfg = self.config
+        recent = [t for _, t in self._plain_tails][-cfg.alarm_steps :]
+        since = step - cfg.healthy_memory_steps
+        healthy = min((m for s, m in self._tail_medians if s > since), default=math.inf)
+        return bool(recent) and float(np.median(recent)) > cfg.probe_alarm * healthy
 
     def _probing(self, step: int, slowdowns: np.ndarray) -> None:
         """Back the probes off once the links have proven healthy; bring them back on an alarm.
@@ -483,9 +487,7 @@ class Controller:
                 # that one was noise (single probes on loaded hosts read healthy links up to
                 # l ~ 2.6), so back off again at once instead of after quiet_after probes
                 self._checking = False
-                recent = [t for _, t in self._plain_tails][-cfg.alarm_steps :]
-                slower = bool(recent) and float(np.median(recent)) > cfg.probe_alarm * self._healthy_tail(step)
-                if top < threshold and not slower:
+                if top < threshold and not self._slower_than_healthy(step):
                     self._probe_target, self._quiet_since = quiet, step
                     self._probe_event = {
                         "every": quiet,
@@ -506,8 +508,7 @@ class Controller:
             typical = float(np.median(self._probe_maxima))
             if typical >= threshold:
                 return
-            current = float(np.median(recent[-cfg.alarm_steps :]))
-            if current > cfg.probe_alarm * self._healthy_tail(step):
+            if self._slower_than_healthy(step):
                 return  # the links read healthy, but every AllReduce got slower: keep probing
             self._tail_reference = float(np.median(recent))
             self._probe_target, self._quiet_since = quiet, step
