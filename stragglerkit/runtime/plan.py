@@ -337,7 +337,7 @@ def lower(
 
     ``ranks`` are logical ranks (default: all). ``straggler`` (logical) only affects the wait
     order. ``pieces`` defaults to :func:`choose_pieces`. The refined schedule is re-checked when
-    ``pieces > 1``. ``divide_by`` (the world size, for an average; 0: a sum): the reductions that
+    ``pieces > 1`` or ``divide_by > 0``. ``divide_by`` (the world size, for an average; 0: a sum): the reductions that
     complete a chunk divide it (module docstring); the plans say so in ``divides``. If some
     reduction completes only part of its chunk range the plans do not divide (``divides`` False)
     and the caller divides after the run.
@@ -358,11 +358,13 @@ def lower(
         align = 1
     bounds = _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
     refined, labels = refine(schedule, pieces)
-    if pieces > 1:
+    completing = None
+    if divide_by > 0:
+        completing = completing_reductions(refined)  # checks the refined schedule on the way
+    elif pieces > 1:
         check(refined)
     empty = [[bounds[op.chunks[1]] == bounds[op.chunks[0]] for op in ops] for ops in refined.ops]
     order = message_order(refined, empty, straggler)
-    completing = completing_reductions(refined) if divide_by > 0 else None
     wanted = range(schedule.world_size) if ranks is None else ranks
     plans = []
     for rank in wanted:

@@ -417,11 +417,16 @@ def check(sched: Schedule) -> CheckReport:
         report = check(ring(8))
         assert report.rounds == 14
     """
+    return _check(sched)
+
+
+def _check(sched: Schedule, completed: list[list[int]] | None = None) -> CheckReport:
+    """:func:`check`, with ``completed`` filled as :func:`_execute` describes."""
     _validate_structure(sched)
     _check_ordering(sched)
     _check_rounds(sched)
     _match_messages(sched)
-    messages = _execute(sched)
+    messages = _execute(sched, completed)
     return CheckReport(
         algorithm=sched.algorithm,
         world_size=sched.world_size,
@@ -448,9 +453,8 @@ def completing_reductions(sched: Schedule) -> list[list[bool]] | None:
         flags = completing_reductions(ring(4))
         assert sum(map(sum, flags)) == 4  # each chunk is completed once, on its owner
     """
-    check(sched)
     completed = [[0] * len(rank_ops) for rank_ops in sched.ops]
-    _execute(sched, completed)
+    _check(sched, completed)
     flags: list[list[bool]] = []
     for rank, rank_ops in enumerate(sched.ops):
         row = []
