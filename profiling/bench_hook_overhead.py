@@ -106,7 +106,9 @@ def _worker(args: argparse.Namespace) -> None:
 
     python_hook_no_division.__annotations__ = python_allreduce_hook.__annotations__
     copies = tuple(args.copies.split(","))
-    models: dict[str, DDP] = {name: DDP(build_model(config)) for name in copies}
+    models: dict[str, DDP] = {
+        name: DDP(build_model(config), gradient_as_bucket_view=args.gradient_as_bucket_view) for name in copies
+    }
     if "builtin_allreduce_hook" in models:
         models["builtin_allreduce_hook"]._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     if "python_allreduce_hook" in models:
@@ -158,7 +160,8 @@ def _worker(args: argparse.Namespace) -> None:
             model = models[name]
             dist.barrier()
             start = time.perf_counter()
-            model.zero_grad(set_to_none=True)
+            # with gradient_as_bucket_view the gradients stay views of the buckets only when zeroed in place
+            model.zero_grad(set_to_none=not args.gradient_as_bucket_view)
             nn.functional.mse_loss(model(x), y).backward()
             times[name].append(time.perf_counter() - start)
         if rank == 0 and (step + 1) % 20 == 0:
@@ -183,6 +186,11 @@ def main() -> None:
     parser.add_argument("--model-bytes", type=int, default=8 * 2**20)
     parser.add_argument("--copies", default=",".join(COPIES), help="comma-separated copies to train (default: all)")
     parser.add_argument("--runs", type=int, default=1, help="launch the cluster this many times; report the median")
+    parser.add_argument(
+        "--gradient-as-bucket-view",
+        action="store_true",
+        help="every copy's DDP with gradient_as_bucket_view=True, gradients zeroed in place (set_to_none=False)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -241,6 +249,7 @@ def main() -> None:
             "world_size": args.world_size,
             "bandwidth_Bps": args.bandwidth,
             "model_bytes": args.model_bytes,
+            "gradient_as_bucket_view": args.gradient_as_bucket_view,
             "steps_measured": args.steps - args.skip,
             "runs": args.runs,
             "rows": summary if args.runs > 1 else runs[0]["rows"],
@@ -258,6 +267,8 @@ def _run_once(args: argparse.Namespace, copies: str) -> tuple[dict[str, list[flo
         out = os.path.join(tmp, "times.json")
         argv = [sys.executable, __file__, "--worker", "--out", out, "--steps", str(args.steps)]
         argv += ["--skip", str(args.skip), "--model-bytes", str(args.model_bytes), "--copies", copies]
+        if args.gradient_as_bucket_view:
+            argv.append("--gradient-as-bucket-view")
         config = EmulatedCluster.Config(hosts=args.world_size, bandwidth=args.bandwidth)
         with EmulatedCluster(config) as cluster:
             procs = [cluster.popen(h, argv, env=cluster.torch_env(h, port=29580)) for h in range(args.world_size)]

@@ -32,14 +32,25 @@ def _config(overrides: dict[str, Any]) -> Any:
 
 
 def hook_vs_plain(
-    rank: int, n: int, steps: int, late_rank: int, late_from: int, late_s: float, force_optcc_at: int, cfg: dict
+    rank: int,
+    n: int,
+    steps: int,
+    late_rank: int,
+    late_from: int,
+    late_s: float,
+    force_optcc_at: int,
+    cfg: dict,
+    views: bool = False,
 ) -> dict[str, Any]:
-    """Train the same model with plain DDP and with the hook; the hooked one sees a late rank."""
+    """Train the same model with plain DDP and with the hook; the hooked one sees a late rank.
+
+    ``views``: both with ``gradient_as_bucket_view=True`` and gradients zeroed in place (they stay
+    views of DDP's buckets, so the hook's averaging replaces DDP's own division pass)."""
     import stragglerkit
     from stragglerkit.detect.controller import Decision, Plan
 
-    plain = DDP(_model(0), bucket_cap_mb=0.05)
-    hooked = DDP(_model(0), bucket_cap_mb=0.05)
+    plain = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
+    hooked = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
     state = stragglerkit.DDPState(None, _config(dict(cfg)))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
@@ -56,7 +67,7 @@ def hook_vs_plain(
             state.runtime.set_rank_map(plan.rank_map(n))
         x, y = _batch(rank, step)
         for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not views)
             loss = nn.functional.mse_loss(model(x), y)
             if late and rank == late_rank and step >= late_from:
                 time.sleep(late_s)

@@ -29,9 +29,11 @@ def _same_events(results: dict[int, Any]) -> list[tuple[int, str, str]]:
     return seen[0]
 
 
-def test_hook_trains_like_plain_ddp_through_plan_switches() -> None:
+@pytest.mark.parametrize("views", [False, True], ids=["copied_gradients", "gradient_as_bucket_view"])
+def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
     """200 steps, hook vs plain DDP on the same data; the hook switches early (small window, rank 3 late
-    from step 15) and is forced onto OptCC at step 150: parameters agree at every step."""
+    from step 15) and is forced onto OptCC at step 150: parameters agree at every step. Both with
+    DDP's default (gradients copied into the buckets) and with the gradients as views of the buckets."""
     cfg = {
         "warmup_steps": 5,
         "min_gain": 0.0,
@@ -39,7 +41,7 @@ def test_hook_trains_like_plain_ddp_through_plan_switches() -> None:
         "cooldown_steps": 20,
         "detector": {"window": 6, "confirm": 1},
     }
-    results = run_group(N, ddp_bodies.hook_vs_plain, 200, 3, 15, 0.02, 150, cfg)
+    results = run_group(N, ddp_bodies.hook_vs_plain, 200, 3, 15, 0.02, 150, cfg, views)
     for out in results.values():
         assert out["step"] == 200
         assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0), max(out["diffs"])

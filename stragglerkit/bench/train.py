@@ -51,6 +51,8 @@ TRAIN_ONLY = (
     "--model-size",
     "--batch",
     "--hook-warmup",
+    "--gradient-as-bucket-view",
+    "--no-gradient-as-bucket-view",
 )
 """Options of ``bench`` that only ``--mode train`` reads."""
 ALLREDUCE_ONLY = (
@@ -106,6 +108,13 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--batch", type=int, help="samples per rank and step (default 16)")
     group.add_argument("--hook-warmup", type=int, metavar="STEPS", help="the hook's warm-up steps (default 10)")
+    group.add_argument(
+        "--gradient-as-bucket-view",
+        action=argparse.BooleanOptionalAction,
+        help="both DDP copies with gradient_as_bucket_view (gradients zeroed in place), as the docs recommend "
+        "with the hook (default on; --no-gradient-as-bucket-view: DDP's default, where a hook pays an extra "
+        "pass to average)",
+    )
 
 
 def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
@@ -137,6 +146,7 @@ def cmd_train(
         "model_bytes": args.model_size,
         "batch": args.batch,
         "hook_warmup": args.hook_warmup,
+        "gradient_as_bucket_view": args.gradient_as_bucket_view,
     }
     config = TrainConfig(
         world_size=world_size,

@@ -83,6 +83,12 @@ class TrainConfig:
     """The hook's warm-up steps (ControllerConfig.warmup_steps); None = its default."""
     lr: float = 0.01
     """SGD learning rate of both models."""
+    gradient_as_bucket_view: bool = True
+    """Both DDP copies with ``gradient_as_bucket_view=True`` and gradients zeroed in place
+    (``zero_grad(set_to_none=False)``), so that they stay views of DDP's buckets. Without a hook DDP
+    divides each gradient while copying it into its bucket; with any comm hook it only copies and the
+    hook divides in a pass of its own. With bucket views there is no copy, and DDP without a hook
+    divides in a pass too: the two copies do the same work apart from the hook (docs/detection.md)."""
     timeout: float = 600.0
     """Seconds the launcher waits for the ranks."""
 

@@ -114,8 +114,9 @@ class _TrainRank:
         if config.hook_warmup is not None:
             hook_config = ControllerConfig(warmup_steps=config.hook_warmup)
         self.hook_config = hook_config
-        self.plain = _Run("plain", DDP(build_model(config).to(device)), config.lr)
-        self.hooked = _Run("hooked", DDP(build_model(config).to(device)), config.lr)
+        views = config.gradient_as_bucket_view
+        self.plain = _Run("plain", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
+        self.hooked = _Run("hooked", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
         self.state = stragglerkit.DDPState(None, hook_config)
         self.hooked.model.register_comm_hook(self.state, stragglerkit.ddp_hook)
         self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
@@ -172,7 +173,8 @@ class _TrainRank:
     def one_step(self, run: _Run, x: torch.Tensor, y: torch.Tensor, late: float) -> None:
         dist.barrier()
         start = time.perf_counter()
-        run.opt.zero_grad(set_to_none=True)
+        # gradients set to None would be new tensors that DDP copies into its buckets again
+        run.opt.zero_grad(set_to_none=not self.config.gradient_as_bucket_view)
         loss = nn.functional.mse_loss(run.model(x), y)
         if late > 0:
             sleep_precisely(late)
