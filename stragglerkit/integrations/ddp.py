@@ -195,9 +195,12 @@ class DDPState:
     def _start_exchange(self, step: int) -> None:
         """After the first bucket of ``step`` was handed to its AllReduce: every ``K``-th step, issue
         the exchange of the last ``K`` steps' figures (complete since this step's first bucket).
-        Issuing the two collectives wakes gloo's threads and took 0.3-3 ms (median about 1 ms) on 8
-        ranks sharing 2 cores; done before the first bucket's AllReduce it delayed that AllReduce,
-        and with it every rank. Here it runs while that AllReduce is on the wire."""
+        Issuing the two collectives took 0.3-3 ms of this thread's time (median about 1 ms, mostly
+        waiting for a core: 8 ranks on 2 cores); done before the first bucket's AllReduce it
+        delayed that AllReduce, here it runs while that AllReduce is on the wire. (What the
+        exchange costs a step comes from the CPU its collectives take, not from where they are
+        issued: issuing them after the first bucket, or from a thread of their own, measured the
+        same, ``profiling/bench_hook_overhead.py``.)"""
         k = self.config.exchange_every
         if self.world_size > 1 and step > 0 and step % k == 0:
             first = step - k
