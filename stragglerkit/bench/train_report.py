@@ -209,6 +209,12 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
         + ", ".join(f"{b / 2**20:.2f}" for b in model["buckets_bytes"])
         + f" MiB; batch {model['batch']}; load average {header['load_average'][0]:.2f}"
     )
+    views = config.get("gradient_as_bucket_view", False)
+    say(
+        "# both copies: DDP with gradient_as_bucket_view, gradients zeroed in place"
+        if views
+        else "# both copies: DDP's default (gradients copied into the buckets; a hook divides in a pass of its own)"
+    )
     scenario = summary["scenario"]
     if summary["delay_s"] is not None:
         how = ""
