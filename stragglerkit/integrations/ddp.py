@@ -199,8 +199,8 @@ class DDPState:
         waiting for a core: 8 ranks on 2 cores); done before the first bucket's AllReduce it
         delayed that AllReduce, here it runs while that AllReduce is on the wire. (What the
         exchange costs a step comes from the CPU its collectives take, not from where they are
-        issued: issuing them after the first bucket, or from a thread of their own, measured the
-        same, ``profiling/bench_hook_overhead.py``.)"""
+        issued: before or after the first bucket, or from a thread of their own (a throwaway
+        variant), single runs of ``profiling/bench_hook_overhead.py`` measured the same.)"""
         k = self.config.exchange_every
         if self.world_size > 1 and step > 0 and step % k == 0:
             first = step - k
