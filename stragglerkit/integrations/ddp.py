@@ -184,7 +184,9 @@ class DDPState:
 
     # -- per step ---------------------------------------------------------------------------------
     def _begin_step(self) -> None:
-        """First bucket of a step: finish the previous exchange, then maybe start the next one."""
+        """First bucket of a step, before it is handed off: receive the previous exchange (adopting
+        rank 0's decision) and fix this step's plan and probe bucket. The next exchange starts
+        after the hand-off (:meth:`_start_exchange`)."""
         self._step_open = True
         if self._pending is not None:
             self._receive(self._pending)
