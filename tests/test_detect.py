@@ -25,9 +25,10 @@ from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.nic_health import (
-    first_receives,
-    link_rates,
+    RingLinkMessages,
     local_link_speed,
+    message_link_rates,
+    ring_link_messages,
     server_slowdowns,
     slowdowns_from_links,
     slowdowns_from_speeds,
@@ -137,47 +138,94 @@ def test_healthy_ring_and_unobserved_ranks() -> None:
         slowdowns_from_links(np.ones((2, 3)))
 
 
-def test_first_receives_per_peer() -> None:
-    enter = 1_000_000_000
-    done, nbytes = first_receives(
+def test_ring_link_messages_keep_successor_and_predecessor() -> None:
+    start = 1_000_000_000
+    ms = 1_000_000
+    links = ring_link_messages(
         [
-            OpTiming(0, 1, 4096, "send", enter, enter + 10),  # sends are not receives
-            OpTiming(1, 3, 1000, "recv", enter + 5_000_000, enter + 9_000_000),  # the later one from 3
-            OpTiming(2, 3, 2000, "recv_reduce", enter, enter + 4_000_000),  # first posted from 3
-            OpTiming(3, 1, 3000, "recv", enter + 1_000, enter + 2_000_000),
+            OpTiming(0, 2, 4096, "send", start, start + 10),
+            OpTiming(1, 0, 2000, "recv_reduce", start + 5 * ms, start + 9 * ms),  # posted second
+            OpTiming(2, 0, 1000, "recv_reduce", start, start + 4 * ms),  # posted first
+            OpTiming(3, 2, 4096, "send", start + 4 * ms, start + 4 * ms + 10),
+            OpTiming(4, 3, 3000, "recv", start + ms, start + 2 * ms),  # a stray peer: fewer messages
+            OpTiming(5, 0, 3000, "recv", start + 9 * ms, start + 12 * ms),
         ],
-        enter,
-        4,
+        start,
+        most=2,
     )
-    assert done[3] == pytest.approx(0.004) and nbytes[3] == 2000
-    assert done[1] == pytest.approx(0.002) and nbytes[1] == 3000
-    assert np.isnan(done[[0, 2]]).all() and (nbytes[[0, 2]] == 0).all()
+    assert links.send_peer == 2 and links.send_posts == pytest.approx([0.0, 0.004])
+    assert links.recv_peer == 0
+    assert links.recv_posts == pytest.approx([0.0, 0.005]) and links.recv_ends == pytest.approx([0.004, 0.009])
+    assert links.recv_bytes.tolist() == [1000, 2000]  # the third receive is beyond most=2
+    empty = ring_link_messages([], start)
+    assert empty.send_peer == -1 and empty.recv_peer == -1 and empty.recv_ends.size == 0
 
 
-def test_link_rates_discount_a_late_sender() -> None:
-    """Ring, 3 ranks, 1 MB first chunks at 100 MB/s except the links of rank 2 (50 MB/s); rank 0
-    enters 5 ms late in the second run, so its first chunk to rank 1 leaves 5 ms late."""
-    n, size = 3, 1e6
-    enter = np.array([[0.0, 0.0, 0.0], [0.005, 0.0, 0.0]])
-    done = np.full((2, n, n), np.nan)
-    nbytes = np.zeros((2, n, n))
-    for run in range(2):
-        for src in range(n):
-            dst = (src + 1) % n
-            rate = 50e6 if 2 in (src, dst) else 100e6
-            start = max(enter[run, src], enter[run, dst])
-            done[run, dst, src] = start + size / rate - enter[run, dst]
-            nbytes[run, dst, src] = size
-    rates = link_rates(enter, done, nbytes)
-    assert (
-        rates[0, 1] == pytest.approx(100e6)
-        and rates[1, 2] == pytest.approx(50e6)
-        and rates[2, 0] == pytest.approx(50e6)
-    )
-    assert np.isnan(rates[1, 0])
-    assert slowdowns_from_links(rates) == pytest.approx([1.0, 1.0, 2.0])
-    with pytest.raises(ValueError, match="run, dst, src"):
-        link_rates(enter, done[:, :2], nbytes)
+def simulate_ring_links(
+    rates: np.ndarray, enter: np.ndarray, messages: int = 12, size: float = 1e6
+) -> list[RingLinkMessages]:
+    """A pipelined ring: rank i forwards message k once it received message k-1 (message 0 on
+    entry); each receive is posted on entry or when the previous one completed; a message moves
+    once sent, received-for and its link is free, at ``rates[src, dst]`` bytes/s."""
+    n = enter.size
+    send = np.zeros((n, messages))  # [src, k], absolute
+    post = np.zeros((n, messages))  # [dst, k]
+    end = np.zeros((n, messages))  # [dst, k]
+    for k in range(messages):
+        for dst in range(n):  # ranks in ring order: src = dst-1 was filled for k-1 already
+            src = (dst - 1) % n
+            send[src, k] = enter[src] if k == 0 else end[src, k - 1]
+        for dst in range(n):
+            src = (dst - 1) % n
+            post[dst, k] = enter[dst] if k == 0 else end[dst, k - 1]
+            free = -np.inf if k == 0 else end[dst, k - 1]
+            end[dst, k] = max(send[src, k], post[dst, k], free) + size / rates[src, dst]
+    return [
+        RingLinkMessages(
+            send_peer=(r + 1) % n,
+            send_posts=send[r] - enter[r],
+            recv_peer=(r - 1) % n,
+            recv_posts=post[r] - enter[r],
+            recv_ends=end[r] - enter[r],
+            recv_bytes=np.full(messages, size),
+        )
+        for r in range(n)
+    ]
+
+
+@pytest.mark.parametrize("n", [3, 4, 7])
+def test_message_link_rates_charge_only_the_busy_period(n: int) -> None:
+    """Rank 1's NIC at half speed, rank 0 entering 5 ms late: every link after rank 1 waits for its
+    sender, and the receivers' own post-to-completion times read those links as slow."""
+    nic = np.full(n, 100e6)
+    nic[1] = 50e6
+    rates = np.minimum(nic[:, None], nic[None, :])
+    enter = np.zeros(n)
+    enter[0] = 0.005
+    links = simulate_ring_links(rates, enter)
+    healthy_after_slow = links[3 % n]  # receives from rank 2 (rank 0 when n = 3: a late sender)
+    waited = healthy_after_slow.recv_ends - healthy_after_slow.recv_posts
+    assert np.median(1e6 / waited) < 0.75 * 100e6  # what a receiver-only estimate would read
+    measured = message_link_rates(enter[None, :], [links])
+    for src in range(n):
+        dst = (src + 1) % n
+        assert measured[src, dst] == pytest.approx(rates[src, dst]), (src, dst)
+    assert np.isnan(measured[1, 0])
+    assert slowdowns_from_links(measured) == pytest.approx([2.0 if r == 1 else 1.0 for r in range(n)])
+
+
+def test_message_link_rates_skip_unpaired_and_small_messages() -> None:
+    n = 4
+    rates = np.full((n, n), 100e6)
+    enter = np.zeros(n)
+    links: list[RingLinkMessages | None] = list(simulate_ring_links(rates, enter, size=1e6))
+    links[2] = None  # rank 2 not measured: links 1->2 and 2->3 have no pairs
+    measured = message_link_rates(enter[None, :], [links])
+    assert np.isnan(measured[1, 2]) and np.isnan(measured[2, 3]) and measured[3, 0] == pytest.approx(100e6)
+    small = simulate_ring_links(rates, enter, size=1e3)
+    assert np.isnan(message_link_rates(enter[None, :], [small])).all()  # latency-bound: no estimate
+    with pytest.raises(ValueError, match="run, rank"):
+        message_link_rates(enter[None, :], [links[:2]])
 
 
 def test_speeds_and_servers() -> None:
@@ -762,15 +810,12 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     n = 4
     exchange = StatsExchange(group=None, world_size=n, rank=0, steps=2, buckets=3)  # type: ignore[arg-type]
     exchange.offsets = ClockOffsets((0, 0, 0, 1_000_000_000), (0, 0, 0, 0))  # rank 3's clock is 1 s behind
+    nic = np.array([100e6, 50e6, 100e6, 100e6])  # rank 1's links at half speed
+    ring = simulate_ring_links(np.minimum(nic[:, None], nic[None, :]), np.zeros(n), messages=40)
     rows = []
     for rank in range(n):
         arrivals = []
         for step in range(2):
-            done = np.full(n, np.nan)
-            nbytes = np.zeros(n)
-            src = (rank - 1) % n
-            done[src] = 1e6 / (50e6 if 1 in (src, rank) else 100e6)  # rank 1's links at half speed
-            nbytes[src] = 1e6
             arrivals.append(
                 StepArrival(
                     step=10 + step,
@@ -778,12 +823,11 @@ def test_exchange_carries_spans_and_link_figures() -> None:
                     bucket_spans=(0.004 * (rank + 1), 0.006 * (rank + 1)),
                     bucket_bytes=(1000, 2000),
                     algorithms=("ring", "ring"),
-                    link_enter_wall=1000.0 - (1.0 if rank == 3 else 0.0),
+                    link_enter_wall=1000.0 + step - (1.0 if rank == 3 else 0.0),
                     arrival_wall=2000.0 - (0.98 if rank == 3 else 0.0),  # rank 3: 20 ms late, clock 1 s behind
                     # every rank done 100 ms after rank 3 arrived, rank 1 another 15 ms later
                     finish_wall=2000.12 + (0.015 if rank == 1 else 0.0) - (1.0 if rank == 3 else 0.0),
-                    link_done=done,
-                    link_bytes=nbytes,
+                    links=ring[rank],
                 )
             )
         exchange.rank = rank

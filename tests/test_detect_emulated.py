@@ -39,8 +39,8 @@ def test_degraded_nic_is_detected_and_optcc_chosen() -> None:
     found = [e for e in events if e["kind"] == "detected_degraded"]
     assert found, (summary, {k: results[0]["detector"].get(k) for k in ("l_estimates", "l_median")})
     assert set(found[0]["evidence"]["ranks"]) == {str(degraded)}, found[0]["evidence"]
-    # first-message estimates run high (TCP ramp-up on the slow link): l = 2 reads about 2.0-2.6
-    assert 1.5 <= found[0]["evidence"]["ranks"][str(degraded)] <= 3.0, found[0]["evidence"]
+    # busy-period estimates of l = 2 read 2.15-2.2 here (the slow link's shaping loses a little more)
+    assert 1.8 <= found[0]["evidence"]["ranks"][str(degraded)] <= 2.5, found[0]["evidence"]
     switch = [e for e in events if e["kind"] == "switch"]
     assert switch and switch[0]["algorithm"] == "optcc", summary
     assert switch[0]["evidence"]["to"]["slowdowns"].keys() == {str(degraded)}

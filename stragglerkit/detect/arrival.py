@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from stragglerkit.detect.nic_health import RingLinkMessages
+
 __all__ = [
     "ArrivalProfiler",
     "BucketTiming",
@@ -65,9 +67,8 @@ class BucketTiming:
     the previous queued one if later (see :meth:`ArrivalProfiler.finish`)."""
     finish_ns: int = 0
     algorithm: str = ""
-    first_done: np.ndarray | None = None
-    """Per peer: when the first message from it completed, s after ``link_start_ns`` (NIC health)."""
-    first_bytes: np.ndarray | None = None
+    links: RingLinkMessages | None = None
+    """A ring run's messages on this rank's two links, s after ``link_start_ns`` (NIC health)."""
     link_start_ns: int = 0
     """When the run's first message was posted (the executor's entry; 0: not measured)."""
 
@@ -99,10 +100,9 @@ class StepArrival:
     finish_wall: float = float("nan")
     """Wall-clock time (s, this rank's clock) at which the step's last bucket finished."""
     link_enter_wall: float = float("nan")
-    """Start (wall clock, s) of the step's largest bucket with first-message figures (NaN: none)."""
-    link_done: np.ndarray | None = None
-    """That bucket's per-peer first-receive completion (s after its start)."""
-    link_bytes: np.ndarray | None = None
+    """Start (wall clock, s) of the step's largest bucket with ring-link figures (NaN: none)."""
+    links: RingLinkMessages | None = None
+    """That bucket's messages on this rank's ring links (s after its start)."""
 
 
 class ArrivalProfiler:
@@ -139,26 +139,25 @@ class ArrivalProfiler:
         timing: BucketTiming,
         algorithm: str,
         finish_ns: int | None = None,
-        first_receives: tuple[np.ndarray, np.ndarray] | None = None,
+        links: RingLinkMessages | None = None,
         link_start_ns: int | None = None,
         *,
         queued: bool = True,
     ) -> None:
         """Mark ``timing`` done now (or at ``finish_ns``, a ``time.monotonic_ns()`` value).
 
-        ``first_receives``: ``(done, nbytes)`` per peer from
-        :func:`stragglerkit.detect.nic_health.first_receives`, relative to ``link_start_ns`` (the
-        run's first post; default: the AllReduce's start). ``queued``: the AllReduce ran in
+        ``links``: a ring run's messages from
+        :func:`stragglerkit.detect.nic_health.ring_link_messages`, relative to ``link_start_ns``
+        (the run's first post; default: the AllReduce's start). ``queued``: the AllReduce ran in
         stragglerkit's one-at-a-time queue, so it started when handed over or when the previous
         queued one ended, whichever was later; ``False`` for the group's own all_reduce, which may
         overlap the others (gloo runs two at once): it starts when handed over.
         """
-        if first_receives is not None:
-            timing.first_done, timing.first_bytes = first_receives
+        timing.links = links
         end = time.monotonic_ns() if finish_ns is None else finish_ns
         with self._lock:
             timing.start_ns = max(timing.hook_ns, self._last_finish_ns) if queued else timing.hook_ns
-            if first_receives is not None:
+            if links is not None:
                 timing.link_start_ns = timing.start_ns if link_start_ns is None else link_start_ns
             timing.finish_ns = max(end, timing.start_ns)
             timing.algorithm = algorithm
@@ -184,7 +183,7 @@ class ArrivalProfiler:
                 algorithms[t.bucket] = t.algorithm
         first = min(done, key=lambda t: t.hook_ns)
         last = max(done, key=lambda t: t.finish_ns)
-        measured = [t for t in done if t.first_done is not None]
+        measured = [t for t in done if t.links is not None]
         link = max(measured, key=lambda t: t.nbytes) if measured else None
         return StepArrival(
             step=step,
@@ -195,8 +194,7 @@ class ArrivalProfiler:
             bucket_bytes=tuple(sizes),
             algorithms=tuple(algorithms),
             link_enter_wall=link.wall(link.link_start_ns) if link is not None else float("nan"),
-            link_done=link.first_done if link is not None else None,
-            link_bytes=link.first_bytes if link is not None else None,
+            links=link.links if link is not None else None,
         )
 
 

@@ -1,26 +1,29 @@
 """The periodic stats exchange: each rank's fixed-size float64 vector to rank 0, rank 0's decision to all.
 
 What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
-last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the first-message
-figures of its largest ring bucket), its NIC speed from sysfs and a host id; rank 0 adds its latest decision (plan
-and event kinds). The vector has a fixed size (``K``, the bucket limit ``B``, ``n``), so no size
-negotiation is needed. Only rank 0 decides, so the figures go to rank 0 alone (one gather) and
-rank 0's decision, the vector's head, goes to everyone (one broadcast): two collectives of about
-``2(n-1)`` messages in all, where an all-gather (a ring in gloo) takes ``n(n-1)`` messages and
-hands every rank every vector. On 8 ranks sharing 2 cores the all-gather cost about 1.5 % of the
-training step, most of what the exchange cost (``profiling/bench_hook_overhead.py``). Both run
-asynchronously on a separate gloo group over CPU tensors (also next to NCCL), issued when a step
-begins and waited when the next one begins: by then every rank has contributed (each did so
-before entering the step's first AllReduce), so the wait costs nothing on the critical path. Rank
-0's decision therefore reaches every rank at the same step, where all of them switch.
+last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the messages of
+its largest ring bucket on this rank's two ring links), its NIC speed from sysfs and a host id;
+rank 0 adds its latest decision (plan and event kinds). The vector has a fixed size (``K``, the
+bucket limit ``B``, ``n``, ``M``), so no size negotiation is needed. Only rank 0 decides, so the
+figures go to rank 0 alone (one gather) and rank 0's decision, the vector's head, goes to
+everyone (one broadcast): two collectives of about ``2(n-1)`` messages in all, where an
+all-gather (a ring in gloo) takes ``n(n-1)`` messages and hands every rank every vector. On 8
+ranks sharing 2 cores the all-gather cost about 1.5 % of the training step, most of what the
+exchange cost (``profiling/bench_hook_overhead.py``). Both run asynchronously on a separate gloo
+group over CPU tensors (also next to NCCL), issued when a step begins and waited when the next
+one begins: by then every rank has contributed (each did so before entering the step's first
+AllReduce), so the wait costs nothing on the critical path. Rank 0's decision therefore reaches
+every rank at the same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
-default, probe_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K`` totals +
-``K·B`` bucket spans + ``K·(1 + 2n)`` first-message figures (entry time, per-peer completion and
-bytes; :mod:`stragglerkit.detect.nic_health`) + ``K`` wall-clock arrivals (first bucket handed
-over) + ``K`` wall-clock finishes (last bucket done). Times of day are wall-clock seconds; rank 0
-makes them comparable with the start-up clock offsets (the float64's resolution, ~0.2 us, is
-ample).
+default, probe_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K``
+totals + ``K·B`` bucket spans + ``K·(3 + 4M)`` ring-link figures (the run's start, the successor
+and the predecessor, then ``M`` send posts, receive posts, receive completions and receive
+sizes; :mod:`stragglerkit.detect.nic_health`, ``M`` = ``LINK_MESSAGES``) + ``K`` wall-clock
+arrivals (first bucket handed over) + ``K`` wall-clock finishes (last bucket done). Times of day
+are wall-clock seconds; rank 0 makes them comparable with the start-up clock offsets (the
+float64's resolution, ~0.2 us, is ample). With ``K`` = 2, ``B`` = 32, ``n`` = 8 the vector is
+about 3 KB.
 
 Example::
 
@@ -43,13 +46,14 @@ import torch.distributed as dist
 
 from stragglerkit.detect.arrival import ClockOffsets, StepArrival, wall_clock_lateness
 from stragglerkit.detect.controller import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
-from stragglerkit.detect.nic_health import link_rates
+from stragglerkit.detect.nic_health import LINK_MESSAGES, RingLinkMessages, message_link_rates
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 3.0
+_VERSION = 4.0
 _HEADER = 11
 _EVENTS = 6
+_LINK_FIELDS = 3 + 4 * LINK_MESSAGES
 
 
 def host_id(hostname: str | None = None) -> int:
@@ -88,14 +92,7 @@ class StatsExchange:
         self.steps = steps
         self.buckets = buckets
         self.size = (
-            _HEADER
-            + _EVENTS
-            + world_size
-            + buckets
-            + steps
-            + steps * buckets
-            + steps * (1 + 2 * world_size)
-            + 2 * steps
+            _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * _LINK_FIELDS + 2 * steps
         )
         self.offsets = ClockOffsets.zero(world_size)
         """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
@@ -138,14 +135,17 @@ class StatsExchange:
             spans = np.asarray(arrival.bucket_spans[:b], dtype=np.float64)
             vec[at + k + i * b : at + k + i * b + spans.size] = spans
         at += k + k * b
+        m = LINK_MESSAGES
         for i, arrival in enumerate(arrivals[:k]):
-            if arrival is None or arrival.link_done is None or arrival.link_bytes is None:
+            if arrival is None or arrival.links is None:
                 continue
-            base = at + i * (1 + 2 * n)
-            vec[base] = arrival.link_enter_wall
-            vec[base + 1 : base + 1 + n] = arrival.link_done
-            vec[base + 1 + n : base + 1 + 2 * n] = arrival.link_bytes
-        at += k * (1 + 2 * n)
+            links = arrival.links
+            base = at + i * _LINK_FIELDS
+            vec[base : base + 3] = [arrival.link_enter_wall, links.send_peer, links.recv_peer]
+            for j, values in enumerate((links.send_posts, links.recv_posts, links.recv_ends, links.recv_bytes)):
+                values = values[:m]
+                vec[base + 3 + j * m : base + 3 + j * m + values.size] = values
+        at += k * _LINK_FIELDS
         for i, arrival in enumerate(arrivals[:k]):
             if arrival is not None:
                 vec[at + i] = arrival.arrival_wall
@@ -189,14 +189,8 @@ class StatsExchange:
         totals = rows[:, at : at + count].T.copy()
         spans = rows[:, at + k : at + k + k * b].reshape(n, k, b)[:, :count, :].transpose(1, 0, 2).copy()
         at += k + k * b
-        links = rows[:, at : at + k * (1 + 2 * n)].reshape(n, k, 1 + 2 * n)[:, :count, :].transpose(1, 0, 2)
-        offsets = np.asarray(self.offsets.offset_ns, dtype=np.float64) / 1e9
-        enter = links[:, :, 0] - links[:, 0:1, 0] + (offsets - offsets[0])[None, :]  # relative to rank 0's entry
-        done = links[:, :, 1 : 1 + n]
-        nbytes = np.nan_to_num(links[:, :, 1 + n :], nan=0.0)
-        usable = ~np.isnan(enter).any(axis=1)
-        rates = link_rates(enter[usable], done[usable], nbytes[usable]) if usable.any() else np.full((n, n), np.nan)
-        at += k * (1 + 2 * n)
+        rates = self._link_rates(rows[:, at : at + k * _LINK_FIELDS].reshape(n, k, _LINK_FIELDS)[:, :count, :])
+        at += k * _LINK_FIELDS
         arrival_wall = rows[:, at : at + count].T
         finish_wall = rows[:, at + k : at + k + count].T
         complete = ~np.isnan(arrival_wall).any(axis=1)
@@ -218,6 +212,40 @@ class StatsExchange:
             tails=tails,
             ends=ends,
         )
+
+    def _link_rates(self, fields: np.ndarray) -> np.ndarray:
+        """``[src, dst]`` bytes/s from every rank's ring-link figures ``fields[rank, step, :]``."""
+        n, m = self.world_size, LINK_MESSAGES
+        # each run's start on rank 0's clock, relative to rank 0's first one (keeps the float64 small)
+        offsets = np.asarray(self.offsets.offset_ns, dtype=np.float64) / 1e9
+        starts = fields[:, :, 0].T + (offsets - offsets[0])[None, :]
+        finite = starts[np.isfinite(starts)]
+        if finite.size == 0:
+            return np.full((n, n), np.nan)
+        starts = starts - finite.min()
+        links: list[list[RingLinkMessages | None]] = []
+        for step in range(fields.shape[1]):
+            row: list[RingLinkMessages | None] = []
+            for rank in range(n):
+                f = fields[rank, step]
+                if not np.isfinite(f[0]):
+                    row.append(None)
+                    continue
+                parts = [f[3 + j * m : 3 + (j + 1) * m] for j in range(4)]
+                count = int(min(np.isfinite(parts[0]).sum(), m))
+                received = int(np.isfinite(parts[2]).sum())
+                row.append(
+                    RingLinkMessages(
+                        send_peer=int(f[1]),
+                        send_posts=parts[0][:count],
+                        recv_peer=int(f[2]),
+                        recv_posts=parts[1][:received],
+                        recv_ends=parts[2][:received],
+                        recv_bytes=parts[3][:received],
+                    )
+                )
+            links.append(row)
+        return message_link_rates(starts, links)
 
     def decision(self, rows: np.ndarray) -> Decision | None:
         """Rank 0's decision as the other ranks decode it (events carry the plan as evidence)."""

@@ -62,7 +62,7 @@ import torch.distributed as dist
 from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffsets, estimate_clock_offsets
 from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, log_path_for
 from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
-from stragglerkit.detect.nic_health import first_receives, local_link_speed
+from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.runtime.api import RunRecord, Runtime
 
@@ -313,14 +313,14 @@ class DDPState:
 
     def _finish(self, timing: BucketTiming, algorithm: str, record: RunRecord | None, *, queued: bool = True) -> None:
         end = None
-        firsts = None
+        links = None
         link_start = None
         if record is not None and len(record.timings):
             first_post, end = record.timings.span_ns()
-            if algorithm == "ring":  # every rank sends its first chunk on entry (see nic_health)
+            if algorithm == "ring":  # one successor and one predecessor: its links' messages (see nic_health)
                 link_start = first_post  # the executor's entry: its first post
-                firsts = first_receives(record.timings.records(), link_start, self.world_size)
-        self.profiler.finish(timing, algorithm, end, firsts, link_start, queued=queued)
+                links = ring_link_messages(record.timings.records(), link_start)
+        self.profiler.finish(timing, algorithm, end, links, link_start, queued=queued)
 
 
 def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
