@@ -23,6 +23,9 @@
 // move a message only once the receiver has posted its receive (gloo's pairs wait for the
 // receiver's ready notice; NCCL's send is a rendezvous), so no byte lands in a peer's memory before
 // that peer validated this rank's header, and the header round trip stays off the critical path.
+// Posting receives before the header would save that round trip at the start of a call, but a
+// receive must never meet a message of another size: gloo's TCP transport then terminates the
+// process ("Received data size doesn't match expected size", an enforce in its I/O thread).
 // Both sides of a pair compare the same fields, so both detect a mismatch.
 //
 // Faults (gloo): every group has an abort listener thread with one receive from any source posted

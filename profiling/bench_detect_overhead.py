@@ -7,7 +7,7 @@ warm-up; no straggler). It times, per rank and step, the hooked backward, and in
 * ``begin_step``: the step's first-bucket work -- wait for the previous stats exchange (issued a
   step earlier), rank 0's controller (cost-model fit, detector, plan), pack and issue the next one;
 * ``hook``: each hook call up to handing the bucket to the runtime (the rest runs asynchronously);
-* ``finish``: the bookkeeping when a bucket's AllReduce completes (span, first-message figures);
+* ``finish``: the bookkeeping when a bucket's AllReduce completes (span, the ring-link messages);
 * per exchange, inside ``begin_step``: ``receive`` (wait, unpack, adopt the decision; rank 0 also
   hands the statistics to the controller's thread) and ``join`` (rank 0 collects the decision
   before issuing the next exchange: the controller's time not hidden behind the step).

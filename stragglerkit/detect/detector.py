@@ -12,7 +12,7 @@ What it decides and why.
   so a fraction rather than an average delay: random jitter spread over all ranks makes each rank
   last in about ``1/n`` of the steps and is never acted on.
 * **Degraded ranks.** ``l_i`` (:mod:`stragglerkit.detect.nic_health`) is estimated once per stats
-  exchange that has a ring run's first-message figures (with the ``allreduce`` baseline: a probe
+  exchange that has a ring run's link figures (with the ``allreduce`` baseline: a probe
   step's). A rank is degraded when, over the
   estimates of the last ``W`` steps, the median and at least a fraction ``q`` of them are at least
   ``degraded_threshold``; the figure reported is the median. Exchanges without an estimate
