@@ -10,9 +10,9 @@ everyone (one broadcast): two collectives of about ``2(n-1)`` messages in all, w
 all-gather (a ring in gloo) takes ``n(n-1)`` messages and hands every rank every vector. On 8
 ranks sharing 2 cores the all-gather cost about 1.5 % of the training step, most of what the
 exchange cost (``profiling/bench_hook_overhead.py``). Both run asynchronously on a separate gloo
-group over CPU tensors (also next to NCCL), issued when a step begins and waited when the next
-one begins: by then every rank has contributed (each did so before entering the step's first
-AllReduce), so the wait costs nothing on the critical path. Rank 0's decision therefore reaches
+group over CPU tensors (also next to NCCL), issued once a step's first bucket was handed to its
+AllReduce and waited when the next step begins: by then every rank has contributed, so the wait
+costs nothing on the critical path. Rank 0's decision therefore reaches
 every rank at the same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
