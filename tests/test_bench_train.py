@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_
         ({"jitter": -1.0}, "--jitter"),
         ({"model_bytes": 100}, "--model-size"),
         ({"hook_warmup": -1}, "--hook-warmup"),
+        ({"recover_at": 50}, "give --degrade"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "recover_at": 10}, "after --from-step"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "recover_at": 500}, "before --steps"),
     ],
 )
 def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -> None:
@@ -195,12 +199,19 @@ def _our_namespaces() -> list[str]:
     return [line.split()[0] for line in listed.splitlines() if line.startswith(f"sk-{os.getpid()}-")]
 
 
-def test_emulated_train_reshapes_a_degraded_nic_mid_run(tmp_path: Path) -> None:
+def test_emulated_train_reshapes_a_degraded_nic_mid_run_and_restores_it(tmp_path: Path) -> None:
     ok, reason = EmulatedCluster.available()
     if not ok:
         pytest.skip(reason)
     config = TrainConfig(
-        world_size=4, bandwidth=100e6, steps=30, degrade={2: 2.0}, from_step=5, model_bytes=2**20, timeout=300
+        world_size=4,
+        bandwidth=100e6,
+        steps=36,
+        degrade={2: 2.0},
+        from_step=5,
+        recover_at=20,
+        model_bytes=2**20,
+        timeout=300,
     )
     json_path = tmp_path / "train.json"
     summary = run_train(config, json_path=str(json_path), out=io.StringIO())
@@ -211,9 +222,15 @@ def test_emulated_train_reshapes_a_degraded_nic_mid_run(tmp_path: Path) -> None:
     assert len(links) == 1 and len(links[0]) == 2  # rank 2's send and receive rates, verified
     assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
     assert data["hooked_identical_on_all_ranks"]
-    # from step 5 rank 2's link runs at half the rate: plain DDP's ring is paced by it
-    before, after = data["steps"]["plain_s"][1:5], data["steps"]["plain_s"][8:]
-    assert min(after) > min(before)
+    # from step 5 rank 2's link runs at half the rate: plain DDP's ring is paced by it; from step
+    # 20 at the full rate again
+    plain = data["steps"]["plain_s"]
+    before, degraded, after = plain[1:5], plain[8:19], plain[23:]
+    assert min(degraded) > min(before) and statistics.median(after) < statistics.median(degraded), plain
+    restored = data["header"]["cluster"]["recovered_links"]
+    assert len(restored) == 1 and len(restored[0]) == 2
+    late_phases = [phase for phase in data["phases"] if phase["steps"][0] >= 20]
+    assert late_phases and all(phase["fault"] == "-" for phase in late_phases), data["phases"]
     assert _our_namespaces() == []
 
 

@@ -65,6 +65,19 @@ def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
         assert {a for _, a in buckets[step]} <= {"allreduce", "ring"}
     events = _same_events(results)
     assert any(kind == "switch" and algorithm == "stragglar" and step < 60 for step, kind, algorithm in events), events
+    # under the OptCC plan forced at step 150, after its settle and verification steps, every
+    # plan_probe_every-th step the largest bucket runs a ring probe instead of OptCC
+    config = ControllerConfig()
+    probed = [s for s in range(150, 200) if any(a == "ring" for _, a in buckets[s])]
+    expected = [
+        s
+        for s in range(150 + config.settle_steps + config.verify_steps, 200)
+        if s % config.plan_probe_every == 0 and any(a == "optcc" for _, a in buckets[s])
+    ]
+    assert expected and probed == expected, (probed, buckets[150:])
+    for step in probed:
+        largest = max(nbytes for nbytes, _ in buckets[step - 1])
+        assert [n for n, a in buckets[step] if a == "ring"] == [largest], buckets[step]
 
 
 def test_probes_back_off_on_every_rank_at_the_same_step() -> None:

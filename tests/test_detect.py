@@ -540,6 +540,35 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
     assert [e["kind"] for e in controller.events][:2] == ["detected_degraded", "switch"]
 
 
+def test_a_nic_that_recovers_under_optcc_is_cleared_and_the_baseline_returns() -> None:
+    """OptCC runs for rank 5 (l = 2), then its NIC recovers. Exchanges without a probe carry no
+    link figures (OptCC's runs are not measured) and change nothing; the probes that replace OptCC
+    on the largest bucket every plan_probe_every-th step read the links healthy, the detector
+    clears rank 5 and the plan returns to the group's own all_reduce."""
+    every = 16
+    controller, _ = run_controller(
+        8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000, plan_probe_every=every
+    )
+    assert controller.plan.algorithm == "optcc" and controller.detector.degraded == {5: pytest.approx(2.0)}
+    cleared_at = None
+    for start in range(60, 200, 2):
+        stats = window(8, range(start, start + 2), None, 0.0, [16 << 20], slow=None)  # recovered
+        probes = [s for s in stats.steps if s % every == 0]
+        stats.algorithms = [["ring" if s in probes else "optcc"] for s in stats.steps]
+        if not probes:
+            stats.link_rates = np.full((8, 8), np.nan)
+        decision = controller.observe(stats, start + 4)
+        if decision is not None:
+            controller.apply(decision)
+            if cleared_at is None and controller.plan == Plan("allreduce"):
+                cleared_at = start
+    kinds = [e["kind"] for e in controller.events]
+    assert "cleared" in kinds and controller.detector.degraded == {}, kinds
+    assert controller.plan == Plan("allreduce")
+    # the window still held an l = 2 reading: two more probes to lower the median, one to confirm
+    assert cleared_at is not None and 60 + 2 * every <= cleared_at <= 60 + 4 * every, cleared_at
+
+
 def test_ranks_sharing_a_server_get_its_slowdown() -> None:
     controller, _ = run_controller(8, [16 << 20], None, 0.0, slow={5: 2.0}, hosts=[0, 0, 1, 1, 2, 2, 3, 3])
     assert sorted(controller.detector.degraded) == [4, 5]

@@ -92,6 +92,12 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         help="first step of the fault (--straggler, --degrade, --jitter; default 0)",
     )
     group.add_argument(
+        "--recover-at",
+        type=int,
+        metavar="STEP",
+        help="with --degrade: from STEP on the degraded NICs run at the full bandwidth again",
+    )
+    group.add_argument(
         "--move-straggler-at",
         type=int,
         nargs=2,
@@ -140,6 +146,7 @@ def cmd_train(
     chosen = {
         "steps": args.steps,
         "from_step": args.from_step,
+        "recover_at": args.recover_at,
         "moves": [tuple(m) for m in args.move_straggler_at] if args.move_straggler_at else None,
         "jitter": args.jitter,
         "seed": args.seed,
@@ -254,13 +261,16 @@ def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
 
 
 class _Reshaper:
-    """Waits (on a thread) for rank 0's request and then degrades the hosts' links, verified."""
+    """Waits (on a thread) for rank 0's requests: degrades the hosts' links, verified, and with
+    ``recover`` restores them to the full bandwidth at the second request, verified too."""
 
-    def __init__(self, cluster: Any, degrade: dict[int, float], control: Path) -> None:
+    def __init__(self, cluster: Any, degrade: dict[int, float], control: Path, recover: bool = False) -> None:
         self.cluster = cluster
         self.degrade = degrade
         self.control = control
+        self.recover = recover
         self.rates: list[Any] = []
+        self.recovered_rates: list[Any] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="stragglerkit-reshape", daemon=True)
 
@@ -273,21 +283,31 @@ class _Reshaper:
         self._thread.join(timeout=60)
 
     def _serve(self) -> None:
-        from stragglerkit.bench.train_worker import RESHAPE_DONE, RESHAPE_FAILED, RESHAPE_REQUEST
+        from stragglerkit.bench.train_worker import RECOVER, RESHAPE, control_files
         from stragglerkit.testbed import NicDegradation
 
-        while not self._stop.wait(0.05):
-            if not (self.control / RESHAPE_REQUEST).exists():
-                continue
+        phases = [(RESHAPE, self.degrade, "degraded_links")]
+        if self.recover:
+            phases.append((RECOVER, dict.fromkeys(self.degrade, 1.0), "recovered_links"))
+        for phase, slowdowns, key in phases:
+            request, done, failed = control_files(phase)
+            while not (self.control / request).exists():
+                if self._stop.wait(0.05):
+                    return
             try:
-                rates = NicDegradation(self.degrade).apply(self.cluster, verify=True)
-                self.rates = [[r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)]
-                answer, text = RESHAPE_DONE, json.dumps({"degraded_links": self.rates})
+                rates = NicDegradation(slowdowns).apply(self.cluster, verify=True)
+                measured = [[r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)]
+                if phase == RESHAPE:
+                    self.rates = measured
+                else:
+                    self.recovered_rates = measured
+                answer, text = done, json.dumps({key: measured})
             except Exception as err:  # the rank raises it with this text
-                answer, text = RESHAPE_FAILED, f"{type(err).__name__}: {err}"
+                answer, text = failed, f"{type(err).__name__}: {err}"
             (self.control / (answer + ".tmp")).write_text(text, encoding="utf-8")
             os.replace(self.control / (answer + ".tmp"), self.control / answer)
-            return
+            if answer == failed:
+                return
 
 
 def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
@@ -307,9 +327,11 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
             return cluster.popen(rank, argv, env=env, stderr=stderr)
 
         if config.degrade:
-            with _Reshaper(cluster, config.degrade, control) as reshaper:
+            with _Reshaper(cluster, config.degrade, control, config.recover_at is not None) as reshaper:
                 record = _run_ranks(config, workdir, start, env_for, control)
             description["degraded_links"] = reshaper.rates
+            if config.recover_at is not None:
+                description["recovered_links"] = reshaper.recovered_rates
         else:
             record = _run_ranks(config, workdir, start, env_for, None)
     return LaunchResult(mode="emulated", why="", cluster=description), record

@@ -73,6 +73,8 @@ class TrainConfig:
     """Every rank sleeps uniform[0, jitter] seconds before its backward each step from ``from_step``."""
     from_step: int = 0
     """First step with the fault (straggler, degraded NICs, jitter)."""
+    recover_at: int | None = None
+    """With ``degrade``: from this step on the degraded NICs run at the full bandwidth again."""
     seed: int = 0
     """Seeds the model, the data and the jitter (every rank computes the same figures)."""
     model_bytes: int = 8 * 2**20
@@ -155,6 +157,14 @@ class TrainConfig:
                 f"--degrade reshapes a host's NIC during the run, which needs the emulated cluster (root and "
                 f"iproute2); {where} to reshape (on real machines the hook finds a slow NIC by itself)"
             )
+        if self.recover_at is not None:
+            if not self.degrade:
+                raise ValueError("--recover-at says when degraded NICs recover: give --degrade RANK:L with it")
+            if not isinstance(self.recover_at, int) or not self.from_step < self.recover_at < self.steps:
+                raise ValueError(
+                    f"--recover-at {self.recover_at} must come after --from-step {self.from_step} and before "
+                    f"--steps {self.steps}"
+                )
         if not (self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"--jitter must be a time >= 0, got {self.jitter!r}")
         if not isinstance(self.from_step, int) or self.from_step < 0:

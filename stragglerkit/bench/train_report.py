@@ -46,11 +46,11 @@ def _fault_at(config: TrainConfig, step: int) -> str:
     late = config.late_rank(step)
     if late is not None:
         parts.append(f"rank {late} late")
-    if config.degrade:
+    if config.degrade and (config.recover_at is None or step < config.recover_at):
         parts.append(", ".join(f"rank {r} l={v:g}" for r, v in sorted(config.degrade.items())))
     if config.jitter > 0:
         parts.append(f"jitter {config.jitter * 1e3:g} ms")
-    return ", ".join(parts)
+    return ", ".join(parts) or "-"
 
 
 def _steady_start(config: TrainConfig, record: dict[str, Any]) -> tuple[int, str]:
@@ -73,6 +73,8 @@ def _phases(
     cuts = {0, int(record["hook_config"]["warmup_steps"]), steady_from}
     if config.scenario != "none":
         cuts.add(config.from_step)
+    if config.recover_at is not None:
+        cuts.add(config.recover_at)
     cuts.update(step for step, _ in config.moves)
     cuts.update(int(e["step"]) for e in record["events"] if e["kind"] in PLAN_CHANGES)
     bounds = [*sorted(c for c in cuts if 0 <= c < steps), steps]

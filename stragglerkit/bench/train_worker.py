@@ -17,8 +17,9 @@ same batch (``torch.Generator`` seeded by (seed, step, rank)), one after the oth
 
 With ``--degrade`` on the emulated cluster, rank 0 asks the launcher to reshape the degraded hosts'
 links at ``from_step`` (a request file in the control folder) and every rank waits at a barrier
-until that is done. ``--delay auto`` is measured before training: ``auto_delay_scale`` x the punctual
-ranks' StragglAR pre-phase time on a buffer the size of the whole gradient.
+until that is done; with ``--recover-at`` likewise to restore them at that step. ``--delay
+auto`` is measured before training: ``auto_delay_scale`` x the punctual ranks' StragglAR pre-phase
+time on a buffer the size of the whole gradient.
 
 :func:`main` (``argv``: CONFIG OUT [CONTROL], as the launcher starts it) runs one rank from the
 environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) and writes rank 0's record to OUT (JSON).
@@ -46,10 +47,16 @@ from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
 
-__all__ = ["RESHAPE_DONE", "RESHAPE_FAILED", "RESHAPE_REQUEST", "build_model", "hidden_width", "main", "train"]
+__all__ = ["RECOVER", "RESHAPE", "build_model", "control_files", "hidden_width", "main", "train"]
 
 INPUTS, OUTPUTS = 256, 16
-RESHAPE_REQUEST, RESHAPE_DONE, RESHAPE_FAILED = "reshape.request", "reshape.done", "reshape.failed"
+RESHAPE, RECOVER = "reshape", "recover"
+"""The launcher's two link changes: degrade the NICs (at ``from_step``), restore them (``recover_at``)."""
+
+
+def control_files(phase: str) -> tuple[str, str, str]:
+    """The control folder's file names of one link change: (request, done, failed)."""
+    return f"{phase}.request", f"{phase}.done", f"{phase}.failed"
 
 
 def hidden_width(model_bytes: int) -> int:
@@ -153,21 +160,24 @@ class _TrainRank:
             seconds += self.jitter.delay_for(step, self.rank)
         return seconds
 
-    def reshape(self) -> None:
-        """Rank 0 asks the launcher to degrade the NICs and waits; then every rank meets at a barrier."""
+    def reshape(self, phase: str, step: int) -> None:
+        """Rank 0 asks the launcher to change the NICs (``RESHAPE``: degrade them, ``RECOVER``:
+        restore them) and waits; then every rank meets at a barrier."""
         if self.reporter:
             assert self.control is not None
-            _progress(True, f"step {self.config.from_step}: reshaping the degraded hosts' links")
-            (self.control / RESHAPE_REQUEST).write_text(str(self.config.from_step), encoding="utf-8")
+            what = "reshaping the degraded hosts' links" if phase == RESHAPE else "restoring the degraded hosts' links"
+            _progress(True, f"step {step}: {what}")
+            request, done, failed = (self.control / name for name in control_files(phase))
+            request.write_text(str(step), encoding="utf-8")
             deadline = time.monotonic() + self.config.timeout
-            while not (self.control / RESHAPE_DONE).exists():
-                failed = self.control / RESHAPE_FAILED
+            while not done.exists():
                 if failed.exists():
-                    raise RuntimeError(f"reshaping the degraded links failed: {failed.read_text(encoding='utf-8')}")
+                    raise RuntimeError(f"{what} failed: {failed.read_text(encoding='utf-8')}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the launcher did not reshape the degraded links in time")
+                    raise RuntimeError(f"the launcher did not finish {what} in time")
                 time.sleep(0.05)
-            self.reshaped = json.loads((self.control / RESHAPE_DONE).read_text(encoding="utf-8"))
+            answer = json.loads(done.read_text(encoding="utf-8"))
+            self.reshaped = {**(self.reshaped or {}), **answer}
         dist.barrier()
 
     def one_step(self, run: _Run, x: torch.Tensor, y: torch.Tensor, late: float) -> None:
@@ -202,7 +212,9 @@ class _TrainRank:
         every = max(1, config.steps // 12)
         for step in range(config.steps):
             if reshape and step == config.from_step:
-                self.reshape()
+                self.reshape(RESHAPE, step)
+            if reshape and step == config.recover_at:
+                self.reshape(RECOVER, step)
             x, y = _batch(config, step, self.rank, self.device)
             late = self.lateness(step)
             order = (self.plain, self.hooked) if step % 2 == 0 else (self.hooked, self.plain)

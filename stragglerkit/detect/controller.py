@@ -112,6 +112,13 @@ class ControllerConfig:
     and the baseline runs. A multiple of ``probe_every`` (the probe steps stay aligned); 0: never
     back off. A quiet probe that reads a slow link brings back ``probe_every``; if the next probe
     reads the links healthy, the probes back off again at once (the reading was noise)."""
+    plan_probe_every: int = 64
+    """While a plan of OptCC runs: every ``plan_probe_every``-th step the largest bucket runs
+    stragglerkit's ring instead of OptCC (after the switch's settle and verification steps), so
+    that ``l`` is measured again: a NIC that recovers is cleared by the detector (median ``l``
+    below ``detector.clear_degraded_threshold``) and the plan returns to the baseline. Each probe
+    costs what the ring loses to OptCC on that bucket, once per this many steps. 0: no probes
+    while OptCC runs (a NIC that recovers is then never noticed)."""
     quiet_after: int = 4
     """Probes (none of them while something was believed wrong) judged before the probes back off."""
     probe_alarm: float = 1.3
@@ -149,7 +156,14 @@ class ControllerConfig:
     """Most recent baseline AllReduces kept for fitting."""
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "settle_steps", "cooldown_steps", "probe_every", "quiet_probe_every"):
+        for name in (
+            "warmup_steps",
+            "settle_steps",
+            "cooldown_steps",
+            "probe_every",
+            "quiet_probe_every",
+            "plan_probe_every",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -335,6 +349,11 @@ class Controller:
         self._checking = False  # busy probing because one quiet probe read a slow link: check it
 
     # -- every rank -----------------------------------------------------------------------------
+    @property
+    def plan_start(self) -> int:
+        """The first step under the plan in force (on every rank: from the decisions it adopted)."""
+        return self._plan_start
+
     def apply(self, decision: Decision) -> None:
         """Adopt ``decision`` (the same one on every rank) and record its events."""
         if decision.plan != self.plan:

@@ -12,7 +12,10 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    link's achieved rate (NIC health) and a cost-model sample. Once the last ``quiet_after``
    probes found the links healthy (the median of their largest ``l``), probes come every
    ``quiet_probe_every`` steps, and again every ``probe_every`` when the AllReduce slows down
-   (``probe_alarm``) or a probe reads a slow link. Buckets whose plan names one of stragglerkit's
+   (``probe_alarm``) or a probe reads a slow link. While an OptCC plan runs, every
+   ``plan_probe_every``-th step (outside the switch's verification) probes its largest bucket the
+   same way, so that a NIC that recovers is noticed and the plan returns to the baseline. Buckets
+   whose plan names one of stragglerkit's
    algorithms (StragglAR, OptCC, ...) go to the executor
    (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
    ``torch.futures.Future`` completed after this rank's bookkeeping (span, per-peer rates) is done.
@@ -254,12 +257,26 @@ class DDPState:
 
     def _bucket_to_probe(self) -> int:
         """This step's probe: the largest bucket of the previous step (-1: none). The same on every
-        rank: the step number and DDP's buckets are."""
+        rank: the step number, DDP's buckets and the adopted plan and interval are.
+
+        With the ``allreduce`` baseline the probes come every ``controller.probe_every`` steps
+        (rank 0 ships the interval). While the plan runs OptCC, every ``plan_probe_every`` steps,
+        but not before the switch's settle and verification steps are over: the probe would
+        lengthen a step that the verification measures."""
         cfg = self.config
-        every = self.controller.probe_every  # the same on every rank: adopted from the last decision
-        if cfg.baseline != "allreduce" or every == 0 or self.world_size < 3:
+        controller = self.controller
+        plan = controller.plan
+        if self.world_size < 3 or self.step < max(cfg.warmup_steps, 1):
             return -1
-        if self.step < max(cfg.warmup_steps, 1) or self.step % every != 0:
+        if plan.default == "optcc" or "optcc" in plan.buckets:
+            every = cfg.plan_probe_every
+            if self.step < controller.plan_start + cfg.settle_steps + cfg.verify_steps:
+                return -1
+        elif cfg.baseline == "allreduce":
+            every = controller.probe_every  # the same on every rank: adopted from the last decision
+        else:
+            return -1  # another baseline measures the links in every run
+        if every == 0 or self.step % every != 0:
             return -1
         previous = self.profiler.buckets(self.step - 1)
         if not previous:
@@ -357,10 +374,10 @@ def _hand_off(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[
         return _plain(state, tensor, timing)
     plan = state.controller.plan
     algorithm = plan.algorithm_for(index)
-    if algorithm == "allreduce":
-        if index != state._probe_bucket:
-            return _plain(state, tensor, timing)
-        algorithm = "ring"
+    if index == state._probe_bucket and algorithm in ("allreduce", "optcc"):
+        algorithm = "ring"  # a probe: its links' timings re-measure each rank's NIC
+    elif algorithm == "allreduce":
+        return _plain(state, tensor, timing)
     slowdowns = dict(plan.slowdowns) if algorithm == "optcc" else None
     straggler = plan.straggler if algorithm == "stragglar" else None
     handle = state.runtime.all_reduce_async(tensor, algorithm, "avg", straggler, slowdowns)
