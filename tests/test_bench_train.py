@@ -138,10 +138,24 @@ def test_summary_steady_state_starts_after_the_last_plan_change() -> None:
     assert summary["backward_speedup_steady"] == pytest.approx(2.0)
     assert summary["plain_backward_steady_ms"] == pytest.approx(100.0)
     assert summary["algorithm"] == "stragglar" and len(summary["switches"]) == 1
+    assert summary["speedup_steady_total"] == pytest.approx(2.0)
     phases = summary["phases"]
     assert [p["steps"] for p in phases] == [[0, 4], [5, 9], [10, 29], [30, 31], [32, 59]]
     assert [p["steady"] for p in phases] == [False, False, False, False, True]
     assert phases[1]["fault"] == "rank 1 late" and phases[0]["fault"] == "-"
+
+
+def test_total_time_speedup_counts_the_rare_slow_steps_the_median_leaves_out() -> None:
+    """Every 8th steady step of the hooked run is 3x slower (a probe): the median ignores it, the
+    total-time ratio does not."""
+    config = TrainConfig(world_size=2, mode="loopback", steps=64, straggler=1, delay=0.03, from_step=5)
+    events = [{"step": 30, "kind": "switch", "algorithm": "stragglar", "evidence": {"to": {"straggler": 1}}}]
+    record = _record(64, events, plain=0.2, hooked=0.1)
+    record["hooked_s"] = [[0.3, 0.3] if s >= 32 and s % 8 == 0 else ranks for s, ranks in enumerate(record["hooked_s"])]
+    summary = summarize(config, record)
+    assert summary["steady_steps"] == [32, 63] and summary["speedup_steady"] == pytest.approx(2.0)
+    # 32 steady steps: 28 of 0.1 s and 4 of 0.3 s against 32 of 0.2 s
+    assert summary["speedup_steady_total"] == pytest.approx(6.4 / 4.0)
 
 
 def test_summary_without_plan_change_measures_after_warm_up_and_fault() -> None:

@@ -9,7 +9,9 @@ backward with the AllReduce, optimizer step); a step's time is the largest over 
   change (``switch``, ``rollback``, ``cleared``) to the end; without any change, from
   ``settle_steps`` after the later of the hook's warm-up, the fault's first step and the
   straggler's last move. ``speedup_steady`` = median plain step time / median hooked step time
-  over those steps.
+  over those steps. ``speedup_steady_total`` = total plain time / total hooked time over the same
+  steps: it also counts the rare slow steps that the median leaves out (the probes that replace
+  OptCC every ``plan_probe_every`` steps, for one).
 * ``backward_speedup_steady``: the same ratio for the *last arriver's backward*: per step the
   smallest backward time over the ranks (timed from the end of the injected lateness; the rank
   that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
@@ -126,6 +128,8 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     plain_steady = _median_ms([plain[s] for s in steady])
     hooked_steady = _median_ms([hooked[s] for s in steady])
     speedup = plain_steady / hooked_steady if plain_steady and hooked_steady else None
+    hooked_total = sum(hooked[s] for s in steady)
+    speedup_total = sum(plain[s] for s in steady) / hooked_total if steady and hooked_total > 0 else None
     plain_backward = [min(ranks) for ranks in record["plain_backward_s"]]
     hooked_backward = [min(ranks) for ranks in record["hooked_backward_s"]]
     plain_backward_steady = _median_ms([plain_backward[s] for s in steady])
@@ -142,6 +146,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
         "final_plan": record["final_plan"],
         "speedup_steady": speedup,
+        "speedup_steady_total": speedup_total,
         "steady_steps": [steady[0], steady[-1]] if steady else None,
         "steady_from_why": steady_why,
         "plain_steady_ms": plain_steady,
@@ -256,10 +261,12 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
     else:
         count = steady[1] - steady[0] + 1
         speedup = summary["speedup_steady"]
+        total = summary.get("speedup_steady_total")
         say(
             f"# steady state: steps {steady[0]}-{steady[1]} ({count} steps; {summary['steady_from_why']}): "
             f"plain {_ms(summary['plain_steady_ms'])} ms, hooked {_ms(summary['hooked_steady_ms'])} ms "
             f"-> speedup {'-' if speedup is None else f'{speedup:.3f}x'}"
+            + ("" if total is None else f" (total time: {total:.3f}x)")
             + (" (few steps: run more --steps for a firmer figure)" if count < _FEW_STEADY_STEPS else "")
         )
         backward = summary["backward_speedup_steady"]
