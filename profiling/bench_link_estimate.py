@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -112,16 +111,12 @@ def main() -> int:
         _rank_main(args)
         return 0
 
-    import tempfile
-
-    from _env import command_line, machine_info, utc_now
+    from _env import emulated_cluster_ready, run_on_hosts, write_result
 
     from stragglerkit.testbed import EmulatedCluster
     from stragglerkit.units import parse_bandwidth
 
-    ok, reason = EmulatedCluster.available()
-    if not ok:
-        print(f"needs the emulated cluster: {reason}", file=sys.stderr)
+    if not emulated_cluster_ready():
         return 1
     if args.iters < 2:
         parser.error("--iters must be at least 2 (the first run is left out)")
@@ -131,15 +126,8 @@ def main() -> int:
         bandwidth=parse_bandwidth(args.bandwidth),
         slowdowns={int(degraded): float(slowdown)},
     )
-    with tempfile.TemporaryDirectory() as tmp, EmulatedCluster(config) as cluster:
-        rank_out = os.path.join(tmp, "out.json")
-        argv = [sys.executable, __file__, *sys.argv[1:], "--rank-out", rank_out]
-        procs = [cluster.popen(h, argv, env=cluster.torch_env(h)) for h in range(args.world_size)]
-        codes = [proc.wait(timeout=600) for proc in procs]
-        if any(codes):
-            print(f"a rank failed: exit codes {codes}", file=sys.stderr)
-            return 1
-        ranks = json.loads(Path(rank_out).read_text())
+    with EmulatedCluster(config) as cluster:
+        ranks = run_on_hosts(cluster, __file__, sys.argv[1:], args.world_size)
         description = cluster.describe()
     rows = []
     np.set_printoptions(precision=2, suppress=True, linewidth=160)
@@ -163,16 +151,7 @@ def main() -> int:
             f"every other rank at most {max(others):.2f}"
         )
     if args.json:
-        result = {
-            "command": command_line(),
-            "date": utc_now(),
-            "machine": machine_info(),
-            "cluster": description,
-            "summary": summary,
-            "runs": rows,
-        }
-        Path(args.json).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+        write_result(args.json, description, summary=summary, runs=rows)
     return 0
 
 

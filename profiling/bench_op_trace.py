@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -79,28 +78,19 @@ def main() -> int:
         _rank_main(args)
         return 0
 
-    import tempfile
-
-    from _env import command_line, machine_info, utc_now
+    from _env import emulated_cluster_ready, run_on_hosts, write_result
 
     from stragglerkit.testbed import EmulatedCluster
     from stragglerkit.units import parse_bandwidth
 
-    ok, reason = EmulatedCluster.available()
-    if not ok:
-        print(f"needs the emulated cluster: {reason}", file=sys.stderr)
+    if not emulated_cluster_ready():
         return 1
     slowdowns = {args.degraded: args.slowdown} if args.degraded is not None else {}
     config = EmulatedCluster.Config(
         hosts=args.world_size, bandwidth=parse_bandwidth(args.bandwidth), slowdowns=slowdowns
     )
-    with tempfile.TemporaryDirectory() as tmp, EmulatedCluster(config) as cluster:
-        rank_out = os.path.join(tmp, "out.json")
-        argv = [sys.executable, __file__, *sys.argv[1:], "--rank-out", rank_out]
-        procs = [cluster.popen(h, argv, env=cluster.torch_env(h)) for h in range(args.world_size)]
-        for proc in procs:
-            proc.wait(timeout=600)
-        ranks = json.loads(Path(rank_out).read_text())
+    with EmulatedCluster(config) as cluster:
+        ranks = run_on_hosts(cluster, __file__, sys.argv[1:], args.world_size)
         payload = [cluster.expected_payload_rate(h) for h in range(args.world_size)]
         description = cluster.describe()
     summary = []
@@ -120,16 +110,7 @@ def main() -> int:
                 f"{median * 1e3:7.2f} ms, ideal {ideal * 1e3:6.2f} ms"
             )
     out = args.out or str(ROOT / f"profiling/results/bench_op_trace_{args.algorithm}.json")
-    result = {
-        "command": command_line(),
-        "date": utc_now(),
-        "machine": machine_info(),
-        "cluster": description,
-        "summary": summary,
-        "ranks": ranks,
-    }
-    Path(out).write_text(json.dumps(result))
-    print(f"wrote {out}")
+    write_result(out, description, indent=None, summary=summary, ranks=ranks)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -85,25 +84,16 @@ def main() -> int:
         _rank_main(sizes, args.repeats, args.rank_out)
         return 0
 
-    import tempfile
-
-    from _env import command_line, machine_info, utc_now
+    from _env import emulated_cluster_ready, run_on_hosts, write_result
 
     from stragglerkit.testbed import EmulatedCluster
     from stragglerkit.units import parse_bandwidth
 
-    ok, reason = EmulatedCluster.available()
-    if not ok:
-        print(f"needs the emulated cluster: {reason}", file=sys.stderr)
+    if not emulated_cluster_ready():
         return 1
     config = EmulatedCluster.Config(hosts=3, bandwidth=parse_bandwidth(args.bandwidth))
-    with tempfile.TemporaryDirectory() as tmp, EmulatedCluster(config) as cluster:
-        rank_out = os.path.join(tmp, "out.json")
-        argv = [sys.executable, __file__, "--sizes", args.sizes, "--repeats", str(args.repeats), "--rank-out", rank_out]
-        procs = [cluster.popen(h, argv, env=cluster.torch_env(h)) for h in range(3)]
-        for proc in procs:
-            proc.wait(timeout=600)
-        measured = json.loads(Path(rank_out).read_text())
+    with EmulatedCluster(config) as cluster:
+        measured = run_on_hosts(cluster, __file__, ["--sizes", args.sizes, "--repeats", str(args.repeats)], 3)
         payload = cluster.expected_payload_rate(0)
         description = cluster.describe()
     rows = []
@@ -115,15 +105,7 @@ def main() -> int:
             f"{int(size_text) / 2**20:7.2f} MiB {mode:16s} median {value['median_s'] * 1e3:8.2f} ms "
             f"({value['median_s'] / ideal:.2f}x the ideal {ideal * 1e3:.2f} ms)"
         )
-    result = {
-        "command": command_line(),
-        "date": utc_now(),
-        "machine": machine_info(),
-        "cluster": description,
-        "rows": rows,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, description, rows=rows)
     return 0
 
 
