@@ -269,8 +269,10 @@ class _Reshaper:
         self.degrade = degrade
         self.control = control
         self.recover = recover
-        self.rates: list[Any] = []
-        self.recovered_rates: list[Any] = []
+        self.measured: dict[str, list[Any]] = {"degraded_links": []}
+        """Each link change's verified (send, receive) rates, under the key it is reported as."""
+        if recover:
+            self.measured["recovered_links"] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="stragglerkit-reshape", daemon=True)
 
@@ -297,10 +299,7 @@ class _Reshaper:
             try:
                 rates = NicDegradation(slowdowns).apply(self.cluster, verify=True)
                 measured = [[r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)]
-                if phase == RESHAPE:
-                    self.rates = measured
-                else:
-                    self.recovered_rates = measured
+                self.measured[key] = measured
                 answer, text = done, json.dumps({key: measured})
             except Exception as err:  # the rank raises it with this text
                 answer, text = failed, f"{type(err).__name__}: {err}"
@@ -329,9 +328,7 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
         if config.degrade:
             with _Reshaper(cluster, config.degrade, control, config.recover_at is not None) as reshaper:
                 record = _run_ranks(config, workdir, start, env_for, control)
-            description["degraded_links"] = reshaper.rates
-            if config.recover_at is not None:
-                description["recovered_links"] = reshaper.recovered_rates
+            description.update(reshaper.measured)
         else:
             record = _run_ranks(config, workdir, start, env_for, None)
     return LaunchResult(mode="emulated", why="", cluster=description), record
