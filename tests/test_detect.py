@@ -540,33 +540,82 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
     assert [e["kind"] for e in controller.events][:2] == ["detected_degraded", "switch"]
 
 
-def test_a_nic_that_recovers_under_optcc_is_cleared_and_the_baseline_returns() -> None:
-    """OptCC runs for rank 5 (l = 2), then its NIC recovers. Exchanges without a probe carry no
-    link figures (OptCC's runs are not measured) and change nothing; the probes that replace OptCC
-    on the largest bucket every plan_probe_every-th step read the links healthy, the detector
-    clears rank 5 and the plan returns to the group's own all_reduce."""
-    every = 16
-    controller, _ = run_controller(
-        8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000, plan_probe_every=every
-    )
-    assert controller.plan.algorithm == "optcc" and controller.detector.degraded == {5: pytest.approx(2.0)}
-    cleared_at = None
-    for start in range(60, 200, 2):
-        stats = window(8, range(start, start + 2), None, 0.0, [16 << 20], slow=None)  # recovered
-        probes = [s for s in stats.steps if s % every == 0]
-        stats.algorithms = [["ring" if s in probes else "optcc"] for s in stats.steps]
-        if not probes:
+def run_under_optcc(controller: Controller, steps: range, slow: dict[int, float] | None) -> list[tuple[int, Decision]]:
+    """Exchanges while the controller's plan runs (OptCC at first): a step is a probe when the
+    interval in force (``controller.probe_every``, shipped by rank 0 with each decision) divides
+    it, as in the DDP hook; only probe exchanges carry link figures (OptCC's runs are not
+    measured). ``slow``: the links as they are now. Returns the decisions (step, decision)."""
+    decisions = []
+    for start in range(steps.start, steps.stop, 2):
+        stats = window(8, range(start, start + 2), None, 0.0, [16 << 20], slow=slow)
+        every = controller.probe_every
+        probes = [s for s in stats.steps if controller.plan.runs_optcc and every and s % every == 0]
+        stats.algorithms = [["ring" if s in probes else controller.plan.algorithm_for(0)] for s in stats.steps]
+        if not probes and controller.plan.runs_optcc:
             stats.link_rates = np.full((8, 8), np.nan)
         decision = controller.observe(stats, start + 4)
         if decision is not None:
             controller.apply(decision)
-            if cleared_at is None and controller.plan == Plan("allreduce"):
-                cleared_at = start
+            decisions.append((start, decision))
+    return decisions
+
+
+def test_a_nic_that_recovers_under_optcc_is_cleared_and_the_baseline_returns() -> None:
+    """OptCC runs for rank 5 (l = 2), then its NIC recovers. Exchanges without a probe carry no
+    link figures and change nothing; the first probe that replaces OptCC on the largest bucket
+    (every plan_probe_every-th step) reads rank 5 healthy, the probes come every probe_every
+    steps until the detector clears rank 5, and the plan returns to the group's own all_reduce."""
+    controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
+    config = controller.config
+    assert controller.plan.algorithm == "optcc" and controller.detector.degraded == {5: pytest.approx(2.0)}
+    assert controller.probe_every == config.plan_probe_every  # shipped with the OptCC plan
+    decisions = run_under_optcc(controller, range(60, 400), slow=None)  # recovered from step 60 on
     kinds = [e["kind"] for e in controller.events]
     assert "cleared" in kinds and controller.detector.degraded == {}, kinds
     assert controller.plan == Plan("allreduce")
-    # the window still held an l = 2 reading: two more probes to lower the median, one to confirm
-    assert cleared_at is not None and 60 + 2 * every <= cleared_at <= 60 + 4 * every, cleared_at
+    cleared_at = next(step for step, d in decisions if d.plan == Plan("allreduce"))
+    first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
+    # the first probe reads it healthy and starts the short interval; the window still held an
+    # l = 2 reading, so one more probe lowers the median and one confirms
+    assert first_probe <= cleared_at <= first_probe + 3 * config.probe_every, (cleared_at, kinds)
+    checking = [e for e in controller.events if e["kind"] == "probing" and e["evidence"]["every"] == config.probe_every]
+    assert checking and "rank 5 at l = 1" in checking[0]["evidence"]["reason"], controller.events
+
+
+def test_a_nic_that_degrades_further_under_optcc_gets_a_new_plan() -> None:
+    """OptCC runs for rank 5 at l = 2; its NIC drops to 1/4. The first probe that reads l = 4
+    starts the short interval, and once every estimate in the detector's window reads it (two
+    probes) the plan is rebuilt for l = 4; with the readings as planned again, the long interval
+    returns."""
+    controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
+    config = controller.config
+    decisions = run_under_optcc(controller, range(60, 300), slow={5: 4.0})
+    switches = [(step, d.plan) for step, d in decisions if any(e["kind"] == "switch" for e in d.events)]
+    assert len(switches) == 1, decisions
+    step, plan = switches[0]
+    assert plan.algorithm == "optcc" and dict(plan.slowdowns) == {5: pytest.approx(4.0)}
+    first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
+    assert first_probe < step <= first_probe + 2 * config.probe_every, (step, controller.events)
+    assert controller.plan == plan and controller.probe_every == config.plan_probe_every
+    assert controller.detector.degraded == {5: pytest.approx(4.0)}
+
+
+def test_one_off_reading_under_optcc_changes_nothing() -> None:
+    """One probe under OptCC reads rank 5 healthy (noise), the next reads it at l = 2 again: the
+    short interval ends at once, the plan stays, nothing is cleared."""
+    controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
+    config = controller.config
+    plan = controller.plan
+    first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
+    run_under_optcc(controller, range(60, first_probe), slow={5: 2.0})
+    run_under_optcc(controller, range(first_probe, first_probe + 2), slow=None)  # the odd reading
+    assert controller.probe_every == config.probe_every and controller.plan == plan
+    run_under_optcc(controller, range(first_probe + 2, first_probe + 200), slow={5: 2.0})
+    assert controller.plan == plan and controller.detector.degraded == {5: pytest.approx(2.0)}
+    assert controller.probe_every == config.plan_probe_every
+    reasons = [e["evidence"]["reason"] for e in controller.events if e["kind"] == "probing"]
+    assert any("as planned" in r for r in reasons), reasons
+    assert not any(e["kind"] in ("cleared", "switch") for e in controller.events[2:]), controller.events
 
 
 def test_ranks_sharing_a_server_get_its_slowdown() -> None:
@@ -824,10 +873,13 @@ def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> N
 
 
 def test_probes_do_not_back_off_without_healthy_estimates() -> None:
-    # a slow link in every probe: the detector confirms it; the probes stay at probe_every
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, verify_steps=1000))
+    # a slow link in every probe: the detector confirms it; the probes stay at probe_every, and
+    # the OptCC plan for it comes with its own interval
+    config = ControllerConfig(warmup_steps=4, verify_steps=1000)
+    controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 80, tail=0.1, slow={5: 2.0})
-    assert controller.probe_every == 8 and all(d.probe_every == 8 for d in decisions)
+    assert controller.plan.runs_optcc and controller._probe_target == 8
+    assert all(d.probe_every == (config.plan_probe_every if d.plan.runs_optcc else 8) for d in decisions)
     assert not [e for e in controller.events if e["kind"] == "probing"]
     # quiet_probe_every = 0: never back off
     controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_probe_every=0))

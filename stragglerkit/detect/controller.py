@@ -118,7 +118,16 @@ class ControllerConfig:
     that ``l`` is measured again: a NIC that recovers is cleared by the detector (median ``l``
     below ``detector.clear_degraded_threshold``) and the plan returns to the baseline. Each probe
     costs what the ring loses to OptCC on that bucket, once per this many steps. 0: no probes
-    while OptCC runs (a NIC that recovers is then never noticed)."""
+    while OptCC runs (a NIC that recovers is then never noticed). A probe that reads a planned
+    rank's ``l`` off the plan's (by ``replan_ratio``, or below ``detector.degraded_threshold``)
+    brings the probes to ``probe_every`` until the readings settle: a recovered NIC is cleared,
+    and one that changed gets a plan for its new ``l``, within a few short intervals instead of
+    a few long ones."""
+    replan_ratio: float = 1.25
+    """While OptCC runs: the plan is rebuilt for the ranks' current ``l`` when every estimate in the
+    detector's window reads a planned rank's ``l`` more than this factor above or below the
+    plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
+    about 15 % (docs/detection.md), so a smaller factor would rebuild on noise."""
     quiet_after: int = 4
     """Probes (none of them while something was believed wrong) judged before the probes back off."""
     probe_alarm: float = 1.3
@@ -189,6 +198,8 @@ class ControllerConfig:
                 f"ControllerConfig.quiet_probe_every ({quiet}) must be a multiple of probe_every ({busy}) "
                 "that is at least as large, or 0 to never back off"
             )
+        if not self.replan_ratio > 1:
+            raise ValueError(f"ControllerConfig.replan_ratio must be above 1 (a factor), got {self.replan_ratio}")
         if not self.probe_alarm > 1:
             raise ValueError(f"ControllerConfig.probe_alarm must be above 1 (a factor), got {self.probe_alarm}")
         if not self.timeout > 0:
@@ -207,6 +218,11 @@ class Plan:
 
     def algorithm_for(self, bucket: int) -> str:
         return self.buckets[bucket] if 0 <= bucket < len(self.buckets) else self.default
+
+    @property
+    def runs_optcc(self) -> bool:
+        """Does any bucket run OptCC (whose runs are not measured: the links need probes)?"""
+        return self.default == "optcc" or "optcc" in self.buckets
 
     @property
     def algorithm(self) -> str:
@@ -288,6 +304,7 @@ class Controller:
         "_log_path",
         "_periods",
         "_plain_tails",
+        "_plan_checking",
         "_plan_start",
         "_planned_for",
         "_probe_event",
@@ -347,6 +364,7 @@ class Controller:
         """(step, median AllReduce of the last ``alarm_steps`` plain steps up to it), per plain step."""
         self._quiet_since = -1
         self._checking = False  # busy probing because one quiet probe read a slow link: check it
+        self._plan_checking = False  # under OptCC: probing every probe_every, a probe read l off the plan's
 
     # -- every rank -----------------------------------------------------------------------------
     @property
@@ -358,6 +376,7 @@ class Controller:
         """Adopt ``decision`` (the same one on every rank) and record its events."""
         if decision.plan != self.plan:
             self._plan_start = decision.step
+            self._plan_checking = False
         self.plan = decision.plan
         if decision.probe_every is not None:
             self.probe_every = decision.probe_every
@@ -440,7 +459,7 @@ class Controller:
         if verdict is not None:
             return verdict
         believed = (self.detector.straggler, tuple(sorted(self.detector.degraded)))
-        if believed == self._planned_for and self.plan.algorithm != cfg.baseline:
+        if believed == self._planned_for and self.plan.algorithm != cfg.baseline and not self._plan_outdated():
             target = None  # same situation, plan in use: keep it (no per-bucket flapping)
         else:
             target = self._best_plan(stats.bucket_bytes, apply_step)
@@ -449,6 +468,64 @@ class Controller:
             return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
         return self._switch(apply_step, target, findings, cleared)
+
+    def _plan_outdated(self) -> bool:
+        """Under OptCC: does every estimate in the detector's window read a planned rank that is
+        still believed degraded more than ``replan_ratio`` off the plan's ``l`` (see
+        ``ControllerConfig.replan_ratio``)?"""
+        if not self.plan.runs_optcc or not self.plan.slowdowns:
+            return False
+        window = self.detector.l_window
+        if window is None:
+            return False
+        ratio = self.config.replan_ratio
+        for rank, planned in self.plan.slowdowns:
+            if rank not in self.detector.degraded:
+                continue  # cleared (the plan is rebuilt anyway) or never detected (a plan set by hand)
+            readings = window[:, rank]
+            if np.isnan(readings).any():
+                continue
+            if bool((readings > ratio * planned).all()) or bool((readings * ratio < planned).all()):
+                return True
+        return False
+
+    def _plan_probing(self, slowdowns: np.ndarray) -> None:
+        """Under OptCC: probe every ``probe_every`` steps while a probe reads a planned rank's ``l``
+        off the plan's, every ``plan_probe_every`` otherwise (``ControllerConfig.plan_probe_every``)."""
+        cfg = self.config
+        if cfg.plan_probe_every == 0 or cfg.probe_every in (0, cfg.plan_probe_every) or np.isnan(slowdowns).all():
+            return
+        threshold, ratio = cfg.detector.degraded_threshold, cfg.replan_ratio
+        off = {
+            rank: (float(slowdowns[rank]), planned)
+            for rank, planned in self.plan.slowdowns
+            if rank in self.detector.degraded
+            and math.isfinite(slowdowns[rank])
+            and (slowdowns[rank] < threshold or not planned / ratio <= slowdowns[rank] <= planned * ratio)
+        }
+        readings = ", ".join(f"rank {r} at l = {now:.3g} (planned {was:.3g})" for r, (now, was) in sorted(off.items()))
+        if off and not self._plan_checking:
+            self._plan_checking = True
+            self._probe_event = {
+                "every": cfg.probe_every,
+                "under": "optcc",
+                "reason": f"a probe under OptCC read {readings}: probing every {cfg.probe_every} steps until "
+                "the readings settle",
+            }
+        elif not off and self._plan_checking:
+            self._plan_checking = False
+            self._probe_event = {
+                "every": cfg.plan_probe_every,
+                "under": "optcc",
+                "reason": "the check probe read the degraded ranks as planned: the reading before was noise",
+            }
+
+    def _probe_interval(self, plan: Plan) -> int:
+        """The probe interval shipped with a decision for ``plan`` (every rank adopts it)."""
+        cfg = self.config
+        if plan.runs_optcc:
+            return cfg.probe_every if self._plan_checking else cfg.plan_probe_every
+        return self._probe_target
 
     def _rescale_samples(self, findings: list[Finding]) -> None:
         """On a ``detected_degraded`` finding: the samples of the exchanges whose own link readings
@@ -493,6 +570,8 @@ class Controller:
         decision as a ``probing`` event). See ``ControllerConfig.quiet_probe_every``.
         """
         cfg = self.config
+        if self.plan.runs_optcc:
+            self._plan_probing(slowdowns)
         quiet, busy = cfg.quiet_probe_every, cfg.probe_every
         if cfg.baseline != "allreduce" or busy == 0 or quiet in (0, busy):
             return
@@ -733,11 +812,15 @@ class Controller:
             for f in findings
         ]
         events += [{"kind": kind, "evidence": evidence} for kind, evidence in extra.items()]
+        if plan != self.plan:
+            self._plan_checking = False  # a new plan starts at its own interval (also on rank 0 before apply)
+        interval = self._probe_interval(plan)
         if self._probe_event is not None:
-            events.append({"kind": "probing", "evidence": self._probe_event})
+            if self._probe_event["every"] == interval:  # else: not the interval in force (below)
+                events.append({"kind": "probing", "evidence": self._probe_event})
             self._probe_event = None
         self._seq += 1
-        return Decision(self._seq, step, plan, events, self._probe_target)
+        return Decision(self._seq, step, plan, events, interval)
 
 
 def log_path_for(path: str | os.PathLike[str] | None, rank: int) -> str | None:

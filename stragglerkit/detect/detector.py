@@ -119,6 +119,7 @@ class Detector:
         "_enter_count",
         "_enter_rank",
         "_l_history",
+        "_l_keep",
         "_last",
         "_span_rows",
         "_steps",
@@ -136,12 +137,21 @@ class Detector:
         self._steps: deque[int] = deque(maxlen=self.config.window)
         self._span_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
         self._l_history: deque[np.ndarray] = deque()
+        self._l_keep = 1
         self._enter_rank = -1
         self._enter_count = 0
         self._clear_count = 0
         self._degraded_enter: dict[int, int] = {}
         self._degraded_clear: dict[int, int] = {}
         self._last: dict[str, Any] = {}
+
+    @property
+    def l_window(self) -> np.ndarray | None:
+        """The ``l`` estimates the degraded decisions are taken over, ``[estimate, rank]`` (oldest
+        first; NaN: not measured), once the window is full; else None."""
+        if not self._l_history or len(self._l_history) < self._l_keep:
+            return None
+        return np.stack(self._l_history)
 
     @property
     def last_evidence(self) -> dict[str, Any]:
@@ -242,6 +252,7 @@ class Detector:
     def _degraded(self, estimate: np.ndarray, steps_per_update: int) -> list[Finding]:
         cfg = self.config
         keep = max(1, math.ceil(cfg.window / steps_per_update))
+        self._l_keep = keep
         if np.isnan(estimate).all():  # nothing measured (no ring run in this exchange): keep the belief
             return []
         self._l_history.append(estimate)

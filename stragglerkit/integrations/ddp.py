@@ -14,7 +14,9 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    ``quiet_probe_every`` steps, and again every ``probe_every`` when the AllReduce slows down
    (``probe_alarm``) or a probe reads a slow link. While an OptCC plan runs, every
    ``plan_probe_every``-th step (outside the switch's verification) probes its largest bucket the
-   same way, so that a NIC that recovers is noticed and the plan returns to the baseline. Buckets
+   same way, so that a NIC that recovers is noticed and the plan returns to the baseline; while a
+   probe reads a planned rank's ``l`` off the plan's, every ``probe_every``-th step, until the
+   plan is cleared, rebuilt for the new ``l`` or the reading proves to be noise. Buckets
    whose plan names one of stragglerkit's
    algorithms (StragglAR, OptCC, ...) go to the executor
    (``Runtime.all_reduce_async(..., op="avg")``), which returns at once; the hook returns a
@@ -259,23 +261,21 @@ class DDPState:
         """This step's probe: the largest bucket of the previous step (-1: none). The same on every
         rank: the step number, DDP's buckets and the adopted plan and interval are.
 
-        With the ``allreduce`` baseline the probes come every ``controller.probe_every`` steps
-        (rank 0 ships the interval). While the plan runs OptCC, every ``plan_probe_every`` steps,
-        but not before the switch's settle and verification steps are over: the probe would
+        The probes come every ``controller.probe_every`` steps: rank 0 ships the interval with
+        each decision, for the baseline (``allreduce`` only) and for an OptCC plan alike. Under
+        OptCC not before the switch's settle and verification steps are over: the probe would
         lengthen a step that the verification measures."""
         cfg = self.config
         controller = self.controller
         plan = controller.plan
         if self.world_size < 3 or self.step < max(cfg.warmup_steps, 1):
             return -1
-        if plan.default == "optcc" or "optcc" in plan.buckets:
-            every = cfg.plan_probe_every
+        if plan.runs_optcc:
             if self.step < controller.plan_start + cfg.settle_steps + cfg.verify_steps:
                 return -1
-        elif cfg.baseline == "allreduce":
-            every = controller.probe_every  # the same on every rank: adopted from the last decision
-        else:
+        elif cfg.baseline != "allreduce":
             return -1  # another baseline measures the links in every run
+        every = controller.probe_every  # the same on every rank: adopted from the last decision
         if every == 0 or self.step % every != 0:
             return -1
         previous = self.profiler.buckets(self.step - 1)
