@@ -49,9 +49,12 @@ FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_
         ({"jitter": -1.0}, "--jitter"),
         ({"model_bytes": 100}, "--model-size"),
         ({"hook_warmup": -1}, "--hook-warmup"),
-        ({"recover_at": 50}, "give --degrade"),
-        ({"degrade": {1: 2.0}, "from_step": 20, "recover_at": 10}, "after --from-step"),
-        ({"degrade": {1: 2.0}, "from_step": 20, "recover_at": 500}, "before --steps"),
+        ({"reshape_at": 50}, "give --degrade"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 10}, "after --from-step"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 500}, "before --steps"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 50, "reshape_to": {9: 4.0}}, "rank 9"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 50, "reshape_to": {1: 0.5}}, "finite number >= 1"),
+        ({"degrade": {1: 2.0}, "from_step": 20, "reshape_to": {1: 4.0}}, "needs reshape_at"),
     ],
 )
 def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -> None:
@@ -62,6 +65,8 @@ def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -
 def test_config_round_trips_and_knows_the_late_rank() -> None:
     config = TrainConfig(straggler=3, delay=0.05, from_step=10, moves=[(40, 1), (80, 5)], jitter=0.002)
     assert TrainConfig.from_json(config.to_json()) == config
+    reshaped = TrainConfig(degrade={3: 2.0}, from_step=10, reshape_at=60, reshape_to={3: 4.0}, mode="emulated")
+    assert TrainConfig.from_json(reshaped.to_json()) == reshaped
     assert [config.late_rank(s) for s in (0, 9, 10, 39, 40, 79, 80, 119)] == [None, None, 3, 3, 1, 1, 5, 5]
     assert config.scenario == "straggler"
     assert TrainConfig(jitter=0.01).scenario == "jitter"
@@ -223,7 +228,7 @@ def test_emulated_train_reshapes_a_degraded_nic_mid_run_and_restores_it(tmp_path
         steps=36,
         degrade={2: 2.0},
         from_step=5,
-        recover_at=20,
+        reshape_at=20,
         model_bytes=2**20,
         timeout=300,
     )

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from stragglerkit.bench.config import parse_degrade
 from stragglerkit.bench.launch import LaunchResult, _failure_text, _free_port, _python_env, _wait_all
 from stragglerkit.bench.results import header_record
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
@@ -45,6 +46,8 @@ __all__ = ["ALLREDUCE_ONLY", "TRAIN_ONLY", "add_train_arguments", "cmd_train", "
 TRAIN_ONLY = (
     "--steps",
     "--from-step",
+    "--recover-at",
+    "--reshape-at",
     "--move-straggler-at",
     "--jitter",
     "--seed",
@@ -98,6 +101,13 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         help="with --degrade: from STEP on the degraded NICs run at the full bandwidth again",
     )
     group.add_argument(
+        "--reshape-at",
+        nargs=2,
+        metavar=("STEP", "RANK:L"),
+        help="with --degrade: from STEP on RANK's NIC runs at 1/L of the bandwidth (L = 1 restores it; e.g. "
+        "--degrade 3:2 --reshape-at 120 3:4 degrades rank 3 further)",
+    )
+    group.add_argument(
         "--move-straggler-at",
         type=int,
         nargs=2,
@@ -134,6 +144,21 @@ def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
     return found
 
 
+def _reshape(recover_at: int | None, reshape_at: list[str] | None) -> dict[str, Any]:
+    """TrainConfig fields for ``--recover-at STEP`` or ``--reshape-at STEP RANK:L`` (one of them)."""
+    if recover_at is not None and reshape_at is not None:
+        raise ValueError("give either --recover-at or --reshape-at, not both (one link change per run)")
+    if reshape_at is None:
+        return {"reshape_at": recover_at}
+    step_text, nic_text = reshape_at
+    try:
+        step = int(step_text)
+    except ValueError:
+        raise ValueError(f"--reshape-at takes STEP RANK:L (e.g. 120 3:4); {step_text!r} is not a step") from None
+    rank, slowdown = parse_degrade(nic_text)
+    return {"reshape_at": step, "reshape_to": {rank: slowdown}}
+
+
 def cmd_train(
     args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
 ) -> int:
@@ -146,7 +171,7 @@ def cmd_train(
     chosen = {
         "steps": args.steps,
         "from_step": args.from_step,
-        "recover_at": args.recover_at,
+        **_reshape(args.recover_at, args.reshape_at),
         "moves": [tuple(m) for m in args.move_straggler_at] if args.move_straggler_at else None,
         "jitter": args.jitter,
         "seed": args.seed,
@@ -262,17 +287,19 @@ def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
 
 class _Reshaper:
     """Waits (on a thread) for rank 0's requests: degrades the hosts' links, verified, and with
-    ``recover`` restores them to the full bandwidth at the second request, verified too."""
+    ``again`` changes them at a second request (``{rank: l}``: l = 1 restores a NIC), verified too."""
 
-    def __init__(self, cluster: Any, degrade: dict[int, float], control: Path, recover: bool = False) -> None:
+    def __init__(
+        self, cluster: Any, degrade: dict[int, float], control: Path, again: dict[int, float] | None = None
+    ) -> None:
         self.cluster = cluster
         self.degrade = degrade
         self.control = control
-        self.recover = recover
+        self.again = again
         self.measured: dict[str, list[Any]] = {"degraded_links": []}
         """Each link change's verified (send, receive) rates, under the key it is reported as."""
-        if recover:
-            self.measured["recovered_links"] = []
+        if again is not None:
+            self.measured[self._again_key] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="stragglerkit-reshape", daemon=True)
 
@@ -284,13 +311,18 @@ class _Reshaper:
         self._stop.set()
         self._thread.join(timeout=60)
 
+    @property
+    def _again_key(self) -> str:
+        healthy = self.again is not None and all(v == 1.0 for v in self.again.values())
+        return "recovered_links" if healthy else "reshaped_links"
+
     def _serve(self) -> None:
-        from stragglerkit.bench.train_worker import RECOVER, RESHAPE, control_files
+        from stragglerkit.bench.train_worker import RESHAPE, RESHAPE_AGAIN, control_files
         from stragglerkit.testbed import NicDegradation
 
         phases = [(RESHAPE, self.degrade, "degraded_links")]
-        if self.recover:
-            phases.append((RECOVER, dict.fromkeys(self.degrade, 1.0), "recovered_links"))
+        if self.again is not None:
+            phases.append((RESHAPE_AGAIN, self.again, self._again_key))
         for phase, slowdowns, key in phases:
             request, done, failed = control_files(phase)
             while not (self.control / request).exists():
@@ -326,7 +358,10 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
             return cluster.popen(rank, argv, env=env, stderr=stderr)
 
         if config.degrade:
-            with _Reshaper(cluster, config.degrade, control, config.recover_at is not None) as reshaper:
+            again = None
+            if config.reshape_at is not None:
+                again = dict(config.reshape_to) or dict.fromkeys(config.degrade, 1.0)
+            with _Reshaper(cluster, config.degrade, control, again) as reshaper:
                 record = _run_ranks(config, workdir, start, env_for, control)
             description.update(reshaper.measured)
         else:

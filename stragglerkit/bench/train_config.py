@@ -73,8 +73,11 @@ class TrainConfig:
     """Every rank sleeps uniform[0, jitter] seconds before its backward each step from ``from_step``."""
     from_step: int = 0
     """First step with the fault (straggler, degraded NICs, jitter)."""
-    recover_at: int | None = None
-    """With ``degrade``: from this step on the degraded NICs run at the full bandwidth again."""
+    reshape_at: int | None = None
+    """With ``degrade``: at this step the NICs change again, to ``reshape_to`` (``--reshape-at``), or
+    back to the full bandwidth when that is empty (``--recover-at``)."""
+    reshape_to: dict[int, float] = field(default_factory=dict)
+    """rank -> l from ``reshape_at`` on (l = 1: full bandwidth); empty: every degraded rank recovers."""
     seed: int = 0
     """Seeds the model, the data and the jitter (every rank computes the same figures)."""
     model_bytes: int = 8 * 2**20
@@ -157,14 +160,25 @@ class TrainConfig:
                 f"--degrade reshapes a host's NIC during the run, which needs the emulated cluster (root and "
                 f"iproute2); {where} to reshape (on real machines the hook finds a slow NIC by itself)"
             )
-        if self.recover_at is not None:
+        option = "--reshape-at" if self.reshape_to else "--recover-at"
+        if self.reshape_to and self.reshape_at is None:
+            raise ValueError(
+                "reshape_to needs reshape_at: the step at which the NICs change (--reshape-at STEP RANK:L)"
+            )
+        if self.reshape_at is not None:
             if not self.degrade:
-                raise ValueError("--recover-at says when degraded NICs recover: give --degrade RANK:L with it")
-            if not isinstance(self.recover_at, int) or not self.from_step < self.recover_at < self.steps:
+                raise ValueError(f"{option} changes degraded NICs during the run: give --degrade RANK:L with it")
+            if not isinstance(self.reshape_at, int) or not self.from_step < self.reshape_at < self.steps:
                 raise ValueError(
-                    f"--recover-at {self.recover_at} must come after --from-step {self.from_step} and before "
+                    f"{option} {self.reshape_at} must come after --from-step {self.from_step} and before "
                     f"--steps {self.steps}"
                 )
+            bad = [r for r, slowdown in self.reshape_to.items() if not (0 <= r < n)]
+            if bad:
+                raise ValueError(f"--reshape-at names rank {bad[0]}, which is not a rank of 0..{n - 1}")
+            slow = [r for r, slowdown in self.reshape_to.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
+            if slow:
+                raise ValueError(f"--reshape-at slowdown of rank {slow[0]} must be a finite number >= 1")
         if not (self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"--jitter must be a time >= 0, got {self.jitter!r}")
         if not isinstance(self.from_step, int) or self.from_step < 0:
@@ -209,5 +223,6 @@ class TrainConfig:
     def from_json(cls, text: str) -> TrainConfig:
         data: dict[str, Any] = json.loads(text)
         data["degrade"] = {int(k): v for k, v in data.get("degrade", {}).items()}
+        data["reshape_to"] = {int(k): v for k, v in data.get("reshape_to", {}).items()}
         data["moves"] = [tuple(m) for m in data.get("moves", [])]
         return cls(**data)

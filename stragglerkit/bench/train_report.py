@@ -48,8 +48,12 @@ def _fault_at(config: TrainConfig, step: int) -> str:
     late = config.late_rank(step)
     if late is not None:
         parts.append(f"rank {late} late")
-    if config.degrade and (config.recover_at is None or step < config.recover_at):
-        parts.append(", ".join(f"rank {r} l={v:g}" for r, v in sorted(config.degrade.items())))
+    slow = config.degrade
+    if config.reshape_at is not None and step >= config.reshape_at:
+        changed = {**config.degrade, **config.reshape_to} if config.reshape_to else {}
+        slow = {r: v for r, v in changed.items() if v > 1.0}
+    if slow:
+        parts.append(", ".join(f"rank {r} l={v:g}" for r, v in sorted(slow.items())))
     if config.jitter > 0:
         parts.append(f"jitter {config.jitter * 1e3:g} ms")
     return ", ".join(parts) or "-"
@@ -75,8 +79,8 @@ def _phases(
     cuts = {0, int(record["hook_config"]["warmup_steps"]), steady_from}
     if config.scenario != "none":
         cuts.add(config.from_step)
-    if config.recover_at is not None:
-        cuts.add(config.recover_at)
+    if config.reshape_at is not None:
+        cuts.add(config.reshape_at)
     cuts.update(step for step, _ in config.moves)
     cuts.update(int(e["step"]) for e in record["events"] if e["kind"] in PLAN_CHANGES)
     bounds = [*sorted(c for c in cuts if 0 <= c < steps), steps]

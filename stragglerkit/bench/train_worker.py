@@ -47,11 +47,12 @@ from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
 
-__all__ = ["RECOVER", "RESHAPE", "build_model", "control_files", "hidden_width", "main", "train"]
+__all__ = ["RESHAPE", "RESHAPE_AGAIN", "build_model", "control_files", "hidden_width", "main", "train"]
 
 INPUTS, OUTPUTS = 256, 16
-RESHAPE, RECOVER = "reshape", "recover"
-"""The launcher's two link changes: degrade the NICs (at ``from_step``), restore them (``recover_at``)."""
+RESHAPE, RESHAPE_AGAIN = "reshape", "reshape-again"
+"""The launcher's two link changes: degrade the NICs (at ``from_step``), change them again
+(``reshape_at``: restore them, or to ``reshape_to``)."""
 
 
 def control_files(phase: str) -> tuple[str, str, str]:
@@ -161,11 +162,20 @@ class _TrainRank:
         return seconds
 
     def reshape(self, phase: str, step: int) -> None:
-        """Rank 0 asks the launcher to change the NICs (``RESHAPE``: degrade them, ``RECOVER``:
-        restore them) and waits; then every rank meets at a barrier."""
+        """Rank 0 asks the launcher to change the NICs (``RESHAPE``: degrade them, ``RESHAPE_AGAIN``:
+        restore them or set them to ``reshape_to``) and waits; then every rank meets at a barrier."""
         if self.reporter:
             assert self.control is not None
-            what = "reshaping the degraded hosts' links" if phase == RESHAPE else "restoring the degraded hosts' links"
+            if phase == RESHAPE:
+                what = "reshaping the degraded hosts' links"
+            elif self.config.reshape_to:
+                what = (
+                    "reshaping the links again ("
+                    + ", ".join(f"rank {r} l={v:g}" for r, v in sorted(self.config.reshape_to.items()))
+                    + ")"
+                )
+            else:
+                what = "restoring the degraded hosts' links"
             _progress(True, f"step {step}: {what}")
             request, done, failed = (self.control / name for name in control_files(phase))
             request.write_text(str(step), encoding="utf-8")
@@ -213,8 +223,8 @@ class _TrainRank:
         for step in range(config.steps):
             if reshape and step == config.from_step:
                 self.reshape(RESHAPE, step)
-            if reshape and step == config.recover_at:
-                self.reshape(RECOVER, step)
+            if reshape and step == config.reshape_at:
+                self.reshape(RESHAPE_AGAIN, step)
             x, y = _batch(config, step, self.rank, self.device)
             late = self.lateness(step)
             order = (self.plain, self.hooked) if step % 2 == 0 else (self.hooked, self.plain)
