@@ -570,9 +570,12 @@ class Controller:
         decision as a ``probing`` event). See ``ControllerConfig.quiet_probe_every``.
         """
         cfg = self.config
-        if self.plan.runs_optcc:
-            self._plan_probing(slowdowns)
         quiet, busy = cfg.quiet_probe_every, cfg.probe_every
+        if self.plan.runs_optcc:  # the plan's own interval; the baseline's resumes busy after it
+            self._plan_probing(slowdowns)
+            self._probe_target, self._checking = busy, False
+            self._probe_maxima.clear()
+            return
         if cfg.baseline != "allreduce" or busy == 0 or quiet in (0, busy):
             return
         threshold = cfg.detector.degraded_threshold
