@@ -165,6 +165,35 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
     return "ok"
 
 
+def clock_run(rank: int, n: int, steps: int, jump_at: int, cfg: dict) -> dict[str, Any]:
+    """Hooked training where the last rank's wall clock runs 30 ms ahead of the others and jumps
+    to 80 ms ahead at ``jump_at`` (as an NTP step would; a process cannot have a system clock of
+    its own, so this rank's ``time.time_ns`` adds the offset). Returns, after every step, the
+    offsets the hook holds, and its clock re-measurements."""
+    import stragglerkit
+
+    ahead_ns = [0]
+    if rank == n - 1:
+        real_time_ns = time.time_ns
+        ahead_ns[0] = 30_000_000
+        time.time_ns = lambda: real_time_ns() + ahead_ns[0]
+    hooked = DDP(_model(0), bucket_cap_mb=0.05)
+    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    hooked.register_comm_hook(state, stragglerkit.ddp_hook)
+    opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
+    offsets = []
+    for step in range(steps):
+        if step == jump_at and rank == n - 1:
+            ahead_ns[0] = 80_000_000
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(hooked(x), y).backward()
+        opt.step()
+        offsets.append(list(state.clock_offsets.offset_ns))
+    state.close()
+    return {"offsets": offsets, "syncs": list(state.clock_syncs)}
+
+
 def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: float = 0.2) -> float:
     """StragglAR's pre-phase time on ``numel`` floats here: the punctual ranks' reduce-scatter, measured
     with the straggler held back (the slowest punctual rank's last pre-phase completion, max over 3 runs)."""

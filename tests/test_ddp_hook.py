@@ -200,6 +200,21 @@ def test_dead_or_stalled_rank_fails_the_step_naming_it(fault: str, step: int) ->
         assert f"rank 2 did not reach step {step}'s AllReduce" in error, error
 
 
+def test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed() -> None:
+    """Rank 2's clock runs 30 ms ahead, then jumps to 80 ms ahead at step 12: the start-up offset
+    holds until the re-measurement at step 16 (clock_sync_every = 8), which every rank adopts."""
+    cfg = {"warmup_steps": 4, "clock_sync_every": 8}
+    results = run_group(3, ddp_bodies.clock_run, 20, 12, cfg)
+    for rank in range(3):
+        offsets = np.array(results[rank]["offsets"]) / 1e6  # ms to add to each rank's clock for rank 0's
+        assert np.abs(offsets[:, 0]).max() == 0 and np.abs(offsets[:, 1]).max() < 2.0, offsets
+        assert np.abs(offsets[:16, 2] + 30).max() < 2.0, offsets[:, 2]  # start-up, then the sync at 8
+        assert np.abs(offsets[16:, 2] + 80).max() < 2.0, offsets[:, 2]  # re-measured at 16
+        syncs = results[rank]["syncs"]
+        assert [s["step"] for s in syncs] == [8, 16], syncs
+        assert syncs[0]["largest_shift_ms"] < 2.0 and abs(syncs[1]["largest_shift_ms"] - 50) < 3.0, syncs
+
+
 def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> None:
     """A real gloo group of 5 ranks (odd), three exchanges in a row: rank 0 receives each rank's
     own figures in rank order, and every rank decodes rank 0's decision of that round."""

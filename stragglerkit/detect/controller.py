@@ -128,6 +128,12 @@ class ControllerConfig:
     detector's window reads a planned rank's ``l`` more than this factor above or below the
     plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
     about 15 % (docs/detection.md), so a smaller factor would rebuild on noise."""
+    clock_sync_every: int = 256
+    """Steps between re-measurements of the clock offsets to rank 0 (the start-up ping-pong again,
+    at the start of the step, on the hook's side group: about ``8(n-1)`` round trips, a few ms on
+    8 hosts). Hosts' clocks drift apart and NTP may step them, and the busy-period NIC estimate
+    pairs a send on one host with a receive on another: an offset that is off by a fraction of one
+    message's time (3 ms for a 400 KB piece at 1 Gbit/s) reads the link wrong. 0: start-up only."""
     quiet_after: int = 4
     """Probes (none of them while something was believed wrong) judged before the probes back off."""
     probe_alarm: float = 1.3
@@ -172,6 +178,7 @@ class ControllerConfig:
             "probe_every",
             "quiet_probe_every",
             "plan_probe_every",
+            "clock_sync_every",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -27,7 +27,8 @@ What it does, step by step (a *step* ends at the bucket that DDP marks ``is_last
    first bucket (they are complete by then). Rank 0 digests the figures on a background thread
    (cost model fit, detector, plan; joined when the next exchange is issued, so with ``K >= 2`` it
    overlaps a whole step); its decision rides on the next exchange and every rank adopts it at the
-   same step.
+   same step. Every ``clock_sync_every`` steps the clock offsets to rank 0 are measured again at
+   the start of the step (hosts' clocks drift apart; the NIC estimate pairs times across hosts).
 
 Gradients are averaged (sum, then divided once by the world size), identically on every rank.
 With NCCL the executor sends over the NCCL group and the exchange stays on a gloo side group
@@ -58,6 +59,7 @@ import itertools
 import os
 import time
 import warnings
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -103,10 +105,12 @@ class DDPState:
         "_pending",
         "_probe_bucket",
         "_shipped",
+        "_side",
         "_speed",
         "_step_open",
         "_store",
         "clock_offsets",
+        "clock_syncs",
         "config",
         "controller",
         "exchange",
@@ -141,6 +145,7 @@ class DDPState:
         ranks = dist.get_process_group_ranks(self.process_group)
         timeout = datetime.timedelta(seconds=self.config.timeout)
         side = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        self._side = side
         self._allreduce_group = self.process_group
         """Where the group's own all_reduce runs: with gloo a group of the hook's, with its timeout."""
         if dist.get_backend(self.process_group) == "gloo":
@@ -150,7 +155,11 @@ class DDPState:
             side, self.world_size, self.rank, self.config.exchange_every, self.config.max_buckets
         )
         self.clock_offsets = estimate_clock_offsets(side) if self.world_size > 1 else ClockOffsets.zero(1)
+        """Per rank: add to its wall clock (ns) for rank 0's; re-measured every ``clock_sync_every`` steps."""
         self.exchange.offsets = self.clock_offsets
+        self.clock_syncs: deque[dict[str, Any]] = deque(maxlen=64)
+        """The latest re-measurements: ``{"step", "largest_shift_ms", "largest_rtt_ms"}`` (the most
+        any rank's offset moved since the previous one, and the longest best round trip)."""
         self.controller = Controller(self.world_size, self.rank, self.config, log_path_for(event_log, self.rank))
         self.profiler = ArrivalProfiler(keep_steps=4 * self.config.exchange_every + 4)
         self._speed = local_link_speed()
@@ -196,8 +205,28 @@ class DDPState:
         if self._pending is not None:
             self._receive(self._pending)
             self._pending = None
+        every = self.config.clock_sync_every
+        if every and self.world_size > 1 and self.step > 0 and self.step % every == 0:
+            self._sync_clocks()  # nothing is in flight on the side group now
         self._algorithm = "allreduce" if self.step < self.config.warmup_steps else self.controller.plan.algorithm
         self._probe_bucket = self._bucket_to_probe()
+
+    def _sync_clocks(self) -> None:
+        """Measure the clock offsets to rank 0 again (every rank, the same step); rank 0's exchange
+        uses them from now on (see ``ControllerConfig.clock_sync_every``)."""
+        try:
+            offsets = estimate_clock_offsets(self._side)
+        except Exception as err:
+            raise StragglerKitError(
+                f"stragglerkit clock sync at step {self.step} failed on rank {self.rank}: "
+                f"{self.explain_failure(self.step)}; cause: {err}"
+            ) from err
+        shift = max(abs(a - b) for a, b in zip(offsets.offset_ns, self.clock_offsets.offset_ns))
+        self.clock_syncs.append(
+            {"step": self.step, "largest_shift_ms": shift / 1e6, "largest_rtt_ms": max(offsets.rtt_ns) / 1e6}
+        )
+        self.clock_offsets = offsets
+        self.exchange.offsets = offsets
 
     def _start_exchange(self, step: int) -> None:
         """After the first bucket of ``step`` was handed to its AllReduce: every ``K``-th step, issue
