@@ -826,7 +826,7 @@ class Controller:
             self._plan_checking = False  # a new plan starts at its own interval (also on rank 0 before apply)
         interval = self._probe_interval(plan)
         if self._probe_event is not None:
-            if self._probe_event["every"] == interval:  # else: not the interval in force (below)
+            if self._probe_event["every"] == interval:  # else: the baseline's interval while OptCC runs
                 events.append({"kind": "probing", "evidence": self._probe_event})
             self._probe_event = None
         self._seq += 1
