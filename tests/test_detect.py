@@ -600,6 +600,23 @@ def test_a_nic_that_degrades_further_under_optcc_gets_a_new_plan() -> None:
     assert controller.detector.degraded == {5: pytest.approx(4.0)}
 
 
+def test_a_rebuild_that_did_not_pay_keeps_the_plan_it_replaced() -> None:
+    """As above, but the rebuilt plan's verification measures no gain (the synthetic spans do not
+    change): it is rolled back to the plan for l = 2, which then stays (the rebuild is blocked for
+    cooldown_steps), rather than falling back to the baseline."""
+    controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
+    first = controller.plan
+    controller._verify = None  # white-box: the first switch counts as verified
+    controller.config.verify_steps = 4
+    decisions = run_under_optcc(controller, range(60, 60 + controller.config.cooldown_steps), slow={5: 4.0})
+    assert all(d.plan.runs_optcc for _, d in decisions), decisions  # never the baseline
+    kinds = [e["kind"] for e in controller.events]
+    assert kinds.count("switch") == 2 and kinds.count("rollback") == 1, kinds
+    rollback = next(e for e in controller.events if e["kind"] == "rollback")
+    assert rollback["evidence"]["rejected"]["slowdowns"] == {"5": pytest.approx(4.0, rel=0.01)}, rollback
+    assert controller.plan == first and dict(first.slowdowns) == {5: pytest.approx(2.0)}
+
+
 def test_one_off_reading_under_optcc_changes_nothing() -> None:
     """One probe under OptCC reads rank 5 healthy (noise), the next reads it at l = 2 again: the
     short interval ends at once, the plan stays, nothing is cleared."""

@@ -466,7 +466,8 @@ class Controller:
         if verdict is not None:
             return verdict
         believed = (self.detector.straggler, tuple(sorted(self.detector.degraded)))
-        if believed == self._planned_for and self.plan.algorithm != cfg.baseline and not self._plan_outdated():
+        in_use = self.plan.algorithm != cfg.baseline
+        if believed == self._planned_for and in_use and not self._plan_outdated(apply_step):
             target = None  # same situation, plan in use: keep it (no per-bucket flapping)
         else:
             target = self._best_plan(stats.bucket_bytes, apply_step)
@@ -476,11 +477,14 @@ class Controller:
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
         return self._switch(apply_step, target, findings, cleared)
 
-    def _plan_outdated(self) -> bool:
+    def _plan_outdated(self, step: int) -> bool:
         """Under OptCC: does every estimate in the detector's window read a planned rank that is
         still believed degraded more than ``replan_ratio`` off the plan's ``l`` (see
-        ``ControllerConfig.replan_ratio``)?"""
+        ``ControllerConfig.replan_ratio``)? Not while a rebuild for these ranks was rolled back
+        (``cooldown_steps``): the plan in use is then the best one verified."""
         if not self.plan.runs_optcc or not self.plan.slowdowns:
+            return False
+        if self._is_blocked("optcc", None, dict(self.plan.slowdowns), step):
             return False
         window = self.detector.l_window
         if window is None:
