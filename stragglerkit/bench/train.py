@@ -358,9 +358,7 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
             return cluster.popen(rank, argv, env=env, stderr=stderr)
 
         if config.degrade:
-            again = None
-            if config.reshape_at is not None:
-                again = dict(config.reshape_to) or dict.fromkeys(config.degrade, 1.0)
+            again = config.reshaped if config.reshape_at is not None else None
             with _Reshaper(cluster, config.degrade, control, again) as reshaper:
                 record = _run_ranks(config, workdir, start, env_for, control)
             description.update(reshaper.measured)

@@ -42,6 +42,16 @@ def parse_jitter(text: str) -> float:
     return seconds
 
 
+def _check_slowdowns(option: str, slowdowns: dict[int, float], world_size: int) -> None:
+    """Every rank of ``slowdowns`` (rank -> l) is one of the world's and every l a finite number >= 1."""
+    bad = [r for r in slowdowns if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"{option} names rank {bad[0]}, which is not a rank of 0..{world_size - 1}")
+    slow = [r for r, slowdown in slowdowns.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
+    if slow:
+        raise ValueError(f"{option} slowdown of rank {slow[0]} must be a finite number >= 1")
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """A short DDP training, plain and with the stragglerkit hook, in one fault scenario.
@@ -146,12 +156,7 @@ class TrainConfig:
             if rank == previous_rank:
                 raise ValueError(f"--move-straggler-at {step} {rank}: rank {rank} is already the straggler then")
             previous_step, previous_rank = step, rank
-        bad = [r for r in self.degrade if not 0 <= r < n]
-        if bad:
-            raise ValueError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{n - 1}")
-        slow = [r for r, slowdown in self.degrade.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
-        if slow:
-            raise ValueError(f"--degrade slowdown of rank {slow[0]} must be a finite number >= 1")
+        _check_slowdowns("--degrade", self.degrade, n)
         if self.straggler is not None and self.degrade:
             raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
         if self.degrade and self.mode != "emulated":
@@ -173,12 +178,7 @@ class TrainConfig:
                     f"{option} {self.reshape_at} must come after --from-step {self.from_step} and before "
                     f"--steps {self.steps}"
                 )
-            bad = [r for r, slowdown in self.reshape_to.items() if not (0 <= r < n)]
-            if bad:
-                raise ValueError(f"--reshape-at names rank {bad[0]}, which is not a rank of 0..{n - 1}")
-            slow = [r for r, slowdown in self.reshape_to.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
-            if slow:
-                raise ValueError(f"--reshape-at slowdown of rank {slow[0]} must be a finite number >= 1")
+            _check_slowdowns("--reshape-at", self.reshape_to, n)
         if not (self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"--jitter must be a time >= 0, got {self.jitter!r}")
         if not isinstance(self.from_step, int) or self.from_step < 0:
@@ -205,6 +205,12 @@ class TrainConfig:
         if self.jitter > 0:
             return "jitter"
         return "none"
+
+    @property
+    def reshaped(self) -> dict[int, float]:
+        """What the second link change (at ``reshape_at``) sets: ``reshape_to``, or every degraded
+        rank back to l = 1 (``--recover-at``)."""
+        return dict(self.reshape_to) or dict.fromkeys(self.degrade, 1.0)
 
     def late_rank(self, step: int) -> int | None:
         """The straggler at ``step`` (None before ``from_step`` or without one)."""

@@ -50,8 +50,7 @@ def _fault_at(config: TrainConfig, step: int) -> str:
         parts.append(f"rank {late} late")
     slow = config.degrade
     if config.reshape_at is not None and step >= config.reshape_at:
-        changed = {**config.degrade, **config.reshape_to} if config.reshape_to else {}
-        slow = {r: v for r, v in changed.items() if v > 1.0}
+        slow = {r: v for r, v in {**config.degrade, **config.reshaped}.items() if v > 1.0}
     if slow:
         parts.append(", ".join(f"rank {r} l={v:g}" for r, v in sorted(slow.items())))
     if config.jitter > 0:

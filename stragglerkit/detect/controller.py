@@ -383,7 +383,6 @@ class Controller:
         """Adopt ``decision`` (the same one on every rank) and record its events."""
         if decision.plan != self.plan:
             self._plan_start = decision.step
-            self._plan_checking = False
         self.plan = decision.plan
         if decision.probe_every is not None:
             self.probe_every = decision.probe_every
@@ -496,7 +495,8 @@ class Controller:
             readings = window[:, rank]
             if np.isnan(readings).any():
                 continue
-            if bool((readings > ratio * planned).all()) or bool((readings * ratio < planned).all()):
+            above, below = _off_plan(readings, planned, ratio)
+            if bool(above.all()) or bool(below.all()):
                 return True
         return False
 
@@ -512,7 +512,7 @@ class Controller:
             for rank, planned in self.plan.slowdowns
             if rank in self.detector.degraded
             and math.isfinite(slowdowns[rank])
-            and (slowdowns[rank] < threshold or not planned / ratio <= slowdowns[rank] <= planned * ratio)
+            and (slowdowns[rank] < threshold or any(_off_plan(slowdowns[rank], planned, ratio)))
         }
         readings = ", ".join(f"rank {r} at l = {now:.3g} (planned {was:.3g})" for r, (now, was) in sorted(off.items()))
         if off and not self._plan_checking:
@@ -835,6 +835,12 @@ class Controller:
             self._probe_event = None
         self._seq += 1
         return Decision(self._seq, step, plan, events, interval)
+
+
+def _off_plan(readings: Any, planned: float, ratio: float) -> tuple[Any, Any]:
+    """Readings of a rank's ``l`` more than ``ratio`` above / below the plan's ``planned`` (one
+    reading, or elementwise for an array)."""
+    return readings > ratio * planned, readings * ratio < planned
 
 
 def log_path_for(path: str | os.PathLike[str] | None, rank: int) -> str | None:

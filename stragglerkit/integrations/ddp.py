@@ -105,7 +105,6 @@ class DDPState:
         "_pending",
         "_probe_bucket",
         "_shipped",
-        "_side",
         "_speed",
         "_step_open",
         "_store",
@@ -145,7 +144,6 @@ class DDPState:
         ranks = dist.get_process_group_ranks(self.process_group)
         timeout = datetime.timedelta(seconds=self.config.timeout)
         side = dist.new_group(ranks, backend="gloo", timeout=timeout)
-        self._side = side
         self._allreduce_group = self.process_group
         """Where the group's own all_reduce runs: with gloo a group of the hook's, with its timeout."""
         if dist.get_backend(self.process_group) == "gloo":
@@ -215,7 +213,7 @@ class DDPState:
         """Measure the clock offsets to rank 0 again (every rank, the same step); rank 0's exchange
         uses them from now on (see ``ControllerConfig.clock_sync_every``)."""
         try:
-            offsets = estimate_clock_offsets(self._side)
+            offsets = estimate_clock_offsets(self.exchange.group)
         except Exception as err:
             raise StragglerKitError(
                 f"stragglerkit clock sync at step {self.step} failed on rank {self.rank}: "
