@@ -164,7 +164,7 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
         warmup=1,
         algorithms=["gloo", "ring", "stragglar", "optcc"],
         straggler=3,
-        delay=0.005,
+        delay=0.05,
         mode="loopback",
         timeout=120,
     )
@@ -173,8 +173,9 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
     _check_rows(rows, "straggler", {"gloo", "ring", "stragglar"})  # optcc does not apply: skipped
     for row in rows:
         assert row["time_from_straggler_s"] is not None
-        # the straggler enters 5 ms after the others leave the barrier (which releases them within ~1 ms)
-        assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.0025
+        # the straggler enters 50 ms after it leaves the barrier. The barrier releases the ranks a few ms
+        # apart on a loaded machine (2 ms apart seen on two cores), so only half the delay is asserted.
+        assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.025
         assert row["predicted_s"] is None  # no bandwidth known over loopback
     data = json.loads(json_path.read_text())
     assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])

@@ -207,12 +207,14 @@ def test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed() ->
     results = run_group(3, ddp_bodies.clock_run, 20, 12, cfg)
     for rank in range(3):
         offsets = np.array(results[rank]["offsets"]) / 1e6  # ms to add to each rank's clock for rank 0's
-        assert np.abs(offsets[:, 0]).max() == 0 and np.abs(offsets[:, 1]).max() < 2.0, offsets
-        assert np.abs(offsets[:16, 2] + 30).max() < 2.0, offsets[:, 2]  # start-up, then the sync at 8
-        assert np.abs(offsets[16:, 2] + 80).max() < 2.0, offsets[:, 2]  # re-measured at 16
+        # an offset is read to within half the fastest round trip; on a loaded machine that can be a few
+        # ms, so the tolerance is 10 ms, still a fifth of the 50 ms jump that must be followed
+        assert np.abs(offsets[:, 0]).max() == 0 and np.abs(offsets[:, 1]).max() < 10.0, offsets
+        assert np.abs(offsets[:16, 2] + 30).max() < 10.0, offsets[:, 2]  # start-up, then the sync at 8
+        assert np.abs(offsets[16:, 2] + 80).max() < 10.0, offsets[:, 2]  # re-measured at 16
         syncs = results[rank]["syncs"]
         assert [s["step"] for s in syncs] == [8, 16], syncs
-        assert syncs[0]["largest_shift_ms"] < 2.0 and abs(syncs[1]["largest_shift_ms"] - 50) < 3.0, syncs
+        assert syncs[0]["largest_shift_ms"] < 10.0 and abs(syncs[1]["largest_shift_ms"] - 50) < 10.0, syncs
 
 
 def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> None:
