@@ -18,6 +18,7 @@ that background work and load changes fall on every copy alike:
 * ``hook_quiet``: stragglerkit's hook with no stats exchange and no probes (its per-bucket
   bookkeeping on top of the group's own all_reduce);
 * ``hook_exchange_only``: the stats exchange and rank 0's controller, no probes;
+* ``hook_exchange_every_6``: the same with an exchange every 6th step instead of every 2nd;
 * ``hook_exchange_allgather``: the same with the exchange as it was first built, one all-gather
   of every rank's vector (gloo runs it as a ring: ``n(n-1)`` messages) instead of a gather to
   rank 0 and a broadcast of its decision (about ``2(n-1)``);
@@ -67,6 +68,7 @@ COPIES = (
     "python_hook_no_division",
     "hook_quiet",
     "hook_exchange_only",
+    "hook_exchange_every_6",
     "hook_exchange_allgather",
     "hook_probes_only",
     "hook_fixed_probes",
@@ -141,6 +143,7 @@ def _worker(args: argparse.Namespace) -> None:
     configs = {
         "hook_quiet": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
         "hook_exchange_only": lambda: stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
+        "hook_exchange_every_6": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=6, probe_every=0)),
         "hook_exchange_allgather": allgather_state,
         "hook_probes_only": lambda: stragglerkit.DDPState(
             None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)

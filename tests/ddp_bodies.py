@@ -58,6 +58,8 @@ def hook_vs_plain(
     algorithms: list[str] = []
     bucket_algorithms: list[list[tuple[int, str]]] = []
     probe_every: list[int] = []  # the probe interval in force after each step
+    exchange_every: list[int] = []  # the exchange interval in force after each step
+    exchanges: list[int] = []  # the steps an exchange was issued at
     diffs: list[float] = []
     checksums: list[float] = []
     for step in range(steps):
@@ -77,6 +79,9 @@ def hook_vs_plain(
             opt.step()
         algorithms.append(state.algorithm)
         probe_every.append(state.controller.probe_every)
+        exchange_every.append(state.controller.exchange_every)
+        if state._last_exchange != (exchanges[-1] if exchanges else 0):
+            exchanges.append(state._last_exchange)
         ran = sorted(state.profiler.buckets(step), key=lambda t: t.bucket)
         bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
@@ -93,6 +98,8 @@ def hook_vs_plain(
         "algorithms": algorithms,
         "bucket_algorithms": bucket_algorithms,
         "probe_every": probe_every,
+        "exchange_every": exchange_every,
+        "exchanges": exchanges,
         "events": state.events,
         "step": state.step,
     }
@@ -221,15 +228,17 @@ def gradient_numel() -> int:
 
 
 def exchange_rounds(rank: int, n: int, rounds: int) -> dict[str, Any]:
-    """Three exchanges on a gloo group: every rank sends figures of its own, rank 0 a decision;
-    what rank 0 receives of every rank and what every rank decodes of rank 0's decision."""
+    """Exchanges on a gloo group: every rank sends figures of its own, rank 0 a decision; what rank
+    0 receives of every rank and what every rank decodes of rank 0's decision. Round ``r`` carries
+    ``2 + 4 (r % 2)`` steps (the exchange interval changes between rounds, on every rank alike)."""
     from stragglerkit.detect.arrival import StepArrival
     from stragglerkit.detect.controller import Decision, Plan
     from stragglerkit.detect.exchange import StatsExchange
 
-    exchange = StatsExchange(dist.new_group(backend="gloo"), world_size=n, rank=rank, steps=2, buckets=4)
+    exchange = StatsExchange(dist.new_group(backend="gloo"), world_size=n, rank=rank, buckets=4)
     seen: list[Any] = []
     for r in range(rounds):
+        steps = 2 + 4 * (r % 2)
         arrivals = [
             StepArrival(
                 step=2 * r + i,
@@ -239,22 +248,30 @@ def exchange_rounds(rank: int, n: int, rounds: int) -> dict[str, Any]:
                 bucket_bytes=(),
                 algorithms=(),
             )
-            for i in range(2)
+            for i in range(steps)
         ]
         decision = None
         if rank == 0:
             plan = Plan("allreduce", ("stragglar", "allreduce"), r % n, ())
-            decision = Decision(r + 1, 2 * r + 4, plan, [{"kind": "switch", "evidence": {}}], 8 * (r + 1))
+            kinds = [{"kind": "switch", "evidence": {}}, {"kind": "exchange", "evidence": {}}]
+            decision = Decision(r + 1, 2 * r + 4, plan, kinds, 8 * (r + 1), 2 + 4 * ((r + 1) % 2))
         pending = exchange.start(exchange.pack(2 * r, arrivals, float("nan"), rank, decision), 2 * r)
         rows = exchange.wait(pending)
         decoded = exchange.decision(rows)
         entry: dict[str, Any] = {
             "decision": None
             if decoded is None
-            else (decoded.seq, decoded.step, decoded.plan, decoded.probe_every, [e["kind"] for e in decoded.events])
+            else (
+                decoded.seq,
+                decoded.step,
+                decoded.plan,
+                decoded.probe_every,
+                decoded.exchange_every,
+                [e["kind"] for e in decoded.events],
+            )
         }
         if rank == 0:
-            stats = exchange.stats(rows, [1000, 2000], [["allreduce", "allreduce"]] * 2)
+            stats = exchange.stats(rows, [1000, 2000], [["allreduce", "allreduce"]] * steps)
             entry["totals"] = stats.totals.tolist()
             entry["hosts"] = stats.hosts
         seen.append(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import tempfile
@@ -110,6 +111,26 @@ def test_probes_back_off_on_every_rank_at_the_same_step() -> None:
         assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0)
 
 
+def test_exchanges_lengthen_on_every_rank_at_the_same_step_once_all_is_quiet() -> None:
+    """No fault: the stats exchanges go from every 2nd step to every 6th once all has been quiet for
+    a window (16 steps), on every rank at the same steps, and training matches plain DDP. 3 ranks
+    and no probes: StragglAR does not apply to an odd group, so no rank is ever a straggler suspect
+    (with 4 ranks on a loaded machine one can be, which rightly keeps the exchanges short), and
+    no probe alarm brings doubt (docs/detection.md)."""
+    cfg = {"warmup_steps": 4, "probe_every": 0}
+    steps, n = 60, 3
+    results = run_group(n, ddp_bodies.hook_vs_plain, steps, 0, steps, 0.0, -1, cfg)
+    exchanges, intervals = results[0]["exchanges"], results[0]["exchange_every"]
+    assert all(results[r]["exchanges"] == exchanges and results[r]["exchange_every"] == intervals for r in range(n))
+    assert exchanges[:3] == [2, 4, 6] and intervals[-1] == 6, (exchanges, intervals)
+    for issued, following in itertools.pairwise(exchanges):
+        assert following - issued == intervals[issued + 1], (issued, following, intervals)  # adopted at issued + 1
+    quiet = [e for e in results[0]["events"] if e["kind"] == "exchange"]
+    assert [e["evidence"]["every"] for e in quiet] == [6] and "all quiet for 16 steps" in quiet[0]["evidence"]["reason"]
+    for out in results.values():
+        assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0)
+
+
 def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
     """Default Config but for the baseline: rank 3 late from step 50 (acted on by step 70), rank 1 from
     step 110. The baseline is stragglerkit's ring here: over loopback, with 4 ranks on 2 cores and
@@ -117,7 +138,8 @@ def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
     controller rightly rolls such a switch back; the figures on real links are bench --mode train's."""
     results = run_group(N, ddp_bodies.straggler_run, 170, [(50, 3), (110, 1)], False, FLOOR_S, {"baseline": "ring"})
     events = _same_events(results)
-    assert not [e for e in events if e[0] <= 50], events  # nothing before the straggler appears
+    # nothing detected or switched before the straggler appears (the exchange interval may change)
+    assert not [e for e in events if e[0] <= 50 and e[1] != "exchange"], events
     rank0 = results[0]["events"]
     detected = [e for e in rank0 if e["kind"] == "detected_straggler"]
     switches = [e for e in rank0 if e["kind"] == "switch"]
@@ -218,17 +240,20 @@ def test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed() ->
 
 
 def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> None:
-    """A real gloo group of 5 ranks (odd), three exchanges in a row: rank 0 receives each rank's
-    own figures in rank order, and every rank decodes rank 0's decision of that round."""
+    """A real gloo group of 5 ranks (odd), three exchanges in a row of 2, 6 and 2 steps: rank 0
+    receives each rank's own figures in rank order, and every rank decodes rank 0's decision of
+    that round, with the probe and exchange intervals it ships."""
     n, rounds = 5, 3
     results = run_group(n, ddp_bodies.exchange_rounds, rounds)
     root = results[0]["seen"]
     for r in range(rounds):
-        assert root[r]["totals"] == [[100.0 * k + 10 * r + i for k in range(n)] for i in range(2)]
+        steps = 2 + 4 * (r % 2)
+        assert root[r]["totals"] == [[100.0 * k + 10 * r + i for k in range(n)] for i in range(steps)]
         assert root[r]["hosts"] == list(range(n))
         for rank in range(n):
-            seq, step, plan, probe_every, kinds = results[rank]["seen"][r]["decision"]
-            assert (seq, step, probe_every, kinds) == (r + 1, 2 * r + 4, 8 * (r + 1), ["switch"])
+            seq, step, plan, probe_every, exchange_every, kinds = results[rank]["seen"][r]["decision"]
+            assert (seq, step, probe_every, kinds) == (r + 1, 2 * r + 4, 8 * (r + 1), ["switch", "exchange"])
+            assert exchange_every == 2 + 4 * ((r + 1) % 2)
             assert plan.straggler == r % n and plan.buckets == ("stragglar", "allreduce")
     assert results[0]["rows_shape"][0] == n and all(results[k]["rows_shape"][0] == 1 for k in range(1, n))
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -399,13 +401,20 @@ def test_samples_of_a_degraded_cluster_fit_the_healthy_nic() -> None:
 
 # -- controller -------------------------------------------------------------------------------------
 def window(
-    n: int, steps: range, late: int | None, delay: float, sizes: list[int], slow: dict[int, float] | None = None
+    n: int,
+    steps: range,
+    late: int | None,
+    delay: float,
+    sizes: list[int],
+    slow: dict[int, float] | None = None,
+    late_from: int = 0,
 ):
+    """Rank 0's view of one exchange: rank ``late`` arrives ``delay`` late in the steps from ``late_from``."""
     rng = random.Random(steps.start)
     totals, buckets = [], []
-    for _ in steps:
+    for step in steps:
         arrivals = [rng.uniform(0, 0.0005) for _ in range(n)]
-        if late is not None:
+        if late is not None and step >= late_from:
             arrivals[late] += delay
         per_bucket = np.array([spans_for(arrivals) if b == 0 else [T] * n for b in range(len(sizes))]).T
         buckets.append(np.pad(per_bucket, ((0, 0), (0, 32 - len(sizes))), constant_values=np.nan))
@@ -769,7 +778,7 @@ def test_without_wall_clock_ends_the_allreduce_part_is_judged() -> None:
 
 
 def test_exchange_roundtrip_of_a_decision() -> None:
-    exchange = StatsExchange(group=None, world_size=4, rank=0, steps=2, buckets=8)  # type: ignore[arg-type]
+    exchange = StatsExchange(group=None, world_size=4, rank=0, buckets=8)  # type: ignore[arg-type]
     plan = Plan("ring", ("stragglar", "ring"), 2, ())
     decision = Decision(
         3, 40, plan, [{"kind": "detected_straggler", "evidence": {}}, {"kind": "switch", "evidence": {}}]
@@ -778,18 +787,31 @@ def test_exchange_roundtrip_of_a_decision() -> None:
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
     assert decoded is not None and decoded.plan == plan and decoded.step == 40 and decoded.seq == 3
     assert [e["kind"] for e in decoded.events] == ["detected_straggler", "switch"]
-    assert decoded.probe_every is None  # unchanged
+    assert decoded.probe_every is None and decoded.exchange_every is None  # unchanged
     optcc = Plan("ring", ("optcc",), None, ((1, 2.5),))
-    row = exchange.pack(38, [None, None], 1e9, 7, Decision(4, 42, optcc, [{"kind": "probing", "evidence": {}}], 64))
+    events = [{"kind": "probing", "evidence": {}}, {"kind": "exchange", "evidence": {}}]
+    row = exchange.pack(38, [None] * 6, 1e9, 7, Decision(4, 42, optcc, events, 64, 6))
+    assert row.numel() == exchange.size(6) > exchange.size(2) and exchange.steps_in(row.numel()) == 6
     decoded = exchange.decision(torch.stack([row] * 4).numpy())
-    assert decoded is not None and decoded.plan == optcc and decoded.probe_every == 64
-    assert [e["kind"] for e in decoded.events] == ["probing"]
+    assert decoded is not None and decoded.plan == optcc and (decoded.probe_every, decoded.exchange_every) == (64, 6)
+    assert [e["kind"] for e in decoded.events] == ["probing", "exchange"]
+    with pytest.raises(ValueError, match="does not fit"):
+        exchange.steps_in(exchange.size(2) + 1)
 
 
-def quiet_window(n: int, steps: range, tail: float, probe_every: int, slow: dict[int, float] | None = None):
-    """An exchange of a fault-free run on the group's own all_reduce: its steps' AllReduce takes
-    ``tail``; a step that is a multiple of ``probe_every`` is a ring probe with link figures."""
-    stats = window(n, steps, None, 0.0, [8 << 20], slow)
+def quiet_window(
+    n: int,
+    steps: range,
+    tail: float,
+    probe_every: int,
+    slow: dict[int, float] | None = None,
+    late: int | None = None,
+    late_from: int = 0,
+):
+    """An exchange of a run on the group's own all_reduce: its steps' AllReduce takes ``tail``; a
+    step that is a multiple of ``probe_every`` is a ring probe with link figures. Fault-free unless
+    rank ``late`` arrives 50 ms late from ``late_from`` on."""
+    stats = window(n, steps, late, 0.05, [8 << 20], slow, late_from)
     probe = [s for s in steps if s > 0 and s % probe_every == 0]  # none in step 0 (warm-up)
     stats.algorithms = [["ring" if s in probe else "allreduce"] for s in steps]
     stats.tails = np.array([tail] * len(steps))
@@ -799,34 +821,127 @@ def quiet_window(n: int, steps: range, tail: float, probe_every: int, slow: dict
 
 
 def drive(controller: Controller, start: int, stop: int, tail: float, slow=None) -> list[Decision]:
-    """Exchanges of 2 steps from ``start`` to ``stop``; each decision is applied, as the hook does."""
+    """Exchanges from ``start`` to ``stop``, each of the steps since the previous one at the interval
+    in force (``controller.exchange_every``, 2 or 6); each decision is applied at once."""
     decisions = []
-    for first in range(start, stop, 2):
-        stats = quiet_window(8, range(first, first + 2), tail, controller.probe_every, slow)
-        decision = controller.observe(stats, first + 4)
+    first = start
+    while first < stop:
+        k = controller.exchange_every
+        steps = range(first, min(first + k, stop))
+        stats = quiet_window(8, steps, tail, controller.probe_every, slow)
+        decision = controller.observe(stats, steps.stop + k)
         if decision is not None:
             controller.apply(decision)
             decisions.append(decision)
+        first = steps.stop
     return decisions
+
+
+def like_the_hook(controller: Controller, stop: int, late: int | None = None, late_from: int = 0) -> list[Decision]:
+    """Exchanges up to step ``stop`` scheduled as ``DDPState`` schedules them: each at the interval in
+    force after the previous one, carrying the steps since it; the decision rank 0 takes on one
+    exchange travels with the next and is adopted a step later (with its new interval)."""
+    decisions: list[Decision] = []
+    last, upcoming = 0, controller.exchange_every
+    to_ship: Decision | None = None
+    while upcoming <= stop:
+        stats = quiet_window(8, range(last, upcoming), 0.1, controller.probe_every, None, late, late_from)
+        last, upcoming = upcoming, upcoming + controller.exchange_every
+        if to_ship is not None:  # adopted at the step after the exchange that carried it
+            controller.apply(to_ship)
+            decisions.append(to_ship)
+            upcoming = last + controller.exchange_every
+        controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)  # fixed: no fitting noise
+        controller.model.samples.clear()
+        to_ship = controller.observe(stats, upcoming + 1)
+    return decisions
+
+
+def test_exchanges_lengthen_once_all_is_quiet_and_shorten_on_a_suspect() -> None:
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, min_gain=0.0))
+    decisions = like_the_hook(controller, 60)
+    assert controller.exchange_every == 6 and controller.probe_every == 64
+    quiet = next(d for d in decisions if d.exchange_every == 6)
+    assert "the probes have backed off" in event_of(quiet, "exchange")["evidence"]["reason"]
+    assert all(d.exchange_every == 2 for d in decisions if d.step < quiet.step)
+    assert controller.plan == Plan("allreduce")
+
+
+@pytest.mark.parametrize("appears", range(60, 66))
+def test_a_straggler_that_appears_while_exchanges_are_quiet_is_acted_on_within_20_steps(appears: int) -> None:
+    """Every phase of the 6-step quiet interval: rank 3 late from ``appears`` brings the 2-step
+    exchanges back with a suspect's reason, and StragglAR is switched to by ``appears + 20`` (the
+    issue's 'appearing at step 50, acted on by step 70')."""
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    decisions = like_the_hook(controller, appears + 30, late=3, late_from=appears)
+    quiet = [d for d in decisions if d.exchange_every == 6]
+    assert quiet and quiet[0].step < appears - 6
+    busy = next(d for d in decisions if d.exchange_every == 2 and d.step > quiet[0].step)
+    assert "rank 3 was last in" in event_of(busy, "exchange")["evidence"]["reason"]
+    switch = next(d for d in decisions if d.plan.algorithm == "stragglar")
+    assert switch.plan.straggler == 3 and switch.step <= appears + 20, (switch.step, appears)
+
+
+@pytest.mark.parametrize("name", ["short_job", "default", "long_job"])
+def test_quiet_exchanges_delay_acting_on_a_straggler_by_at_most_one_short_interval(name: str) -> None:
+    """Each ready-made configuration, a straggler appearing at every phase of its quiet interval:
+    the latest switch to StragglAR comes at most ``exchange_every`` steps after the latest one
+    with exchanges at ``exchange_every`` throughout."""
+    from configs.detection import CONFIGS
+
+    base = dataclasses.replace(CONFIGS[name](), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
+    start = 4 * base.detector.window  # by then the exchanges are quiet
+
+    def latest_switch(config: ControllerConfig) -> int:
+        delays = []
+        for appears in range(start, start + base.quiet_exchange_every + 1):
+            controller = Controller(8, 0, config)
+            decisions = like_the_hook(controller, appears + 3 * base.detector.window, late=3, late_from=appears)
+            if config.quiet_exchange_every:
+                assert any(d.exchange_every == config.quiet_exchange_every and d.step < appears for d in decisions)
+            delays.append(next(d.step for d in decisions if d.plan.algorithm == "stragglar") - appears)
+        return max(delays)
+
+    assert base.quiet_exchange_every > base.exchange_every
+    always_short = latest_switch(dataclasses.replace(base, quiet_exchange_every=0))
+    assert latest_switch(base) <= always_short + base.exchange_every
+
+
+def test_without_quiet_exchanges_the_interval_never_changes() -> None:
+    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_exchange_every=0))
+    decisions = like_the_hook(controller, 80)
+    assert controller.probe_every == 64 and controller.exchange_every == 2
+    assert all(d.exchange_every == 2 for d in decisions)
+    assert not [e for e in controller.events if e["kind"] == "exchange"]
+
+
+def probings(decisions: list[Decision]) -> list[Decision]:
+    """The decisions that changed the probe interval (others only change the exchange interval)."""
+    return [d for d in decisions if any(e["kind"] == "probing" for e in d.events)]
+
+
+def event_of(decision: Decision, kind: str) -> dict[str, Any]:
+    (event,) = [e for e in decision.events if e["kind"] == kind]
+    return event
 
 
 def test_probes_back_off_once_links_prove_healthy_and_return_when_the_allreduce_slows() -> None:
     config = ControllerConfig(warmup_steps=4)
     controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 34, tail=0.100)  # probes at 8, 16, 24, 32: four healthy estimates
-    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
-    event = decisions[0].events[-1]
-    assert event["kind"] == "probing" and event["evidence"]["every"] == 64
+    assert controller.probe_every == 64 and [d.probe_every for d in probings(decisions)] == [64]
+    event = event_of(decisions[0], "probing")
+    assert event["evidence"]["every"] == 64
     assert event["evidence"]["reference_allreduce_s"] == pytest.approx(0.100)
     assert "the last 4 probes found the links healthy" in event["evidence"]["reason"]
     assert controller.plan == Plan("allreduce")
     # noise within the alarm's factor does not bring the probes back
-    assert drive(controller, 34, 60, tail=0.125) == [] and controller.probe_every == 64
+    assert probings(drive(controller, 34, 60, tail=0.125)) == [] and controller.probe_every == 64
     # a NIC degrades: every AllReduce takes longer; the probes return before the next quiet probe (64)
     decisions = drive(controller, 60, 64, tail=0.180)
     assert controller.probe_every == 8 and decisions[-1].probe_every == 8
-    alarm = decisions[-1].events[-1]
-    assert alarm["kind"] == "probing" and "the AllReduce took 0.15" in alarm["evidence"]["reason"]  # median of 4
+    alarm = event_of(decisions[-1], "probing")
+    assert re.search(r"the AllReduce took 0\.1[58] s \(median of 4 steps\)", alarm["evidence"]["reason"])
     # and the probes now find it
     drive(controller, 64, 100, tail=0.180, slow={5: 2.0})
     assert controller.detector.degraded == {5: pytest.approx(2.0)}
@@ -838,7 +953,7 @@ def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
     assert controller.probe_every == 64
     decisions = drive(controller, 34, 66, tail=0.1, slow={2: 3.0})  # the quiet probe at step 64
     assert controller.probe_every == 8
-    assert "a probe read l = 3" in decisions[-1].events[-1]["evidence"]["reason"]
+    assert "a probe read l = 3" in event_of(decisions[-1], "probing")["evidence"]["reason"]
 
 
 def test_a_quiet_probe_misread_is_checked_by_the_next_probe_and_the_back_off_resumes() -> None:
@@ -848,11 +963,12 @@ def test_a_quiet_probe_misread_is_checked_by_the_next_probe_and_the_back_off_res
     drive(controller, 0, 34, tail=0.1)
     assert controller.probe_every == 64
     decisions = drive(controller, 34, 66, tail=0.1, slow={6: 1.6})  # the quiet probe at 64 misreads rank 6
-    assert controller.probe_every == 8 and "the next probe checks it" in decisions[-1].events[-1]["evidence"]["reason"]
+    assert controller.probe_every == 8
+    assert "the next probe checks it" in event_of(decisions[-1], "probing")["evidence"]["reason"]
     decisions = drive(controller, 66, 74, tail=0.1)  # the probe at 72 reads healthy links
     assert controller.probe_every == 64
-    check = decisions[-1].events[-1]
-    assert check["kind"] == "probing" and "the check probe read the links healthy" in check["evidence"]["reason"]
+    check = event_of(decisions[-1], "probing")
+    assert "the check probe read the links healthy" in check["evidence"]["reason"]
     # a real fault reads slow twice: the probes stay busy and the detector gets its evidence
     drive(controller, 74, 130, tail=0.1)
     assert controller.probe_every == 64
@@ -869,7 +985,8 @@ def test_one_noisy_probe_does_not_keep_the_probes_busy() -> None:
     drive(controller, 18, 26, tail=0.1, slow={6: 2.6})  # probe at 24 reads rank 6 at 2.6
     assert controller.probe_every == 8
     decisions = drive(controller, 26, 34, tail=0.1)  # probe at 32: healthy; median of 1, 1, 2.6, 1
-    assert controller.probe_every == 64 and decisions[-1].events[-1]["evidence"]["largest_l"][2] == pytest.approx(2.6)
+    assert controller.probe_every == 64
+    assert event_of(decisions[-1], "probing")["evidence"]["largest_l"][2] == pytest.approx(2.6)
 
 
 def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> None:
@@ -879,14 +996,14 @@ def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> N
     config = ControllerConfig(warmup_steps=4, healthy_memory_steps=64)
     controller = Controller(8, 0, config)
     drive(controller, 0, 20, tail=0.100)  # probes at 8 and 16 read healthy links
-    assert drive(controller, 20, 70, tail=0.180) == [] and controller.probe_every == 8
+    assert probings(drive(controller, 20, 70, tail=0.180)) == [] and controller.probe_every == 8
     decisions = drive(controller, 70, 120, tail=0.180)
-    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
+    assert controller.probe_every == 64 and [d.probe_every for d in probings(decisions)] == [64]
     assert decisions[0].step - 4 >= 20 + 64  # not before the healthy steps left the memory
     # without the earlier healthy steps the same readings back off as soon as 4 probes agree
     controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 34, tail=0.180)
-    assert controller.probe_every == 64 and [d.probe_every for d in decisions] == [64]
+    assert controller.probe_every == 64 and [d.probe_every for d in probings(decisions)] == [64]
 
 
 def test_probes_do_not_back_off_without_healthy_estimates() -> None:
@@ -898,15 +1015,18 @@ def test_probes_do_not_back_off_without_healthy_estimates() -> None:
     assert controller.plan.runs_optcc and controller._probe_target == 8
     assert all(d.probe_every == (config.plan_probe_every if d.plan.runs_optcc else 8) for d in decisions)
     assert not [e for e in controller.events if e["kind"] == "probing"]
-    # quiet_probe_every = 0: never back off
+    # quiet_probe_every = 0: never back off (the exchanges do, once the window is full and the
+    # links read healthy)
     controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_probe_every=0))
-    assert drive(controller, 0, 80, tail=0.1) == [] and controller.probe_every == 8
+    decisions = drive(controller, 0, 80, tail=0.1)
+    assert controller.probe_every == 8 and controller.exchange_every == 6
+    assert [[e["kind"] for e in d.events] for d in decisions] == [["exchange"]]
 
 
 def test_exchange_carries_spans_and_link_figures() -> None:
     """Four ranks' vectors as rank 0 unpacks them: totals, bucket spans, link rates with clock offsets."""
     n = 4
-    exchange = StatsExchange(group=None, world_size=n, rank=0, steps=2, buckets=3)  # type: ignore[arg-type]
+    exchange = StatsExchange(group=None, world_size=n, rank=0, buckets=3)  # type: ignore[arg-type]
     exchange.offsets = ClockOffsets((0, 0, 0, 1_000_000_000), (0, 0, 0, 0))  # rank 3's clock is 1 s behind
     nic = np.array([100e6, 50e6, 100e6, 100e6])  # rank 1's links at half speed
     ring = simulate_ring_links(np.minimum(nic[:, None], nic[None, :]), np.zeros(n), messages=40)

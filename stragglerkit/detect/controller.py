@@ -44,6 +44,7 @@ import json
 import math
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +82,16 @@ and hooked copies; gradient accumulation can do the same) gives one period per p
 median of single periods would pick one of the two kinds by the parity of the window."""
 ALLREDUCE_PART = "allreduce part"
 """Verification measure: the last rank's arrival to the last rank's finish (the predicted figure)."""
-EVENT_KINDS = ("detected_straggler", "detected_degraded", "switch", "rollback", "cleared", "probing", "verified")
+EVENT_KINDS = (
+    "detected_straggler",
+    "detected_degraded",
+    "switch",
+    "rollback",
+    "cleared",
+    "probing",
+    "verified",
+    "exchange",
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,7 +101,21 @@ class ControllerConfig:
     warmup_steps: int = 10
     """Steps run with the process group's own all_reduce before the controller's plans."""
     exchange_every: int = 2
-    """K: steps between stats exchanges (a small gather to rank 0 and a broadcast, off the critical path)."""
+    """K: steps between stats exchanges (a small gather to rank 0 and a broadcast, off the critical
+    path) while anything is in question; ``quiet_exchange_every`` once all is quiet."""
+    quiet_exchange_every: int = 6
+    """The exchange interval once all is quiet: the baseline runs, nothing is believed wrong, no
+    rank was last in ``detector.clear_fraction`` of the window's steps with a median delay of
+    ``detector.clear_delay_ratio`` times the critical delay (no straggler suspect), and, with the
+    ``allreduce`` baseline, the probes have backed off (``quiet_probe_every``). Any of these ending
+    brings back ``exchange_every`` with rank 0's next decision. Each exchange carries the figures
+    of every step since the previous one, so nothing goes unseen: the interval sets how often the
+    collectives run (on 8 ranks sharing 2 cores the exchange every 2nd step cost about 1.2 % of the
+    training step) and how soon rank 0 hears of a change. A straggler that appears while quiet is
+    a suspect at the first quiet exchange that carries ``clear_fraction`` of a window of its late
+    steps, and the short interval is back before the window holds the ``fraction`` that detects
+    it, for intervals up to about ``(fraction - clear_fraction) x window`` (6 for the defaults; the
+    detection test covers every phase). 0, or equal to ``exchange_every``: never lengthen."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     """W, q, hysteresis and the degraded thresholds."""
     baseline: str = "allreduce"
@@ -179,6 +203,7 @@ class ControllerConfig:
             "quiet_probe_every",
             "plan_probe_every",
             "clock_sync_every",
+            "quiet_exchange_every",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -199,6 +224,11 @@ class ControllerConfig:
             )
         if not 0 <= self.min_gain < 1 or not 0 <= self.rollback_margin < 1:
             raise ValueError("ControllerConfig.min_gain and rollback_margin must be in [0, 1)")
+        if self.quiet_exchange_every and self.quiet_exchange_every < self.exchange_every:
+            raise ValueError(
+                f"ControllerConfig.quiet_exchange_every ({self.quiet_exchange_every}) must be at least "
+                f"exchange_every ({self.exchange_every}), or 0 to never lengthen the interval"
+            )
         quiet, busy = self.quiet_probe_every, self.probe_every
         if quiet and busy and (quiet % busy or quiet < busy):
             raise ValueError(
@@ -266,6 +296,8 @@ class Decision:
     events: list[dict[str, Any]]
     probe_every: int | None = None
     """The probe interval from ``step`` on (``None``: unchanged)."""
+    exchange_every: int | None = None
+    """The exchange interval after the exchange that ships this decision (``None``: unchanged)."""
 
 
 @dataclass(slots=True)
@@ -306,6 +338,9 @@ class Controller:
         "_bucket_window",
         "_checking",
         "_ends",
+        "_exchange_event",
+        "_exchange_target",
+        "_last_doubt",
         "_last_sizes",
         "_lateness",
         "_log_path",
@@ -327,6 +362,7 @@ class Controller:
         "config",
         "detector",
         "events",
+        "exchange_every",
         "model",
         "plan",
         "probe_every",
@@ -372,6 +408,11 @@ class Controller:
         self._quiet_since = -1
         self._checking = False  # busy probing because one quiet probe read a slow link: check it
         self._plan_checking = False  # under OptCC: probing every probe_every, a probe read l off the plan's
+        self.exchange_every = config.exchange_every
+        """The exchange interval in force (every rank: the last decision's); see ``ControllerConfig``."""
+        self._exchange_target = config.exchange_every  # rank 0: the interval it ships
+        self._exchange_event: dict[str, Any] | None = None
+        self._last_doubt = -1  # rank 0: the last step with a reason for short exchanges
 
     # -- every rank -----------------------------------------------------------------------------
     @property
@@ -386,6 +427,8 @@ class Controller:
         self.plan = decision.plan
         if decision.probe_every is not None:
             self.probe_every = decision.probe_every
+        if decision.exchange_every is not None:
+            self.exchange_every = decision.exchange_every
         for event in decision.events:
             event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
             self.events.append(event)
@@ -454,6 +497,7 @@ class Controller:
             self._readings.append((tuple(stats.steps), slowdowns))
         self._rescale_samples(findings)
         self._probing(stats.steps[-1] if stats.steps else apply_step, slowdowns)
+        self._exchanging(critical, stats.steps)
         if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
             lateness = np.median(np.stack(self._lateness), axis=0)
             for f in findings:
@@ -563,7 +607,66 @@ class Controller:
             finding.evidence["rescaled_samples"] = changed
 
     def _news(self, findings: list[Finding]) -> bool:
-        return bool(findings) or self._probe_event is not None
+        return bool(findings) or self._probe_event is not None or self._exchange_event is not None
+
+    def _exchanging(self, critical: Callable[[int], float], steps: list[int]) -> None:
+        """Lengthen the exchange interval once all has been quiet for a window (``W`` steps), shorten
+        it on the first doubt.
+
+        Sets ``_exchange_target`` and, when it changes, ``_exchange_event`` (shipped with the next
+        decision as an ``exchange`` event). See ``ControllerConfig.quiet_exchange_every``."""
+        cfg = self.config
+        quiet, busy = cfg.quiet_exchange_every, cfg.exchange_every
+        if quiet in (0, busy):
+            return
+        detector = self.detector
+        reasons = []
+        if self.plan != Plan(cfg.baseline):
+            reasons.append(f"a plan other than the baseline runs ({self.plan.algorithm})")
+        if detector.straggler is not None or detector.degraded:
+            reasons.append("a straggler or degraded rank is believed")
+        if "candidate" not in detector.last_evidence:
+            reasons.append("the detector's window is not full yet")
+        # a straggler suspect: last in clear_fraction of the window, or (while the exchanges are
+        # long) in half of the latest one's steps, late by enough to matter; the short interval is
+        # then back before the window holds the fraction that detects it
+        latest = len(steps) if self._exchange_target == quiet else 0
+        for span, share in ((None, cfg.detector.clear_fraction), (latest, 0.5)):
+            last = detector.most_often_last(span) if span != 0 else None
+            if last is None:
+                continue
+            rank, fraction, delay = last
+            if fraction >= share and delay >= cfg.detector.clear_delay_ratio * float(critical(rank)):
+                where = "the window's steps" if span is None else f"the last {span} steps"
+                reasons.append(
+                    f"rank {rank} was last in {fraction:.0%} of {where} with a median delay of {delay * 1e3:.3g} ms"
+                )
+                break
+        if cfg.baseline == "allreduce" and cfg.probe_every and cfg.quiet_probe_every not in (0, cfg.probe_every):
+            if self._probe_target != cfg.quiet_probe_every:
+                reasons.append("the probes have not backed off (the links are in question)")
+        if self._readings:
+            top = float(np.nanmax(self._readings[-1][1]))
+            if top >= cfg.detector.degraded_threshold:
+                reasons.append(f"the latest link reading has l = {top:.3g} (>= {cfg.detector.degraded_threshold:g})")
+        step = steps[-1] if steps else self._last_doubt
+        if reasons:
+            self._last_doubt = step
+        elif step - self._last_doubt < cfg.detector.window:
+            return  # quiet for less than a window since the last doubt: no flapping on one calm exchange
+        target = busy if reasons else quiet
+        if target == self._exchange_target:
+            return
+        self._exchange_target = target
+        if reasons:
+            self._exchange_event = {"every": busy, "reason": "; ".join(reasons)}
+        else:
+            self._exchange_event = {
+                "every": quiet,
+                "reason": f"all quiet for {cfg.detector.window} steps: the baseline runs, nothing is believed "
+                "wrong, no straggler suspect"
+                + (", the probes have backed off" if cfg.baseline == "allreduce" and cfg.probe_every else ""),
+            }
 
     def _slower_than_healthy(self, step: int) -> bool:
         """Is the AllReduce (median of the last ``alarm_steps`` plain steps) over ``probe_alarm`` times
@@ -751,7 +854,7 @@ class Controller:
     def _switch(self, step: int, target: Plan, findings: list[Finding], cleared: bool) -> Decision:
         cfg = self.config
         sizes = self._last_sizes
-        since = step - cfg.detector.window - cfg.exchange_every
+        since = step - cfg.detector.window - self.exchange_every
         allreduce_before, allreduce_count = self._recent_time(since, step)
         period_before, period_count = self._recent_time(since, step, STEP_PERIOD)
         measure = STEP_PERIOD if period_count > 0 else ALLREDUCE_PART
@@ -833,8 +936,11 @@ class Controller:
             if self._probe_event["every"] == interval:  # else: the baseline's interval while OptCC runs
                 events.append({"kind": "probing", "evidence": self._probe_event})
             self._probe_event = None
+        if self._exchange_event is not None:
+            events.append({"kind": "exchange", "evidence": self._exchange_event})
+            self._exchange_event = None
         self._seq += 1
-        return Decision(self._seq, step, plan, events, interval)
+        return Decision(self._seq, step, plan, events, interval, self._exchange_target)
 
 
 def _off_plan(readings: Any, planned: float, ratio: float) -> tuple[Any, Any]:

@@ -158,6 +158,19 @@ class Detector:
         """The evidence of the latest evaluation (also when nothing changed)."""
         return self._last
 
+    def most_often_last(self, steps: int | None = None) -> tuple[int, float, float] | None:
+        """Over the latest ``steps`` steps of the window (default: all it holds): the rank most often
+        last, the share of those steps it was last in, and its median delay (s) over them. None
+        while the window is empty. Cheap: the window holds at most ``W`` steps."""
+        rows = list(self._span_rows)[-steps:] if steps else list(self._span_rows)
+        if not rows:
+            return None
+        last, delays = last_arrivers(np.stack(rows))
+        counts = np.bincount(last[last >= 0], minlength=rows[0].size)
+        rank = int(np.argmax(counts))
+        mine = delays[last == rank]
+        return rank, float(counts[rank]) / len(rows), float(np.median(mine)) if mine.size else 0.0
+
     def reset_window(self) -> None:
         """Forget the window (e.g. after a plan switch changed what the spans mean)."""
         self._steps.clear()

@@ -3,8 +3,11 @@
 What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
 last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the messages of
 its largest ring bucket on this rank's two ring links), its NIC speed from sysfs and a host id;
-rank 0 adds its latest decision (plan and event kinds). The vector has a fixed size (``K``, the
-bucket limit ``B``, ``n``, ``M``), so no size negotiation is needed. Only rank 0 decides, so the
+``K`` is the exchange interval in force (``ControllerConfig.exchange_every``, or
+``quiet_exchange_every`` while all is quiet), the same on every rank: rank 0's decisions set it.
+rank 0 adds its latest decision (plan, event kinds, the probe and exchange intervals). The
+vector's size follows from ``K``, the bucket limit ``B``, ``n`` and ``M``, all known to every rank,
+so no size negotiation is needed. Only rank 0 decides, so the
 figures go to rank 0 alone (one gather) and rank 0's decision, the vector's head, goes to
 everyone (one broadcast): two collectives of about ``2(n-1)`` messages in all, where an
 all-gather (a ring in gloo) takes ``n(n-1)`` messages and hands every rank every vector. On 8
@@ -16,19 +19,19 @@ costs nothing on the critical path. Rank 0's decision therefore reaches
 every rank at the same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
-default, probe_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K``
+default, probe_every, exchange_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K``
 totals + ``K·B`` bucket spans + ``K·(3 + 4M)`` ring-link figures (the run's start, the successor
 and the predecessor, then ``M`` send posts, receive posts, receive completions and receive
 sizes; :mod:`stragglerkit.detect.nic_health`, ``M`` = ``LINK_MESSAGES``) + ``K`` wall-clock
 arrivals (first bucket handed over) + ``K`` wall-clock finishes (last bucket done). Times of day
 are wall-clock seconds; rank 0 makes them comparable with the start-up clock offsets (the
 float64's resolution, ~0.2 us, is ample). With ``K`` = 2, ``B`` = 32, ``n`` = 8 the vector is
-about 3 KB.
+about 3 KB (about 8 KB at ``K`` = 6).
 
 Example::
 
-    exchange = StatsExchange(side_group, world_size=4, rank=r, steps=2, buckets=32)
-    pending = exchange.start(exchange.pack(...), first_step)
+    exchange = StatsExchange(side_group, world_size=4, rank=r, buckets=32)
+    pending = exchange.start(exchange.pack(first_step, arrivals_of_the_last_k_steps, ...), first_step)
     rows = exchange.wait(pending)           # rank 0: one row per rank; elsewhere rank 0's head
 """
 
@@ -50,8 +53,8 @@ from stragglerkit.detect.nic_health import LINK_MESSAGES, RingLinkMessages, mess
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 4.0
-_HEADER = 11
+_VERSION = 5.0
+_HEADER = 12
 _EVENTS = 6
 _LINK_FIELDS = 3 + 4 * LINK_MESSAGES
 
@@ -83,19 +86,27 @@ class PendingExchange:
 class StatsExchange:
     """Packs, gathers and unpacks the stats vector (see the module docstring)."""
 
-    __slots__ = ("buckets", "group", "offsets", "rank", "size", "steps", "world_size")
+    __slots__ = ("buckets", "group", "offsets", "rank", "world_size")
 
-    def __init__(self, group: dist.ProcessGroup, world_size: int, rank: int, steps: int, buckets: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, world_size: int, rank: int, buckets: int) -> None:
         self.group = group
         self.world_size = world_size
         self.rank = rank
-        self.steps = steps
         self.buckets = buckets
-        self.size = (
-            _HEADER + _EVENTS + world_size + buckets + steps + steps * buckets + steps * _LINK_FIELDS + 2 * steps
-        )
         self.offsets = ClockOffsets.zero(world_size)
         """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
+
+    def size(self, steps: int) -> int:
+        """Floats of a vector that carries ``steps`` steps."""
+        per_step = 1 + self.buckets + _LINK_FIELDS + 2
+        return self.head_size + steps * per_step
+
+    def steps_in(self, size: int) -> int:
+        """How many steps a vector of ``size`` floats carries (the inverse of :meth:`size`)."""
+        steps, rest = divmod(size - self.head_size, self.size(1) - self.head_size)
+        if rest or steps < 0:
+            raise ValueError(f"a stats vector of {size} floats does not fit this exchange's layout")
+        return steps
 
     def pack(
         self,
@@ -105,19 +116,21 @@ class StatsExchange:
         host: int,
         decision: Decision | None,
     ) -> torch.Tensor:
-        n, k, b = self.world_size, self.steps, self.buckets
-        vec = np.full(self.size, np.nan)
-        vec[:_HEADER] = [_VERSION, self.rank, first_step, len(arrivals), host, speed, -1, -1, -1, -1, -1]
+        """The vector of ``arrivals`` (one entry per step from ``first_step``; every rank passes as many)."""
+        n, k, b = self.world_size, len(arrivals), self.buckets
+        vec = np.full(self.size(k), np.nan)
+        vec[:_HEADER] = [_VERSION, self.rank, first_step, k, host, speed, -1, -1, -1, -1, -1, -1]
         at = _HEADER
         vec[at : at + _EVENTS] = -1
         if decision is not None:
             plan = decision.plan
-            vec[6:11] = [
+            vec[6:12] = [
                 decision.seq,
                 decision.step,
                 -1 if plan.straggler is None else plan.straggler,
                 ALGORITHM_CODES.index(plan.default),
                 -1 if decision.probe_every is None else decision.probe_every,
+                -1 if decision.exchange_every is None else decision.exchange_every,
             ]
             kinds = [EVENT_KINDS.index(e["kind"]) for e in decision.events][:_EVENTS]
             vec[at : at + len(kinds)] = kinds
@@ -128,7 +141,7 @@ class StatsExchange:
             codes = [ALGORITHM_CODES.index(a) for a in plan.buckets[:b]]
             vec[at + _EVENTS + n : at + _EVENTS + n + len(codes)] = codes
         at += _EVENTS + n + b
-        for i, arrival in enumerate(arrivals[:k]):
+        for i, arrival in enumerate(arrivals):
             if arrival is None:
                 continue
             vec[at + i] = arrival.total_span
@@ -136,7 +149,7 @@ class StatsExchange:
             vec[at + k + i * b : at + k + i * b + spans.size] = spans
         at += k + k * b
         m = LINK_MESSAGES
-        for i, arrival in enumerate(arrivals[:k]):
+        for i, arrival in enumerate(arrivals):
             if arrival is None or arrival.links is None:
                 continue
             links = arrival.links
@@ -146,7 +159,7 @@ class StatsExchange:
                 values = values[:m]
                 vec[base + 3 + j * m : base + 3 + j * m + values.size] = values
         at += k * _LINK_FIELDS
-        for i, arrival in enumerate(arrivals[:k]):
+        for i, arrival in enumerate(arrivals):
             if arrival is not None:
                 vec[at + i] = arrival.arrival_wall
                 vec[at + k + i] = arrival.finish_wall
@@ -161,7 +174,7 @@ class StatsExchange:
     def start(self, payload: torch.Tensor, first_step: int) -> PendingExchange:
         """Issue the gather of ``payload`` to rank 0 and the broadcast of rank 0's head (async)."""
         root = self.rank == 0
-        rows = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)] if root else []
+        rows = [torch.empty_like(payload) for _ in range(self.world_size)] if root else []
         gathered = dist.gather(payload, rows if root else None, group=self.group, group_dst=0, async_op=True)
         head = payload[: self.head_size].clone() if root else torch.empty(self.head_size, dtype=torch.float64)
         broadcast = dist.broadcast(head, group=self.group, group_src=0, async_op=True)
@@ -172,18 +185,16 @@ class StatsExchange:
 
     def wait(self, pending: PendingExchange) -> np.ndarray:
         """The exchanged vectors as a [rank, field] array: on rank 0 every rank's; elsewhere one row
-        (rank 0's head, the rest NaN), which is all :meth:`decision` reads."""
+        holding rank 0's head, which is all :meth:`decision` reads."""
         for work in pending.works:
             work.wait()
         if self.rank == 0:
             return torch.stack(pending.rows).numpy()
-        row = np.full((1, self.size), np.nan)
-        row[0, : self.head_size] = pending.rows[0].numpy()
-        return row
+        return pending.rows[0].numpy()[None, :]
 
     def stats(self, rows: np.ndarray, bucket_bytes: list[int], algorithms: list[list[str]]) -> WindowStats:
         """Rank 0's view of the gathered figures."""
-        n, k, b = self.world_size, self.steps, self.buckets
+        n, k, b = self.world_size, self.steps_in(rows.shape[1]), self.buckets
         first, count = int(rows[0, 2]), int(rows[0, 3])
         at = _HEADER + _EVENTS + n + b
         totals = rows[:, at : at + count].T.copy()
@@ -268,4 +279,5 @@ class StatsExchange:
         plan_evidence = {"decided_by": 0, "plan": plan.describe()}
         events = [{"kind": kind, "evidence": dict(plan_evidence)} for kind in kinds]
         probe_every = None if not head[10] >= 0 else int(head[10])
-        return Decision(int(head[6]), int(head[7]), plan, events, probe_every)
+        exchange_every = None if not head[11] >= 0 else int(head[11])
+        return Decision(int(head[6]), int(head[7]), plan, events, probe_every, exchange_every)

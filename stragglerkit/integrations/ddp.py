@@ -100,6 +100,8 @@ class DDPState:
         "_allreduce_group",
         "_decision_in_flight",
         "_host",
+        "_last_exchange",
+        "_next_exchange",
         "_observer",
         "_observing",
         "_pending",
@@ -149,9 +151,7 @@ class DDPState:
         if dist.get_backend(self.process_group) == "gloo":
             self._allreduce_group = dist.new_group(ranks, backend="gloo", timeout=timeout)
         self._store = _report_store(next(_STATES))
-        self.exchange = StatsExchange(
-            side, self.world_size, self.rank, self.config.exchange_every, self.config.max_buckets
-        )
+        self.exchange = StatsExchange(side, self.world_size, self.rank, self.config.max_buckets)
         self.clock_offsets = estimate_clock_offsets(side) if self.world_size > 1 else ClockOffsets.zero(1)
         """Per rank: add to its wall clock (ns) for rank 0's; re-measured every ``clock_sync_every`` steps."""
         self.exchange.offsets = self.clock_offsets
@@ -159,7 +159,12 @@ class DDPState:
         """The latest re-measurements: ``{"step", "largest_shift_ms", "largest_rtt_ms"}`` (the most
         any rank's offset moved since the previous one, and the longest best round trip)."""
         self.controller = Controller(self.world_size, self.rank, self.config, log_path_for(event_log, self.rank))
-        self.profiler = ArrivalProfiler(keep_steps=4 * self.config.exchange_every + 4)
+        longest = max(self.config.exchange_every, self.config.quiet_exchange_every)
+        self.profiler = ArrivalProfiler(keep_steps=4 * longest + 4)
+        self._last_exchange = 0
+        """The step the last exchange was issued at (its figures are of the steps before it)."""
+        self._next_exchange = self.config.exchange_every
+        """The step the next exchange is issued at: the last one's plus the interval in force."""
         self._speed = local_link_speed()
         self._host = host_id()
         self._pending: PendingExchange | None = None
@@ -235,15 +240,16 @@ class DDPState:
         exchange costs a step comes from the CPU its collectives take, not from where they are
         issued: before or after the first bucket, or from a thread of their own (a throwaway
         variant), single runs of ``profiling/bench_hook_overhead.py`` measured the same.)"""
-        k = self.config.exchange_every
-        if self.world_size > 1 and step > 0 and step % k == 0:
-            first = step - k
+        if self.world_size > 1 and step == self._next_exchange:
+            first = self._last_exchange
             buckets = self.config.max_buckets
             arrivals = [self.profiler.step_arrival(s, buckets) for s in range(first, step)]
             decision = self._decision_to_ship()
             payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
             self._pending = self.exchange.start(payload, first)
             self._shipped = decision
+            self._last_exchange = step
+            self._next_exchange = step + self.controller.exchange_every
 
     def explain_failure(self, step: int) -> str:
         """After a failed AllReduce at ``step``: which ranks did not reach it in time (module docstring).
@@ -317,10 +323,13 @@ class DDPState:
         if decision is not None:
             self.controller.apply(decision)
             self.runtime.set_rank_map(decision.plan.rank_map(self.world_size))
+            # a new exchange interval counts from the exchange just received (every rank: the same
+            # decision at the same step, and the next exchange is at least a step away)
+            self._next_exchange = self._last_exchange + self.controller.exchange_every
         if self.rank == 0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
             sizes, algorithms = self._own_buckets(steps)
-            apply_step = self.step + self.config.exchange_every
+            apply_step = self._next_exchange + 1  # the decision travels with the next exchange
             if self._observer is None:
                 self._observer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit-controller")
             # off the critical path: the decision is needed only when the next exchange is issued
