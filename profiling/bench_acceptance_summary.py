@@ -1,8 +1,13 @@
 """Summarise the bench acceptance runs (profiling/bench_acceptance.sh) against their targets.
 
 Reads the four JSON files that the script wrote and writes profiling/results/bench_acceptance.json
-with each figure, its target, the model's figure and whether it was met, plus the runs' headers
-(command line, machine, date, load average, verified shaping).
+with each figure, its target, the model's figure, whether it was met and how busy the host's CPUs
+were during the runs compared (``cpu_busy`` per algorithm: the busiest host's busy share of all
+cores, stragglerkit.bench.cpu_load), plus the runs' headers (command line, machine, date, load
+average, verified shaping). Where profiling/bench_slow_links.sh has written the same scenarios at
+250 Mbit/s (``bench_250mbit_*.json``), each figure also carries ``at_250mbit``: the same figure,
+and the CPUs' busy share, with 4x less CPU work per second of transfer. A figure that is met at
+250 Mbit/s and missed at 1 Gbit/s with the CPUs saturated is the machine's, not the algorithm's.
 
 Example::
 
@@ -13,82 +18,167 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+Rows = dict[tuple[str, str], dict[str, Any]]
 
-def _rows(path: Path) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+
+def _rows(path: Path) -> tuple[dict[str, Any], Rows]:
     data = json.loads(path.read_text())
     return data["header"], {(r["scenario"], r["algorithm"]): r for r in data["rows"]}
 
 
-def _figure(name: str, measured: float, target: str, met: bool, model: float | None) -> dict[str, Any]:
-    return {"figure": name, "measured": measured, "target": target, "met": met, "model": model}
+def _cpu(*rows: dict[str, Any]) -> dict[str, float | None]:
+    return {f"{r['algorithm']} ({r['scenario']})": r.get("cpu_busy") for r in rows}
+
+
+def _straggler_from_arrival(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    gloo, ours = rows[("straggler", "gloo")], rows[("straggler", "stragglar")]
+    ratio = gloo["time_from_straggler_s"] / ours["time_from_straggler_s"]
+    return ratio, gloo["predicted_s"] / ours["predicted_s"], _cpu(gloo, ours)
+
+
+def _straggler_from_first(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    gloo, ours = rows[("straggler", "gloo")], rows[("straggler", "stragglar")]
+    ratio = gloo["time_from_first_arrival_s"] / ours["time_from_first_arrival_s"]
+    model = gloo["predicted_from_first_arrival_s"] / ours["predicted_from_first_arrival_s"]
+    return ratio, model, _cpu(gloo, ours)
+
+
+def _optcc_speedup(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    gloo, ours = rows[("degraded", "gloo")], rows[("degraded", "optcc")]
+    return gloo["time_s"] / ours["time_s"], gloo["predicted_s"] / ours["predicted_s"], _cpu(gloo, ours)
+
+
+def _optcc_over_bound(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    ours = rows[("degraded", "optcc")]
+    over = ours["time_s"] / ours["lower_bound_s"] - 1.0
+    return over, ours["predicted_s"] / ours["lower_bound_s"] - 1.0, _cpu(ours)
+
+
+def _optcc_over_healthy(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    healthy, ours = rows[("none", "gloo")], rows[("degraded", "optcc")]
+    over = ours["time_s"] / healthy["time_s"] - 1.0
+    return over, ours["predicted_s"] / healthy["predicted_s"] - 1.0, _cpu(healthy, ours)
+
+
+def _ring_over_gloo(rows: Rows) -> tuple[float, float, dict[str, float | None]]:
+    gloo, ours = rows[("none", "gloo")], rows[("none", "ring")]
+    return ours["time_s"] / gloo["time_s"] - 1.0, 0.0, _cpu(gloo, ours)
+
+
+Measure = Callable[[Rows], tuple[float, float, dict[str, float | None]]]
+
+# (figure, run, file at 1 Gbit/s, file at 250 Mbit/s or None, measure, target, met)
+FIGURES: list[tuple[str, str, str, str | None, Measure, str, Callable[[float], bool]]] = [
+    (
+        "StragglAR vs gloo, from the straggler's arrival",
+        "straggler",
+        "bench_straggler.json",
+        "bench_250mbit_straggler.json",
+        _straggler_from_arrival,
+        ">= 1.25x",
+        lambda v: v >= 1.25,
+    ),
+    (
+        "StragglAR vs gloo, from the first arrival",
+        "straggler",
+        "bench_straggler.json",
+        "bench_250mbit_straggler.json",
+        _straggler_from_first,
+        ">= 1.15x",
+        lambda v: v >= 1.15,
+    ),
+    (
+        "OptCC vs gloo, one host at 1/2",
+        "degraded_l2",
+        "bench_degraded_l2.json",
+        "bench_250mbit_degraded_l2.json",
+        _optcc_speedup,
+        ">= 1.5x",
+        lambda v: v >= 1.5,
+    ),
+    (
+        "OptCC above the lower bound l*S/B, one host at 1/2",
+        "degraded_l2",
+        "bench_degraded_l2.json",
+        "bench_250mbit_degraded_l2.json",
+        _optcc_over_bound,
+        "<= 15%",
+        lambda v: v <= 0.15,
+    ),
+    (
+        "OptCC (one host at 7/8) over gloo on the fault-free cluster",
+        "degraded_l8_7",
+        "bench_degraded_l8_7.json",
+        "bench_250mbit_degraded_l8_7.json",
+        _optcc_over_healthy,
+        "<= 8%",
+        lambda v: v <= 0.08,
+    ),
+    (
+        "our ring over gloo, no fault",
+        "no_fault",
+        "bench_no_fault.json",
+        None,
+        _ring_over_gloo,
+        "<= 5%",
+        lambda v: v <= 0.05,
+    ),
+]
 
 
 def summarise(results: Path) -> dict[str, Any]:
     figures = []
     headers = {}
-    header, rows = _rows(results / "bench_straggler.json")
-    headers["straggler"] = header
-    gloo, ours = rows[("straggler", "gloo")], rows[("straggler", "stragglar")]
-    ratio = gloo["time_from_straggler_s"] / ours["time_from_straggler_s"]
-    model = gloo["predicted_s"] / ours["predicted_s"]
-    figures.append(_figure("StragglAR vs gloo, from the straggler's arrival", ratio, ">= 1.25x", ratio >= 1.25, model))
-    ratio = gloo["time_from_first_arrival_s"] / ours["time_from_first_arrival_s"]
-    model = gloo["predicted_from_first_arrival_s"] / ours["predicted_from_first_arrival_s"]
-    figures.append(_figure("StragglAR vs gloo, from the first arrival", ratio, ">= 1.15x", ratio >= 1.15, model))
-
-    header, rows = _rows(results / "bench_degraded_l2.json")
-    headers["degraded_l2"] = header
-    gloo, ours = rows[("degraded", "gloo")], rows[("degraded", "optcc")]
-    ratio = gloo["time_s"] / ours["time_s"]
-    model = gloo["predicted_s"] / ours["predicted_s"]
-    figures.append(
-        _figure(
-            "OptCC vs gloo, one host at 1/2", ratio, ">= 1.5x", ratio >= 1.5, gloo["predicted_s"] / ours["predicted_s"]
-        )
-    )
-    over = ours["time_s"] / ours["lower_bound_s"] - 1.0
-    figures.append(
-        _figure(
-            "OptCC above the lower bound l*S/B, one host at 1/2",
-            over,
-            "<= 15%",
-            over <= 0.15,
-            ours["predicted_s"] / ours["lower_bound_s"] - 1.0,
-        )
-    )
-
-    header, rows = _rows(results / "bench_degraded_l8_7.json")
-    headers["degraded_l8_7"] = header
-    healthy, ours = rows[("none", "gloo")], rows[("degraded", "optcc")]
-    over = ours["time_s"] / healthy["time_s"] - 1.0
-    figures.append(
-        _figure(
-            "OptCC (one host at 7/8) over gloo on the fault-free cluster",
-            over,
-            "<= 8%",
-            over <= 0.08,
-            ours["predicted_s"] / healthy["predicted_s"] - 1.0,
-        )
-    )
-
-    header, rows = _rows(results / "bench_no_fault.json")
-    headers["no_fault"] = header
-    gloo, ours = rows[("none", "gloo")], rows[("none", "ring")]
-    over = ours["time_s"] / gloo["time_s"] - 1.0
-    figures.append(_figure("our ring over gloo, no fault", over, "<= 5%", over <= 0.05, 0.0))
+    for name, run, at_1gbit, at_250mbit, measure, target, met in FIGURES:
+        header, rows = _rows(results / at_1gbit)
+        headers[run] = header
+        measured, model, cpu = measure(rows)
+        figure: dict[str, Any] = {
+            "figure": name,
+            "measured": measured,
+            "target": target,
+            "met": met(measured),
+            "model": model,
+            "cpu_busy": cpu,
+        }
+        if at_250mbit is not None and (results / at_250mbit).exists():
+            slow_header, slow_rows = _rows(results / at_250mbit)
+            slow, slow_model, slow_cpu = measure(slow_rows)
+            figure["at_250mbit"] = {
+                "file": at_250mbit,
+                "command": slow_header.get("command"),
+                "measured": slow,
+                "met": met(slow),
+                "model": slow_model,
+                "cpu_busy": slow_cpu,
+            }
+        figures.append(figure)
     return {"figures": figures, "runs": headers}
+
+
+def _share(cpu: dict[str, float | None]) -> str:
+    known = [v for v in cpu.values() if v is not None]
+    return f"CPU {max(known) * 100:.0f}% busy" if known else "CPU -"
 
 
 def main() -> int:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "profiling/results")
     summary = summarise(results)
     for figure in summary["figures"]:
-        model = "-" if figure["model"] is None else f"{figure['model']:.3f}"
         verdict = "met" if figure["met"] else "NOT MET"
-        print(f"{figure['figure']:<62} {figure['measured']:8.3f} (target {figure['target']}, model {model}) {verdict}")
+        line = (
+            f"{figure['figure']:<62} {figure['measured']:8.3f} (target {figure['target']}, model "
+            f"{figure['model']:.3f}, {_share(figure['cpu_busy'])}) {verdict}"
+        )
+        slow = figure.get("at_250mbit")
+        if slow is not None:
+            verdict = "met" if slow["met"] else "NOT MET"
+            line += f"; at 250 Mbit/s {slow['measured']:.3f} ({_share(slow['cpu_busy'])}) {verdict}"
+        print(line)
     out = results / "bench_acceptance.json"
     out.write_text(json.dumps(summary, indent=1))
     print(f"wrote {out}")

@@ -17,3 +17,5 @@ COMMON=(--world-size 8 --bandwidth 250Mbit --sizes 32MiB --dtype float32 --iters
 # 36 segments instead of the 9 that 512 KiB messages give for 32 MiB on 8 ranks
 STRAGGLERKIT_OPTCC_MESSAGE_BYTES=131072 "$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc \
   --degrade 3:8/7 --json "$OUT/bench_250mbit_degraded_l8_7_k36.json"
+# the acceptance summary, now with each figure's 250 Mbit/s counterpart (needs bench_acceptance.sh's files)
+if [ -f "$OUT/bench_straggler.json" ]; then "$PY" profiling/bench_acceptance_summary.py "$OUT"; fi

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from stragglerkit.bench import BenchConfig, parse_algorithms, parse_degrade, parse_delay_option, parse_sizes, run
-from stragglerkit.bench.launch import detect_mode, jobs_for
+from stragglerkit.bench.cpu_load import CpuTimes, busy_share, softirq_share
+from stragglerkit.bench.launch import LaunchResult, detect_mode, jobs_for
+from stragglerkit.bench.results import print_table, rows_from_cases
 from stragglerkit.bench.worker import exact_inputs
 from stragglerkit.cli import main
 from stragglerkit.runtime.ordering import in_round_order
@@ -37,6 +39,8 @@ ROW_FIELDS = {
     "busbw_GBps",
     "wrong",
     "predicted_s",
+    "cpu_busy",
+    "cpu_softirq",
 }
 
 
@@ -177,11 +181,13 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
         # apart on a loaded machine (2 ms apart seen on two cores), so only half the delay is asserted.
         assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.025
         assert row["predicted_s"] is None  # no bandwidth known over loopback
+        # 4 ranks on this host's cores: some of its CPU time was busy, soft interrupts are part of it
+        assert 0 < row["cpu_busy"] <= 1 and 0 <= row["cpu_softirq"] <= row["cpu_busy"]
     data = json.loads(json_path.read_text())
     assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])
     assert len(data["rows"]) == 3
     table = out.getvalue()
-    assert "persistent straggler: rank 3" in table and "stragglar" in table
+    assert "persistent straggler: rank 3" in table and "stragglar" in table and "cpu%" in table
 
 
 def _our_namespaces() -> list[str]:
@@ -222,3 +228,54 @@ def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
     assert optcc_segments(7 * 2**20, 8) == 3 and optcc_segments(3 * 2**20, 8) == 3
     assert optcc_segments(1356960, 8) == 1  # 3 segments would cut 65 KiB messages
     assert optcc_segments(7 * 2**20, 3) == 7  # 512 KiB messages already give more
+
+
+def test_cpu_counters_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 5 40 800 10 3 12 0 0 0\ncpu0 50 2 20 400 5 1 6 0 0 0\n")
+    before = CpuTimes.read(str(stat))
+    assert before == CpuTimes(busy=160, softirq=12, total=970)
+    stat.write_text("cpu  190 5 80 830 10 3 32 0 0 0\n")
+    after = CpuTimes.read(str(stat))
+    assert after is not None and before is not None
+    used = after - before  # 150 ticks busy (20 of them soft interrupts), 30 idle
+    assert busy_share(used) == pytest.approx(150 / 180) and softirq_share(used) == pytest.approx(20 / 180)
+    assert busy_share(None) is None and busy_share(CpuTimes(0, 0, 0)) is None  # no tick elapsed
+    assert CpuTimes.read(str(tmp_path / "missing")) is None
+    stat.write_text("intr 1 2 3\n")
+    assert CpuTimes.read(str(stat)) is None
+
+
+def test_table_flags_rows_where_the_cpus_were_busy() -> None:
+    def case(algorithm: str, busy: int) -> dict[str, object]:
+        return {
+            "scenario": "none",
+            "algorithm": algorithm,
+            "ran": algorithm,
+            "size_bytes": 1 << 20,
+            "count": 1 << 18,
+            "dtype": "float32",
+            "world_size": 4,
+            "straggler": None,
+            "slowdowns": {},
+            "delay_s": 0.0,
+            "calibration": None,
+            "arrival": [[0.0] * 4],
+            "finish": [[0.01] * 4],
+            "wrong": 0,
+            "timeline": None,
+            # the second host was the busier one
+            "cpu": [[busy // 2, 0, 100], [busy, 5, 100], None, [10, 0, 100]],
+        }
+
+    config = BenchConfig(world_size=4, bandwidth=None, sizes=[1 << 20], algorithms=["gloo", "ring"], mode="loopback")
+    launched = LaunchResult("loopback", "test", cases=[case("gloo", 60), case("ring", 95)])
+    rows = rows_from_cases(config, launched)
+    assert [r["cpu_busy"] for r in rows] == pytest.approx([0.60, 0.95])
+    assert rows[1]["cpu_softirq"] == pytest.approx(0.05)
+    out = io.StringIO()
+    header = {"config": {"world_size": 4}, "mode": "loopback", "mode_reason": "test"}
+    print_table(rows, header, out)
+    notes = [line for line in out.getvalue().splitlines() if line.startswith("# note")]
+    assert len(notes) == 1 and "ring 1MiB" in notes[0] and "gloo" not in notes[0], notes

@@ -18,7 +18,7 @@ import pytest
 
 from stragglerkit.bench.train import given_options, run_train
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
-from stragglerkit.bench.train_report import summarize
+from stragglerkit.bench.train_report import print_summary, summarize
 from stragglerkit.bench.train_worker import hidden_width
 from stragglerkit.cli import main
 from stragglerkit.testbed import EmulatedCluster
@@ -163,6 +163,22 @@ def test_total_time_speedup_counts_the_rare_slow_steps_the_median_leaves_out() -
     assert summary["speedup_steady_total"] == pytest.approx(6.4 / 4.0)
 
 
+def test_cpu_busy_share_is_the_busiest_hosts_over_the_steady_steps() -> None:
+    config = TrainConfig(world_size=2, mode="loopback", steps=60)
+    record = _record(60, [], plain=0.2, hooked=0.2)
+    # rank 1's host: 90 of 100 ticks busy in every step (70 before the steady steps); rank 0's: 50
+    record["plain_cpu"] = [[[50, 100], [90 if s >= 12 else 70, 100]] for s in range(60)]
+    record["hooked_cpu"] = [[[60, 100], None] for _ in range(60)]  # rank 1 could not read its counters
+    summary = summarize(config, record)
+    assert summary["cpu_busy_steady"] == {"plain": pytest.approx(0.9), "hooked": pytest.approx(0.6)}
+    out = io.StringIO()
+    header = {"config": json.loads(config.to_json()), "mode": "loopback", "mode_reason": "test", "load_average": [1.0]}
+    print_summary(summary, header, out)
+    assert "CPUs busy during the steps (busiest host, all cores): plain 90 %, hooked 60 %" in out.getvalue()
+    del record["plain_cpu"], record["hooked_cpu"]  # a record from before the counters
+    assert summarize(config, record)["cpu_busy_steady"] == {"plain": None, "hooked": None}
+
+
 def test_summary_without_plan_change_measures_after_warm_up_and_fault() -> None:
     config = TrainConfig(world_size=2, mode="loopback", steps=60)
     summary = summarize(config, _record(60, [], plain=0.2, hooked=0.2))
@@ -204,6 +220,8 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
     assert isinstance(data["backward_speedup_steady"], float) and data["backward_speedup_steady"] > 0
     assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
     assert all(t > 0 for t in data["steps"]["plain_s"] + data["steps"]["hooked_s"])
+    # both copies' steps kept this host's CPUs partly busy (4 ranks on its cores)
+    assert all(0 < share <= 1 for share in data["cpu_busy_steady"].values()), data["cpu_busy_steady"]
     # the straggler's sleep is inside both runs' step times
     assert min(data["steps"]["plain_s"][2:]) >= 0.03 and min(data["steps"]["hooked_s"][2:]) >= 0.03
     if data["switched_step"] is not None:

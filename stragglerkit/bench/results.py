@@ -10,6 +10,10 @@ straggler's delay) and ``finish`` (``time.time()``; one machine, so one clock). 
   the first rank's arrival (medians over iterations).
 * ``algbw = size / time`` and ``busbw = algbw · 2(n-1)/n`` in GB/s (GB = 1e9), ``wrong`` the
   number of elements that differed from the exact sum, over every iteration and rank.
+* ``cpu_busy`` / ``cpu_softirq``: the busiest host's share of busy CPU time (all its cores) from
+  the barrier that starts an iteration to the finish, over the iterations, and its soft-interrupt
+  share (:mod:`stragglerkit.bench.cpu_load`); from ``CPU_BOUND`` (0.9) on the table flags the row:
+  the CPUs, not the links, may set its time. None where ``/proc/stat`` is missing.
 * ``predicted_s``: the flow-level simulator (:func:`stragglerkit.sim.simulate`) on the same setting:
   per-rank NICs at the payload rate of the links, the measured latency, the straggler arriving
   ``delay`` late, the degraded NICs; gloo is modelled as a ring.
@@ -26,6 +30,7 @@ import sys
 from typing import Any, Protocol
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
+from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share, softirq_share
 from stragglerkit.bench.launch import LaunchResult
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.units import format_bytes
@@ -109,6 +114,8 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
         from_straggler = _median([end - arr[straggler] for end, arr in zip(ends, case["arrival"], strict=True)])
     time_s = from_straggler if from_straggler is not None else _median(own)
     algbw = case["size_bytes"] / time_s / 1e9 if time_s > 0 else 0.0
+    hosts = [CpuTimes(*ticks) for ticks in case.get("cpu") or [] if ticks is not None]
+    busiest = max(hosts, key=lambda t: busy_share(t) or 0.0, default=None)
     predicted, predicted_first = _predict(case, alpha, bandwidth)
     return {
         "algorithm": case["algorithm"],
@@ -132,6 +139,8 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
         "predicted_s": predicted,
         "predicted_from_first_arrival_s": predicted_first,
         "lower_bound_s": _lower_bound(case, bandwidth),
+        "cpu_busy": busy_share(busiest),
+        "cpu_softirq": softirq_share(busiest),
         "calibration": case["calibration"],
         "samples": {"arrival": case["arrival"], "finish": case["finish"]},
         "timeline": case.get("timeline"),
@@ -220,7 +229,7 @@ def print_table(rows: list[dict[str, Any]], header: dict[str, Any], out: Any = N
     print(
         "# time: median over iterations of the slowest rank's time (straggler scenario: from the straggler's "
         "arrival); GB = 1e9; busbw = algbw*2(n-1)/n; #wrong: elements differing from the exact sum, all "
-        "iterations; model: simulator's prediction",
+        "iterations; model: simulator's prediction; cpu%: the busiest host's busy CPU share during the iterations",
         file=stream,
     )
 
@@ -245,8 +254,8 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
         columns += ["speedup"]
     if degraded:
         columns += ["vs-healthy", "bound(ms)"]
-    columns += ["model(ms)"]
-    widths = [9, 10, 8, 10, 9, 7, 7, 6, 9, 8, 9, 9, 9]
+    columns += ["model(ms)", "cpu%"]
+    widths = [9, 10, 8, 10, 9, 7, 7, 6, 9, 8, 9, 9, 9, 5]
     print("# " + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=False)), file=stream)
     for row in rows:
         name = row["algorithm"] if row["ran"] == row["algorithm"] else f"{row['algorithm']}>{row['ran']}"
@@ -270,8 +279,20 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
             cells += [_x(row["speedup_vs_gloo"])]
         if degraded:
             cells += [_x(row["speedup_vs_fault_free_gloo"]), _ms(row["lower_bound_s"])]
-        cells += [_ms(row["predicted_s"])]
+        cells += [_ms(row["predicted_s"]), _percent(row.get("cpu_busy"))]
         print("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False)), file=stream)
+    bound = [r for r in rows if (r.get("cpu_busy") or 0.0) >= CPU_BOUND]
+    if bound:
+        names = ", ".join(dict.fromkeys(f"{r['algorithm']} {format_bytes(r['size_bytes'])}" for r in bound))
+        print(
+            f"# note: the CPUs were at least {CPU_BOUND:.0%} busy during {names}: on this host the CPU, not "
+            "the links, may set these times (docs/bench.md)",
+            file=stream,
+        )
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f}"
 
 
 def plot_rows(rows: list[dict[str, Any]], path: str) -> None:

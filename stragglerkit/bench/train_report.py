@@ -16,6 +16,10 @@ backward with the AllReduce, optimizer step); a step's time is the largest over 
   smallest backward time over the ranks (timed from the end of the injected lateness; the rank
   that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
   It separates what the AllReduce gained from the rest of the step.
+* ``cpu_busy_steady``: per copy (``plain``, ``hooked``), the busiest host's busy share of its CPU
+  time (all cores, ``/proc/stat``) over the steady steps, from the barrier that starts a step to
+  its end (:mod:`stragglerkit.bench.cpu_load`): near 1, every millisecond of CPU work that either
+  copy adds lengthens the step; None where not measured.
 * ``max_param_diff``: the largest absolute difference between the plain and the hooked model's
   parameters, over every step and rank.
 """
@@ -28,6 +32,7 @@ import statistics
 import sys
 from typing import Any
 
+from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share
 from stragglerkit.bench.train_config import TrainConfig
 
 __all__ = ["PLAN_CHANGES", "print_summary", "summarize", "write_json"]
@@ -118,6 +123,20 @@ def _switch_summary(event: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cpu_busy(per_step: list[list[list[int] | None]] | None, steps: list[int]) -> float | None:
+    """The busiest host's busy share over ``steps`` (``per_step[step][rank]`` = [busy, total] ticks)."""
+    if not per_step or not steps:
+        return None
+    hosts: dict[int, CpuTimes] = {}
+    for step in steps:
+        for rank, ticks in enumerate(per_step[step]):
+            if ticks is not None:
+                used = CpuTimes(busy=ticks[0], softirq=0, total=ticks[1])
+                hosts[rank] = hosts[rank] + used if rank in hosts else used
+    shares = [share for share in map(busy_share, hosts.values()) if share is not None]
+    return max(shares, default=None)
+
+
 def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run (see the module docstring) plus its per-step series."""
     plain = [max(ranks) for ranks in record["plain_s"]]
@@ -155,6 +174,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "plain_steady_ms": plain_steady,
         "hooked_steady_ms": hooked_steady,
         "backward_speedup_steady": backward_speedup,
+        "cpu_busy_steady": {name: _cpu_busy(record.get(f"{name}_cpu"), steady) for name in ("plain", "hooked")},
         "plain_backward_steady_ms": plain_backward_steady,
         "hooked_backward_steady_ms": hooked_backward_steady,
         "max_param_diff": max(record["param_diff"]) if record["param_diff"] else None,
@@ -278,6 +298,13 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
             f"#   last arriver's backward + AllReduce: plain {_ms(summary['plain_backward_steady_ms'])} ms, "
             f"hooked {_ms(summary['hooked_backward_steady_ms'])} ms -> {ratio}"
         )
+        cpu = summary.get("cpu_busy_steady") or {}
+        if all(cpu.get(name) is not None for name in ("plain", "hooked")):
+            say(
+                f"#   CPUs busy during the steps (busiest host, all cores): plain {cpu['plain'] * 100:.0f} %, "
+                f"hooked {cpu['hooked'] * 100:.0f} %"
+                + (" (saturated: any CPU work the hook adds lengthens the step)" if cpu["hooked"] >= CPU_BOUND else "")
+            )
     identical = "yes" if summary["hooked_identical_on_all_ranks"] else "NO"
     say(
         f"# parameters: largest |plain - hooked| {summary['max_param_diff']:.3g} (largest |parameter| "

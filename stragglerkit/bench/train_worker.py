@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
@@ -103,6 +104,8 @@ class _Run:
         self.times: list[float] = []
         self.backward: list[float] = []
         self.losses: list[float] = []
+        self.cpu: list[list[int] | None] = []
+        """Per step: [busy, total] CPU ticks of this rank's host during the step (None: not measured)."""
 
 
 class _TrainRank:
@@ -192,6 +195,7 @@ class _TrainRank:
 
     def one_step(self, run: _Run, x: torch.Tensor, y: torch.Tensor, late: float) -> None:
         dist.barrier()
+        cpu_before = CpuTimes.read()
         start = time.perf_counter()
         # gradients set to None would be new tensors that DDP copies into its buckets again
         run.opt.zero_grad(set_to_none=not self.config.gradient_as_bucket_view)
@@ -205,6 +209,9 @@ class _TrainRank:
         run.opt.step()
         self.synchronize()
         run.times.append(time.perf_counter() - start)
+        cpu_after = CpuTimes.read()
+        used = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+        run.cpu.append(None if used is None else [used.busy, used.total])
         run.losses.append(float(loss.detach()))
 
     def max_param_diff(self) -> float:
@@ -260,6 +267,8 @@ class _TrainRank:
             "hooked_s": self.hooked.times,
             "plain_backward_s": self.plain.backward,
             "hooked_backward_s": self.hooked.backward,
+            "plain_cpu": self.plain.cpu,
+            "hooked_cpu": self.hooked.cpu,
             "diffs": diffs,
             "checksums": {name: float((v * weights).sum()) for name, v in flat.items()},
             "scale": float(flat["plain"].abs().max()),
@@ -284,6 +293,9 @@ class _TrainRank:
             "hooked_s": [list(t) for t in zip(*(g["hooked_s"] for g in gathered), strict=True)],
             "plain_backward_s": [list(t) for t in zip(*(g["plain_backward_s"] for g in gathered), strict=True)],
             "hooked_backward_s": [list(t) for t in zip(*(g["hooked_backward_s"] for g in gathered), strict=True)],
+            # [step][rank]: [busy, total] CPU ticks of the rank's host during its step (None: unknown)
+            "plain_cpu": [list(t) for t in zip(*(g["plain_cpu"] for g in gathered), strict=True)],
+            "hooked_cpu": [list(t) for t in zip(*(g["hooked_cpu"] for g in gathered), strict=True)],
             "param_diff": [max(t) for t in zip(*(g["diffs"] for g in gathered), strict=True)],
             "param_scale": max(g["scale"] for g in gathered),
             "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},

@@ -12,7 +12,8 @@ Every rank runs the same loop inside an initialised process group. Per buffer si
 3. Warm-up iterations of every algorithm, then ``iters`` timed iterations in which the algorithms
    take turns (the order rotates each iteration), so that a load change on the machine hits all
    of them alike. An iteration: copy the input, barrier, the straggler sleeps its delay, then
-   ``arrival = time.time()``, the AllReduce, ``finish = time.time()``.
+   ``arrival = time.time()``, the AllReduce, ``finish = time.time()``. Each rank also reads its
+   host's CPU counters after the barrier and after the finish (:mod:`stragglerkit.bench.cpu_load`).
 4. The per-rank arrival and finish times of every iteration are gathered on rank 0, which returns
    them as case records (:mod:`stragglerkit.bench.results` turns them into the table).
 
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
+from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
@@ -121,19 +123,23 @@ class _Rank:
 
     def iteration(
         self, algorithm: str, x: torch.Tensor, source: torch.Tensor, expected: torch.Tensor, delay: float
-    ) -> tuple[float, float, int, str, dict[str, list[float]]]:
-        """(arrival, finish, wrong elements, algorithm that ran, timeline) of one timed AllReduce."""
+    ) -> tuple[float, float, int, str, dict[str, list[float]], CpuTimes | None]:
+        """(arrival, finish, wrong elements, algorithm that ran, timeline, CPU time of this host from
+        the barrier to the finish) of one timed AllReduce."""
         x.copy_(source)
         self.synchronize()
         dist.barrier()
+        cpu_before = CpuTimes.read()
         if self.rank == self.straggler:
             sleep_precisely(delay)
         arrival, entered_ns = time.time(), time.monotonic_ns()
         ran, timeline = self.all_reduce(algorithm, x, entered_ns)
         self.synchronize()
         finish = time.time()
+        cpu_after = CpuTimes.read()
+        cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         wrong = 0 if torch.equal(x, expected) else int((x != expected).sum().item())
-        return arrival, finish, wrong, ran, timeline
+        return arrival, finish, wrong, ran, timeline, cpu
 
     # -- the straggler's delay ------------------------------------------------------------------
     def measure_pre_phase(self, x: torch.Tensor, source: torch.Tensor, size_bytes: int) -> dict[str, Any]:
@@ -163,13 +169,15 @@ class _Rank:
             for _ in range(self.config.warmup):
                 self.iteration(algorithm, x, source, expected, delay)
         samples: dict[str, dict[str, Any]] = {
-            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}} for a in algorithms
+            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}, "cpu": []} for a in algorithms
         }
         for it in range(self.config.iters):
             shift = it % len(algorithms)
             for algorithm in algorithms[shift:] + algorithms[:shift]:
-                arrival, finish, wrong, ran, timeline = self.iteration(algorithm, x, source, expected, delay)
+                arrival, finish, wrong, ran, timeline, cpu = self.iteration(algorithm, x, source, expected, delay)
                 sample = samples[algorithm]
+                if cpu is not None:
+                    sample["cpu"].append([cpu.busy, cpu.softirq, cpu.total])
                 sample["timeline"] = timeline  # the last iteration's
                 sample["arrival"].append(arrival)
                 sample["finish"].append(finish)
@@ -201,6 +209,8 @@ class _Rank:
                     # per rank: phase/round label -> [first post, last completion] in seconds after that
                     # rank's own arrival, from the executor's per-op timings of the last iteration
                     "timeline": [p["timeline"] for p in per_rank],
+                    # per rank: [busy, softirq, total] CPU ticks of its host, summed over the iterations
+                    "cpu": [[sum(c[i] for c in p["cpu"]) for i in range(3)] if p["cpu"] else None for p in per_rank],
                 }
             )
         return cases
