@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from stragglerkit.errors import ScheduleError
+from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import OP_COLUMNS, LoweredKind, chunk_bounds, lower, message_order, refine
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules import check, ring
@@ -217,6 +218,31 @@ def test_refine_keeps_the_schedule_correct_and_splits_messages() -> None:
     assert refined.num_chunks == 12
     assert refined.num_ops() == 3 * sched.num_ops()
     assert labels[0][0] == "reduce_scatter round 0" and labels[0][-1] == "allgather round 5"
+
+
+@pytest.mark.parametrize("n", [4, 6, 8])
+def test_refined_rounds_pipeline_piece_by_piece(n: int) -> None:
+    """StragglAR in round order, cut into 3 pieces: piece j of a round waits for piece j of the
+    rank's previous round (not for all of its pieces), so the rounds pipeline; still correct."""
+    ordered = in_round_order(generate("stragglar", Situation(world_size=n, straggler=n - 1)))
+    pieces = 3
+    refined, labels = refine(ordered, pieces)
+    check(refined)
+    pairs = 0
+    for rank, ops in enumerate(ordered.ops):
+        rounds = [i for i, op in enumerate(ops) if op.is_comm and op.round is not None and op.phase == "matching"]
+        for later in rounds:
+            earlier = [d for d in ops[later].depends if d in rounds and ops[d].round != ops[later].round]
+            for j in range(pieces):
+                depends = set(refined.ops[rank][later * pieces + j].depends)
+                # on piece j of each earlier-round op, and on no other piece of it
+                for d in earlier:
+                    assert d * pieces + j in depends, (rank, later, j, d)
+                    others = {d * pieces + k for k in range(pieces)} - {d * pieces + j}
+                    assert not depends & others, (rank, later, j, d)
+                    pairs += 1
+        assert labels[rank][-1].startswith("matching round")
+    assert pairs >= n * pieces  # every rank has rounds after its first
 
 
 @pytest.mark.parametrize("numel", [0, 1, 3, 7, 1000])

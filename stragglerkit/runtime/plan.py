@@ -10,8 +10,10 @@ Steps (all in Python, once per cache key; the executor only interprets the resul
 2. **Pieces.** For large buckets each chunk is cut into ``pieces`` sub-chunks and every op into
    ``pieces`` ops (:func:`refine`), so that a reduction overlaps the next piece's transfer and a
    forward can start before the whole chunk arrived. Data dependencies are re-derived at piece
-   granularity by :class:`ScheduleBuilder`; extra (non-data) dependencies of the schedule are kept
-   between all pieces. The refined schedule is checked again (:func:`check`).
+   granularity by :class:`ScheduleBuilder`; a round schedule's round order (runtime/ordering.py)
+   is kept piece by piece (piece ``j`` of a round waits for piece ``j`` of the previous round, so
+   the rounds pipeline), other extra (non-data) dependencies between all pieces. The refined
+   schedule is checked again (:func:`check`).
 3. **Wait order.** :func:`message_order` simulates the run (messages move when both sides posted,
    in program order per pair) with a known straggler's ops held back until nothing else can move,
    and records the global order of messages. Every rank waits on its messages in that order; see
@@ -137,18 +139,19 @@ def chunk_bounds(weights: Sequence[int], numel: int, align: int = 1) -> list[int
 
 
 def choose_pieces(schedule: Schedule, numel: int, element_size: int) -> int:
-    """How many pieces to cut each chunk into for a bucket of ``numel`` elements.
+    """How many pieces to cut each chunk into for a bucket of ``numel`` elements: messages of about
+    ``PIECE_TARGET_BYTES`` (1 MiB), at most ``MAX_PIECES`` per chunk.
 
-    Round schedules (a ``round_phase``: StragglAR, direct) keep whole chunks. Their rounds run one
-    after another on each rank (runtime/ordering.py), so pieces cannot carry a chunk into the next
-    round early; they only put more messages on each connection, and over TCP that costs more
-    than the overlap of a piece's reduction with the next piece's transfer gains: on the emulated
-    cluster (8 ranks, 1 Gbit/s, 32 MiB) StragglAR took 490 ms with 1 MiB pieces and 417 ms with
-    whole 4.6 MiB chunks (docs/bench.md). Dataflow schedules (ring, RHD, OptCC) forward piece by
-    piece, which pipelines their steps.
+    Dataflow schedules (ring, RHD, OptCC) forward piece by piece, which pipelines their steps.
+    Round schedules (a ``round_phase``: StragglAR, direct) run their rounds one after another on
+    each rank, piece by piece (:func:`refine`): piece ``j`` of a round starts once piece ``j`` of
+    the previous round is done, so each piece's reduction and the start of the next round's
+    transfer overlap the rest of the round. On the emulated cluster (8 ranks, 1 Gbit/s, 32 MiB,
+    straggler delay auto) StragglAR measured 1.24x, 1.25x, 1.24x and 1.22x of gloo with 1 MiB pieces
+    against 1.19x and 1.18x with whole 4.6 MiB chunks, side by side (512 KiB: 1.22x, 1.25x; 2 MiB:
+    1.19x, 1.22x; docs/bench.md). (With a whole round as the barrier between pieces, pieces had
+    cost more than they gained: 490 ms against 417 ms.)
     """
-    if schedule.round_phase is not None:
-        return 1
     smallest = min(schedule.chunk_weights())
     chunk_bytes = numel * element_size * smallest // max(schedule.total_weight(), 1)
     return max(1, min(MAX_PIECES, chunk_bytes // PIECE_TARGET_BYTES))
@@ -176,6 +179,19 @@ def _explicit_depends(schedule: Schedule) -> list[list[set[int]]]:
     ]
 
 
+def _round_order(earlier: Op, later: Op, phase: str | None) -> bool:
+    """Is ``later``'s dependency on ``earlier`` the round order of ``phase`` (comm ops of two rounds)?"""
+    return (
+        phase is not None
+        and earlier.is_comm
+        and later.is_comm
+        and earlier.phase == later.phase == phase
+        and earlier.round is not None
+        and later.round is not None
+        and earlier.round != later.round
+    )
+
+
 def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
     """Cut every chunk into ``pieces`` sub-chunks and every op into ``pieces`` ops.
 
@@ -195,6 +211,7 @@ def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
         )
         return plain, labels
     explicit = _explicit_depends(schedule)
+    round_phase = schedule.round_phase
     builder = ScheduleBuilder(schedule.world_size, schedule.num_chunks * pieces)
     refined_labels: list[list[str]] = [[] for _ in range(schedule.world_size)]
     for rank, rank_ops in enumerate(schedule.ops):
@@ -202,12 +219,18 @@ def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
         for index, op in enumerate(rank_ops):
             start, stop = op.chunks
             width = stop - start
-            extra = tuple(sorted(k for dep in explicit[rank][index] for k in new_index[dep]))
+            # a dependency on an op of an earlier round (runtime/ordering.py) holds piece j back until
+            # piece j of that op is done, so that the rounds pipeline piece by piece; any other
+            # extra dependency waits for every piece
+            by_piece = [dep for dep in explicit[rank][index] if _round_order(rank_ops[dep], op, round_phase)]
+            whole = [dep for dep in explicit[rank][index] if dep not in by_piece]
+            extra = sorted(k for dep in whole for k in new_index[dep])
             indices = []
             for j in range(pieces):
                 sub = (start * pieces + j * width, start * pieces + (j + 1) * width)
                 scratch = None if op.scratch is None else op.scratch * pieces + j
-                indices.append(builder.add(rank, Op(op.kind, sub, op.peer, scratch, extra, None, op.phase)))
+                depends = tuple(sorted({*extra, *(new_index[dep][j] for dep in by_piece)}))
+                indices.append(builder.add(rank, Op(op.kind, sub, op.peer, scratch, depends, None, op.phase)))
                 refined_labels[rank].append(labels[rank][index])
             new_index.append(indices)
     return builder.build(schedule.algorithm, params=dict(schedule.params)), refined_labels
