@@ -51,18 +51,6 @@ def test_large_size_with_ordered_waits(n: int, monkeypatch: pytest.MonkeyPatch) 
     check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,)))
 
 
-@pytest.mark.parametrize("n", [4, 6])
-def test_large_enough_for_pieces_in_every_round(n: int) -> None:
-    """12 MiB: StragglAR's and direct's chunks (2.4-4 MiB) are cut into 1 MiB pieces whose rounds
-    pipeline piece by piece (runtime/plan.py); every algorithm still exact and bit-identical."""
-    from stragglerkit.runtime.plan import choose_pieces
-    from stragglerkit.schedules.registry import Situation, generate
-
-    numel = (3 << 20) + 5
-    assert choose_pieces(generate("stragglar", Situation(world_size=n, straggler=n - 1)), numel, 4) >= 2
-    check_results(n, run_group(n, sweep, (numel,), (torch.float32,)))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [6, 7])
 def test_small_sizes_slow(n: int) -> None:

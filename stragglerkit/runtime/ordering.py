@@ -10,11 +10,11 @@ punctual ranks then forward late. The schedule's analysis (and the simulator's d
 :func:`in_round_order` makes that explicit: every send and receive tagged with a round of the
 schedule's ``round_phase`` gets an extra dependency on this rank's sends and receives of its previous
 round in that phase. The dependencies are ordinary ``depends`` entries, so the checker proves the
-result again. The lowering keeps them piece by piece: when chunks are cut into pieces, piece ``j``
+result again. When chunks are cut into pieces the lowering keeps them piece by piece: piece ``j``
 of a round starts once piece ``j`` of the previous round is complete, so a rank still runs one
-round after another, but each piece's reduction and the next round's first pieces overlap the
-rest of the round (runtime/plan.py, ``choose_pieces``). Other phases (StragglAR's pre-phase ReduceScatter, rings,
-OptCC's pipeline) stay dataflow.
+round after another while each piece's reduction overlaps the rest of the round (runtime/plan.py,
+``refine``; by default round schedules keep whole chunks, see ``choose_pieces``). Other phases
+(StragglAR's pre-phase ReduceScatter, rings, OptCC's pipeline) stay dataflow.
 """
 
 from __future__ import annotations

@@ -139,19 +139,24 @@ def chunk_bounds(weights: Sequence[int], numel: int, align: int = 1) -> list[int
 
 
 def choose_pieces(schedule: Schedule, numel: int, element_size: int) -> int:
-    """How many pieces to cut each chunk into for a bucket of ``numel`` elements: messages of about
-    ``PIECE_TARGET_BYTES`` (1 MiB), at most ``MAX_PIECES`` per chunk.
+    """How many pieces to cut each chunk into for a bucket of ``numel`` elements.
 
-    Dataflow schedules (ring, RHD, OptCC) forward piece by piece, which pipelines their steps.
-    Round schedules (a ``round_phase``: StragglAR, direct) run their rounds one after another on
-    each rank, piece by piece (:func:`refine`): piece ``j`` of a round starts once piece ``j`` of
-    the previous round is done, so each piece's reduction and the start of the next round's
-    transfer overlap the rest of the round. On the emulated cluster (8 ranks, 1 Gbit/s, 32 MiB,
-    straggler delay auto) StragglAR measured 1.24x, 1.25x, 1.24x and 1.22x of gloo with 1 MiB pieces
-    against 1.19x and 1.18x with whole 4.6 MiB chunks, side by side (512 KiB: 1.22x, 1.25x; 2 MiB:
-    1.19x, 1.22x; docs/bench.md). (With a whole round as the barrier between pieces, pieces had
-    cost more than they gained: 490 ms against 417 ms.)
+    Dataflow schedules (ring, RHD, OptCC): messages of about ``PIECE_TARGET_BYTES`` (1 MiB), at
+    most ``MAX_PIECES`` per chunk; they forward piece by piece, which pipelines their steps.
+
+    Round schedules (a ``round_phase``: StragglAR, direct) keep whole chunks. Cut into pieces,
+    their rounds pipeline piece by piece (:func:`refine`), which removes the bubble at each round
+    boundary but lets the next round's first pieces share the NIC with the current round's last
+    ones. Measured on the emulated cluster (8 ranks, 32 MiB, straggler delay auto; StragglAR vs
+    gloo from the straggler's arrival, alternating runs; ``python profiling/round_pieces_summary.py``,
+    docs/bench.md): at 1 Gbit/s 1 MiB pieces 1.20x-1.25x (median 1.22x of 7 runs) against whole
+    chunks 1.18x-1.21x (median 1.20x of 4); at 250 Mbit/s 1.21x-1.25x (median 1.21x of 5) against
+    1.25x-1.27x (median 1.26x of 4). Pieces gain within the noise where per-round overheads
+    matter and lose where the transfers dominate, so whole chunks stay. (At most one piece of
+    overlap between rounds was worse at both rates: 1.12x-1.16x and 1.08x-1.13x.)
     """
+    if schedule.round_phase is not None:
+        return 1
     smallest = min(schedule.chunk_weights())
     chunk_bytes = numel * element_size * smallest // max(schedule.total_weight(), 1)
     return max(1, min(MAX_PIECES, chunk_bytes // PIECE_TARGET_BYTES))
