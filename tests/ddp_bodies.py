@@ -47,7 +47,7 @@ def hook_vs_plain(
     ``views``: both with ``gradient_as_bucket_view=True`` and gradients zeroed in place (they stay
     views of DDP's buckets, so the hook's averaging replaces DDP's own division pass)."""
     import stragglerkit
-    from stragglerkit.detect.controller import ControllerConfig, Decision, Plan
+    from stragglerkit.detect.controller import Decision, Plan
 
     plain = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
     hooked = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
@@ -66,7 +66,7 @@ def hook_vs_plain(
         if step == force_optcc_at:  # white-box: every rank adopts the same OptCC plan at this step
             plan = Plan("ring", ("optcc",) * 8, None, ((1, 2.0),))
             # with the probe interval rank 0 ships with an OptCC plan
-            every = ControllerConfig().plan_probe_every
+            every = state.config.plan_probe_every
             state.controller.apply(Decision(10_000, step, plan, [], every))
             state.runtime.set_rank_map(plan.rank_map(n))
         x, y = _batch(rank, step)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from stragglerkit.bench import BenchConfig, parse_algorithms, parse_degrade, parse_delay_option, parse_sizes, run
-from stragglerkit.bench.cpu_load import CpuTimes, busy_share, softirq_share
+from stragglerkit.bench.cpu_load import CpuTimes, busy_share, run_queue_wait_ns, softirq_share
 from stragglerkit.bench.launch import LaunchResult, detect_mode, jobs_for
 from stragglerkit.bench.results import print_table, rows_from_cases
 from stragglerkit.bench.worker import exact_inputs
@@ -41,6 +41,7 @@ ROW_FIELDS = {
     "predicted_s",
     "cpu_busy",
     "cpu_softirq",
+    "run_queue_wait_s",
 }
 
 
@@ -183,6 +184,7 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
         assert row["predicted_s"] is None  # no bandwidth known over loopback
         # 4 ranks on this host's cores: some of its CPU time was busy, soft interrupts are part of it
         assert 0 < row["cpu_busy"] <= 1 and 0 <= row["cpu_softirq"] <= row["cpu_busy"]
+        assert row["run_queue_wait_s"] is not None and row["run_queue_wait_s"] >= 0
     data = json.loads(json_path.read_text())
     assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])
     assert len(data["rows"]) == 3
@@ -247,6 +249,16 @@ def test_cpu_counters_from_proc_stat(tmp_path: Path) -> None:
     assert CpuTimes.read(str(stat)) is None
 
 
+def test_run_queue_wait_sums_the_threads_schedstat(tmp_path: Path) -> None:
+    for thread, fields in (("100", "5000 700 3"), ("101", "9000 300 8"), ("102", "garbled")):
+        (tmp_path / thread).mkdir()
+        (tmp_path / thread / "schedstat").write_text(fields + "\n")
+    (tmp_path / "103").mkdir()  # a thread that ended between the listing and the read
+    assert run_queue_wait_ns(str(tmp_path)) == 1000
+    assert run_queue_wait_ns(str(tmp_path / "missing")) is None
+    assert run_queue_wait_ns() is not None  # this process, on Linux
+
+
 def test_table_flags_rows_where_the_cpus_were_busy() -> None:
     def case(algorithm: str, busy: int) -> dict[str, object]:
         return {
@@ -267,6 +279,8 @@ def test_table_flags_rows_where_the_cpus_were_busy() -> None:
             "timeline": None,
             # the second host was the busier one
             "cpu": [[busy // 2, 0, 100], [busy, 5, 100], None, [10, 0, 100]],
+            # [iteration][rank] ns waiting for a core; rank 2 could not read it
+            "waited_ns": [[2_000_000, 4_000_000, None, 0]],
         }
 
     config = BenchConfig(world_size=4, bandwidth=None, sizes=[1 << 20], algorithms=["gloo", "ring"], mode="loopback")
@@ -274,6 +288,7 @@ def test_table_flags_rows_where_the_cpus_were_busy() -> None:
     rows = rows_from_cases(config, launched)
     assert [r["cpu_busy"] for r in rows] == pytest.approx([0.60, 0.95])
     assert rows[1]["cpu_softirq"] == pytest.approx(0.05)
+    assert rows[0]["run_queue_wait_s"] == pytest.approx(0.002)  # mean of 2, 4 and 0 ms
     out = io.StringIO()
     header = {"config": {"world_size": 4}, "mode": "loopback", "mode_reason": "test"}
     print_table(rows, header, out)

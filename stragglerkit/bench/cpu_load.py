@@ -9,8 +9,15 @@ and each row reports the busiest host's share of busy time over its iterations (
 and the share spent in soft interrupts (``cpu_softirq``, mostly network processing). Rows from
 ``cpu_busy`` = 0.9 on are flagged under the table.
 
-Only Linux has ``/proc/stat``; elsewhere the fields are ``None``. Reading it costs about 50 us,
-outside the timed part of an iteration.
+A busy share below 1 does not mean nobody waited for a core: the ranks wake in bursts. So every
+rank also reads how long its own threads waited in the CPU's run queue (``run_delay`` of
+``/proc/self/task/*/schedstat``, the scheduler's own account) over the same interval; each row
+reports the median over iterations of the ranks' mean (``run_queue_wait_s``): CPU time a rank
+was ready to use and did not get. Its threads are summed (gloo's, the executor's), so it can
+exceed the iteration's time.
+
+Only Linux has ``/proc/stat`` and schedstat; elsewhere the fields are ``None``. Reading them
+costs about 50-200 us, outside the timed part of an iteration.
 
 Example::
 
@@ -22,9 +29,10 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-__all__ = ["CPU_BOUND", "CpuTimes", "busy_share", "softirq_share"]
+__all__ = ["CPU_BOUND", "CpuTimes", "busy_share", "run_queue_wait_ns", "softirq_share"]
 
 CPU_BOUND = 0.9
 """From this share of busy CPU time on, a row is flagged: the CPUs, not the links, may set its time."""
@@ -76,3 +84,24 @@ def softirq_share(times: CpuTimes | None) -> float | None:
     if times is None or times.total <= 0:
         return None
     return times.softirq / times.total
+
+
+def run_queue_wait_ns(tasks: str = "/proc/self/task") -> int | None:
+    """Nanoseconds this process's threads have waited in a run queue so far (the second field of
+    each thread's ``schedstat``), or None where schedstat cannot be read. Threads that ended since
+    the previous reading drop out, so compare readings around a span in which none ends."""
+    try:
+        names = os.listdir(tasks)
+    except OSError:
+        return None
+    total, seen = 0, 0
+    for name in names:
+        try:
+            with open(os.path.join(tasks, name, "schedstat"), encoding="ascii") as stat:
+                fields = stat.read().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if len(fields) >= 2:
+            total += int(fields[1])
+            seen += 1
+    return total if seen else None

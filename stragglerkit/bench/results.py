@@ -14,6 +14,8 @@ straggler's delay) and ``finish`` (``time.time()``; one machine, so one clock). 
   the barrier that starts an iteration to the finish, over the iterations, and its soft-interrupt
   share (:mod:`stragglerkit.bench.cpu_load`); from ``CPU_BOUND`` (0.9) on the table flags the row:
   the CPUs, not the links, may set its time. None where ``/proc/stat`` is missing.
+* ``run_queue_wait_s``: per iteration the ranks' mean time waiting for a core (their threads'
+  schedstat run delay, summed over threads), median over iterations; None where unknown.
 * ``predicted_s``: the flow-level simulator (:func:`stragglerkit.sim.simulate`) on the same setting:
   per-rank NICs at the payload rate of the links, the measured latency, the straggler arriving
   ``delay`` late, the degraded NICs; gloo is modelled as a ring.
@@ -140,6 +142,7 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
         "predicted_from_first_arrival_s": predicted_first,
         "lower_bound_s": _lower_bound(case, bandwidth),
         "cpu_busy": busy_share(busiest),
+        "run_queue_wait_s": _run_queue_wait(case.get("waited_ns")),
         "cpu_softirq": softirq_share(busiest),
         "calibration": case["calibration"],
         "samples": {"arrival": case["arrival"], "finish": case["finish"]},
@@ -229,7 +232,8 @@ def print_table(rows: list[dict[str, Any]], header: dict[str, Any], out: Any = N
     print(
         "# time: median over iterations of the slowest rank's time (straggler scenario: from the straggler's "
         "arrival); GB = 1e9; busbw = algbw*2(n-1)/n; #wrong: elements differing from the exact sum, all "
-        "iterations; model: simulator's prediction; cpu%: the busiest host's busy CPU share during the iterations",
+        "iterations; model: simulator's prediction; cpu%: the busiest host's busy CPU share during the iterations; "
+        "wait: a rank's threads' time waiting for a core per iteration (mean over ranks, median over iterations)",
         file=stream,
     )
 
@@ -254,8 +258,8 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
         columns += ["speedup"]
     if degraded:
         columns += ["vs-healthy", "bound(ms)"]
-    columns += ["model(ms)", "cpu%"]
-    widths = [9, 10, 8, 10, 9, 7, 7, 6, 9, 8, 9, 9, 9, 5]
+    columns += ["model(ms)", "cpu%", "wait(ms)"]
+    widths = [9, 10, 8, 10, 9, 7, 7, 6, 9, 8, 9, 9, 9, 5, 8]
     print("# " + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=False)), file=stream)
     for row in rows:
         name = row["algorithm"] if row["ran"] == row["algorithm"] else f"{row['algorithm']}>{row['ran']}"
@@ -279,7 +283,7 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
             cells += [_x(row["speedup_vs_gloo"])]
         if degraded:
             cells += [_x(row["speedup_vs_fault_free_gloo"]), _ms(row["lower_bound_s"])]
-        cells += [_ms(row["predicted_s"]), _percent(row.get("cpu_busy"))]
+        cells += [_ms(row["predicted_s"]), _percent(row.get("cpu_busy")), _ms(row.get("run_queue_wait_s"))]
         print("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False)), file=stream)
     bound = [r for r in rows if (r.get("cpu_busy") or 0.0) >= CPU_BOUND]
     if bound:
@@ -289,6 +293,15 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
             "the links, may set these times (docs/bench.md)",
             file=stream,
         )
+
+
+def _run_queue_wait(waited: list[list[int | None]] | None) -> float | None:
+    per_iteration = []
+    for ranks in waited or []:
+        known = [w for w in ranks if w is not None]
+        if known:
+            per_iteration.append(sum(known) / len(known) / 1e9)
+    return _median(per_iteration) if per_iteration else None
 
 
 def _percent(share: float | None) -> str:

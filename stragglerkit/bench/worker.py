@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
-from stragglerkit.bench.cpu_load import CpuTimes
+from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
@@ -123,23 +123,24 @@ class _Rank:
 
     def iteration(
         self, algorithm: str, x: torch.Tensor, source: torch.Tensor, expected: torch.Tensor, delay: float
-    ) -> tuple[float, float, int, str, dict[str, list[float]], CpuTimes | None]:
-        """(arrival, finish, wrong elements, algorithm that ran, timeline, CPU time of this host from
-        the barrier to the finish) of one timed AllReduce."""
+    ) -> tuple[float, float, int, str, dict[str, list[float]], CpuTimes | None, int | None]:
+        """(arrival, finish, wrong elements, algorithm that ran, timeline, CPU time of this host and
+        this rank's run-queue wait in ns, both from the barrier to the finish) of one timed AllReduce."""
         x.copy_(source)
         self.synchronize()
         dist.barrier()
-        cpu_before = CpuTimes.read()
+        cpu_before, waited_before = CpuTimes.read(), run_queue_wait_ns()
         if self.rank == self.straggler:
             sleep_precisely(delay)
         arrival, entered_ns = time.time(), time.monotonic_ns()
         ran, timeline = self.all_reduce(algorithm, x, entered_ns)
         self.synchronize()
         finish = time.time()
-        cpu_after = CpuTimes.read()
+        cpu_after, waited_after = CpuTimes.read(), run_queue_wait_ns()
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+        waited = None if waited_after is None or waited_before is None else max(0, waited_after - waited_before)
         wrong = 0 if torch.equal(x, expected) else int((x != expected).sum().item())
-        return arrival, finish, wrong, ran, timeline, cpu
+        return arrival, finish, wrong, ran, timeline, cpu, waited
 
     # -- the straggler's delay ------------------------------------------------------------------
     def measure_pre_phase(self, x: torch.Tensor, source: torch.Tensor, size_bytes: int) -> dict[str, Any]:
@@ -169,13 +170,17 @@ class _Rank:
             for _ in range(self.config.warmup):
                 self.iteration(algorithm, x, source, expected, delay)
         samples: dict[str, dict[str, Any]] = {
-            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}, "cpu": []} for a in algorithms
+            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}, "cpu": [], "waited": []}
+            for a in algorithms
         }
         for it in range(self.config.iters):
             shift = it % len(algorithms)
             for algorithm in algorithms[shift:] + algorithms[:shift]:
-                arrival, finish, wrong, ran, timeline, cpu = self.iteration(algorithm, x, source, expected, delay)
+                arrival, finish, wrong, ran, timeline, cpu, waited = self.iteration(
+                    algorithm, x, source, expected, delay
+                )
                 sample = samples[algorithm]
+                sample["waited"].append(waited)
                 if cpu is not None:
                     sample["cpu"].append([cpu.busy, cpu.softirq, cpu.total])
                 sample["timeline"] = timeline  # the last iteration's
@@ -211,6 +216,8 @@ class _Rank:
                     "timeline": [p["timeline"] for p in per_rank],
                     # per rank: [busy, softirq, total] CPU ticks of its host, summed over the iterations
                     "cpu": [[sum(c[i] for c in p["cpu"]) for i in range(3)] if p["cpu"] else None for p in per_rank],
+                    # [iteration][rank]: ns the rank's threads waited in a run queue (None: unknown)
+                    "waited_ns": [list(t) for t in zip(*(p["waited"] for p in per_rank), strict=True)],
                 }
             )
         return cases
