@@ -194,6 +194,12 @@ class ControllerConfig:
     fit_samples: int = 256
     """Most recent baseline AllReduces kept for fitting."""
 
+    @property
+    def probes_back_off(self) -> bool:
+        """Do the baseline's probes back off (``allreduce`` baseline, probes on, a longer quiet interval)?"""
+        quiet, busy = self.quiet_probe_every, self.probe_every
+        return self.baseline == "allreduce" and busy > 0 and quiet not in (0, busy)
+
     def __post_init__(self) -> None:
         for name in (
             "warmup_steps",
@@ -642,9 +648,8 @@ class Controller:
                     f"rank {rank} was last in {fraction:.0%} of {where} with a median delay of {delay * 1e3:.3g} ms"
                 )
                 break
-        if cfg.baseline == "allreduce" and cfg.probe_every and cfg.quiet_probe_every not in (0, cfg.probe_every):
-            if self._probe_target != cfg.quiet_probe_every:
-                reasons.append("the probes have not backed off (the links are in question)")
+        if cfg.probes_back_off and self._probe_target != cfg.quiet_probe_every:
+            reasons.append("the probes have not backed off (the links are in question)")
         if self._readings:
             top = float(np.nanmax(self._readings[-1][1]))
             if top >= cfg.detector.degraded_threshold:
@@ -664,8 +669,7 @@ class Controller:
             self._exchange_event = {
                 "every": quiet,
                 "reason": f"all quiet for {cfg.detector.window} steps: the baseline runs, nothing is believed "
-                "wrong, no straggler suspect"
-                + (", the probes have backed off" if cfg.baseline == "allreduce" and cfg.probe_every else ""),
+                "wrong, no straggler suspect" + (", the probes have backed off" if cfg.probes_back_off else ""),
             }
 
     def _slower_than_healthy(self, step: int) -> bool:
@@ -690,7 +694,7 @@ class Controller:
             self._probe_target, self._checking = busy, False
             self._probe_maxima.clear()
             return
-        if cfg.baseline != "allreduce" or busy == 0 or quiet in (0, busy):
+        if not cfg.probes_back_off:
             return
         threshold = cfg.detector.degraded_threshold
         measured = not np.isnan(slowdowns).all()

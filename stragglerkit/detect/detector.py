@@ -98,6 +98,19 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+def _tally(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step of ``rows`` (each ``[rank]`` spans) the last arriver and its delay, and per rank how
+    many steps it was last in."""
+    last, delays = last_arrivers(np.stack(rows))
+    return last, delays, np.bincount(last[last >= 0], minlength=rows[0].size)
+
+
+def _median_delay(last: np.ndarray, delays: np.ndarray, rank: int) -> float:
+    """``rank``'s median delay over the steps it was last in (0 if none)."""
+    mine = delays[last == rank]
+    return float(np.median(mine)) if mine.size else 0.0
+
+
 def _rounded(values: Sequence[float] | np.ndarray, digits: int = 6) -> list[float | None]:
     return [None if not math.isfinite(float(v)) else round(float(v), digits) for v in values]
 
@@ -165,11 +178,9 @@ class Detector:
         rows = list(self._span_rows)[-steps:] if steps else list(self._span_rows)
         if not rows:
             return None
-        last, delays = last_arrivers(np.stack(rows))
-        counts = np.bincount(last[last >= 0], minlength=rows[0].size)
+        last, delays, counts = _tally(rows)
         rank = int(np.argmax(counts))
-        mine = delays[last == rank]
-        return rank, float(counts[rank]) / len(rows), float(np.median(mine)) if mine.size else 0.0
+        return rank, float(counts[rank]) / len(rows), _median_delay(last, delays, rank)
 
     def reset_window(self) -> None:
         """Forget the window (e.g. after a plan switch changed what the spans mean)."""
@@ -211,15 +222,12 @@ class Detector:
         if len(self._span_rows) < cfg.window:
             self._last = {"window_filled": len(self._span_rows), "window": cfg.window}
             return []
-        last, delays = last_arrivers(np.stack(self._span_rows))
-        n = self._span_rows[0].size
-        counts = np.bincount(last[last >= 0], minlength=n)
+        last, delays, counts = _tally(list(self._span_rows))
         candidate = int(np.argmax(counts))
         fraction = counts / cfg.window
 
         def median_delay(rank: int) -> float:
-            mine = delays[last == rank]
-            return float(np.median(mine)) if mine.size else 0.0
+            return _median_delay(last, delays, rank)
 
         cand_delay = median_delay(candidate)
         cand_critical = float(critical_delay(candidate))

@@ -96,14 +96,18 @@ class StatsExchange:
         self.offsets = ClockOffsets.zero(world_size)
         """Clock offsets to rank 0 (set after :func:`~stragglerkit.detect.arrival.estimate_clock_offsets`)."""
 
+    @property
+    def _step_size(self) -> int:
+        """Floats per step: the total, the bucket spans, the ring-link figures, arrival and finish."""
+        return 1 + self.buckets + _LINK_FIELDS + 2
+
     def size(self, steps: int) -> int:
         """Floats of a vector that carries ``steps`` steps."""
-        per_step = 1 + self.buckets + _LINK_FIELDS + 2
-        return self.head_size + steps * per_step
+        return self.head_size + steps * self._step_size
 
     def steps_in(self, size: int) -> int:
         """How many steps a vector of ``size`` floats carries (the inverse of :meth:`size`)."""
-        steps, rest = divmod(size - self.head_size, self.size(1) - self.head_size)
+        steps, rest = divmod(size - self.head_size, self._step_size)
         if rest or steps < 0:
             raise ValueError(f"a stats vector of {size} floats does not fit this exchange's layout")
         return steps

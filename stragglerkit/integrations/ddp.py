@@ -101,7 +101,6 @@ class DDPState:
         "_decision_in_flight",
         "_host",
         "_last_exchange",
-        "_next_exchange",
         "_observer",
         "_observing",
         "_pending",
@@ -163,8 +162,6 @@ class DDPState:
         self.profiler = ArrivalProfiler(keep_steps=4 * longest + 4)
         self._last_exchange = 0
         """The step the last exchange was issued at (its figures are of the steps before it)."""
-        self._next_exchange = self.config.exchange_every
-        """The step the next exchange is issued at: the last one's plus the interval in force."""
         self._speed = local_link_speed()
         self._host = host_id()
         self._pending: PendingExchange | None = None
@@ -231,6 +228,13 @@ class DDPState:
         self.clock_offsets = offsets
         self.exchange.offsets = offsets
 
+    @property
+    def _next_exchange(self) -> int:
+        """The step the next exchange is issued at: the last one's plus the interval in force. A
+        decision that changes the interval therefore counts it from the exchange that carried it
+        (every rank adopts it at the same step, and the next exchange is at least a step away)."""
+        return self._last_exchange + self.controller.exchange_every
+
     def _start_exchange(self, step: int) -> None:
         """After the first bucket of ``step`` was handed to its AllReduce: every ``K``-th step, issue
         the exchange of the last ``K`` steps' figures (complete since this step's first bucket).
@@ -249,7 +253,6 @@ class DDPState:
             self._pending = self.exchange.start(payload, first)
             self._shipped = decision
             self._last_exchange = step
-            self._next_exchange = step + self.controller.exchange_every
 
     def explain_failure(self, step: int) -> str:
         """After a failed AllReduce at ``step``: which ranks did not reach it in time (module docstring).
@@ -323,9 +326,6 @@ class DDPState:
         if decision is not None:
             self.controller.apply(decision)
             self.runtime.set_rank_map(decision.plan.rank_map(self.world_size))
-            # a new exchange interval counts from the exchange just received (every rank: the same
-            # decision at the same step, and the next exchange is at least a step away)
-            self._next_exchange = self._last_exchange + self.controller.exchange_every
         if self.rank == 0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
             sizes, algorithms = self._own_buckets(steps)
