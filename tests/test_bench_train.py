@@ -18,7 +18,7 @@ import pytest
 
 from stragglerkit.bench.train import given_options, run_train
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
-from stragglerkit.bench.train_report import print_summary, summarize
+from stragglerkit.bench.train_report import group_step_times, print_summary, summarize
 from stragglerkit.bench.train_worker import hidden_width
 from stragglerkit.cli import main
 from stragglerkit.testbed import EmulatedCluster
@@ -55,6 +55,7 @@ FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 50, "reshape_to": {9: 4.0}}, "rank 9"),
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 50, "reshape_to": {1: 0.5}}, "finite number >= 1"),
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_to": {1: 4.0}}, "needs reshape_at"),
+        ({"steps_per_block": 0}, "--steps-per-block"),
     ],
 )
 def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -> None:
@@ -71,6 +72,23 @@ def test_config_round_trips_and_knows_the_late_rank() -> None:
     assert config.scenario == "straggler"
     assert TrainConfig(jitter=0.01).scenario == "jitter"
     assert TrainConfig().scenario == "none"
+
+
+def test_blocks_cover_every_step_and_start_where_the_links_change() -> None:
+    assert TrainConfig(steps=25).blocks() == [range(0, 10), range(10, 20), range(20, 25)]
+    assert TrainConfig(steps=3, steps_per_block=1).blocks() == [range(0, 1), range(1, 2), range(2, 3)]
+    degraded = TrainConfig(steps=40, degrade={3: 2.0}, from_step=15, reshape_at=33, mode="emulated")
+    assert degraded.blocks() == [
+        range(0, 10),
+        range(10, 15),
+        range(15, 20),
+        range(20, 30),
+        range(30, 33),
+        range(33, 40),
+    ]
+    # a straggler or its moves need no block of their own: the lateness is per step
+    late = TrainConfig(steps=30, straggler=1, delay=0.01, from_step=15, moves=[(17, 2)])
+    assert late.blocks() == [range(0, 10), range(10, 20), range(20, 30)]
 
 
 def test_option_parsers() -> None:
@@ -179,6 +197,22 @@ def test_cpu_busy_share_is_the_busiest_hosts_over_the_steady_steps() -> None:
     assert summarize(config, record)["cpu_busy_steady"] == {"plain": None, "hooked": None}
 
 
+def test_group_step_time_is_the_pace_of_the_last_rank_to_finish() -> None:
+    """Free-running blocks: a rank that finishes every step 20 ms after the others adds those 20 ms
+    once per block (at its first step), not once per step."""
+    # block of 3 steps: rank 0 ends at 0.10, 0.20, 0.30; rank 1 at 0.12, 0.22, 0.32; then a new block
+    ends = [[0.10, 0.12], [0.20, 0.22], [0.30, 0.32], [0.15, 0.11]]
+    times = group_step_times(ends, [0, 3])
+    assert times == pytest.approx([0.12, 0.10, 0.10, 0.15])
+    assert sum(times[:3]) == pytest.approx(max(ends[2]))  # a block's steps add up to its time
+    # lockstep: every step starts a block, so a step's time is the slowest rank's
+    assert group_step_times(ends, [0, 1, 2, 3]) == pytest.approx([0.12, 0.22, 0.32, 0.15])
+    config = TrainConfig(world_size=2, mode="loopback", steps=4, steps_per_block=3)
+    record = _record(4, [], plain=0.2, hooked=0.2)
+    record.update(plain_end_s=ends, hooked_end_s=ends, block_starts=[0, 3])
+    assert summarize(config, record)["steps"]["plain_s"] == pytest.approx(times)
+
+
 def test_summary_without_plan_change_measures_after_warm_up_and_fault() -> None:
     config = TrainConfig(world_size=2, mode="loopback", steps=60)
     summary = summarize(config, _record(60, [], plain=0.2, hooked=0.2))
@@ -222,8 +256,14 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
     assert all(t > 0 for t in data["steps"]["plain_s"] + data["steps"]["hooked_s"])
     # both copies' steps kept this host's CPUs partly busy (4 ranks on its cores)
     assert all(0 < share <= 1 for share in data["cpu_busy_steady"].values()), data["cpu_busy_steady"]
-    # the straggler's sleep is inside both runs' step times
-    assert min(data["steps"]["plain_s"][2:]) >= 0.03 and min(data["steps"]["hooked_s"][2:]) >= 0.03
+    # the straggler's sleep is inside its every step, and so inside the group's pace
+    per_rank = data["steps"]["per_rank"]
+    for name in ("plain_s", "hooked_s"):
+        assert min(ranks[3] for ranks in per_rank[name][2:]) >= 0.03
+        assert statistics.median(data["steps"][name][2:]) >= 0.03
+        # free-running blocks of 10: the steps of a block add up to the block's time
+        ends = data["steps"]["per_rank"][name.replace("_s", "_end_s")]
+        assert sum(data["steps"][name][10:20]) == pytest.approx(max(ends[19]))
     if data["switched_step"] is not None:
         assert data["switches"][0]["kind"] == "switch" and data["switches"][0]["algorithm"] == "stragglar"
         assert "stragglar" in data["steps"]["hook_algorithm"][data["switched_step"] :]

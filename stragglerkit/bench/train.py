@@ -54,6 +54,7 @@ TRAIN_ONLY = (
     "--model-size",
     "--batch",
     "--hook-warmup",
+    "--steps-per-block",
     "--gradient-as-bucket-view",
     "--no-gradient-as-bucket-view",
 )
@@ -125,6 +126,13 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     group.add_argument("--batch", type=int, help="samples per rank and step (default 16)")
     group.add_argument("--hook-warmup", type=int, metavar="STEPS", help="the hook's warm-up steps (default 10)")
     group.add_argument(
+        "--steps-per-block",
+        type=int,
+        metavar="N",
+        help="the two copies take turns in blocks of N steps; the ranks meet at a barrier only when a block "
+        "starts and run free within it, as in training (default 10; 1 = lockstep: a barrier before every step)",
+    )
+    group.add_argument(
         "--gradient-as-bucket-view",
         action=argparse.BooleanOptionalAction,
         help="both DDP copies with gradient_as_bucket_view (gradients zeroed in place), as the docs recommend "
@@ -140,7 +148,9 @@ def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
         if not token.startswith("--") or token == "--":
             continue
         name = token.split("=", 1)[0]
-        found += [option for option in options if option.startswith(name) and option not in found]
+        # an exact name is that option even where it begins a longer one (--steps, --steps-per-block)
+        matches = [name] if name in options else [option for option in options if option.startswith(name)]
+        found += [option for option in matches if option not in found]
     return found
 
 
@@ -178,6 +188,7 @@ def cmd_train(
         "model_bytes": args.model_size,
         "batch": args.batch,
         "hook_warmup": args.hook_warmup,
+        "steps_per_block": args.steps_per_block,
         "gradient_as_bucket_view": args.gradient_as_bucket_view,
     }
     config = TrainConfig(

@@ -7,6 +7,7 @@ say what to change (the command line turns them into exit status 2).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -104,6 +105,12 @@ class TrainConfig:
     divides each gradient while copying it into its bucket; with any comm hook it only copies and the
     hook divides in a pass of its own. With bucket views there is no copy, and DDP without a hook
     divides in a pass too: the two copies do the same work apart from the hook (docs/detection.md)."""
+    steps_per_block: int = 10
+    """The two copies take turns in blocks of this many steps (the order alternating from block to
+    block). The ranks meet at a barrier only when a block starts; within a block they run free, as
+    in training, where no barrier lines the ranks up before each step. 1 = lockstep: a barrier
+    before every step, so every step starts with all ranks together (the figures of the runs before
+    this option)."""
     timeout: float = 600.0
     """Seconds the launcher waits for the ranks."""
 
@@ -124,6 +131,8 @@ class TrainConfig:
             raise ValueError(f"--steps must be an integer >= 1, got {self.steps!r}")
         if not _MIN_MODEL_BYTES <= self.model_bytes <= _MAX_MODEL_BYTES:
             raise ValueError(f"--model-size must be between 64KiB and 1GiB of gradients, got {self.model_bytes} bytes")
+        if not isinstance(self.steps_per_block, int) or self.steps_per_block < 1:
+            raise ValueError(f"--steps-per-block must be an integer >= 1 (1 = lockstep), got {self.steps_per_block!r}")
         if self.batch < 1:
             raise ValueError(f"--batch must be >= 1, got {self.batch}")
         if self.hook_warmup is not None and self.hook_warmup < 0:
@@ -221,6 +230,23 @@ class TrainConfig:
             if step >= move_step:
                 rank = move_rank
         return rank
+
+    def blocks(self) -> list[range]:
+        """The steps of each block, in order: every ``steps_per_block`` steps, and a block also
+        starts where the links change (``from_step`` with ``degrade``, ``reshape_at``), so that both
+        copies train every step on the same links.
+
+        Example::
+
+            TrainConfig(steps=25, steps_per_block=10).blocks()    # [range(0, 10), range(10, 20), range(20, 25)]
+        """
+        starts = set(range(0, self.steps, self.steps_per_block))
+        if self.degrade:
+            starts.add(self.from_step)
+        if self.reshape_at is not None:
+            starts.add(self.reshape_at)
+        ordered = [*sorted(starts), self.steps]
+        return [range(first, stop) for first, stop in itertools.pairwise(ordered)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -1,7 +1,11 @@
 """From the ranks' record of a ``--mode train`` run to the summary, the table and the JSON.
 
-Per step and run, every rank timed its own step (barrier, then forward, injected lateness,
-backward with the AllReduce, optimizer step); a step's time is the largest over the ranks.
+Per step and run, every rank recorded when its step ended (forward, injected lateness, backward
+with the AllReduce, optimizer step), counted from the barrier that started the step's block
+(:mod:`stragglerkit.bench.train_worker`). A step's time is how much later the last rank finished it
+than the last rank finished the previous step of the block (for a block's first step: than the
+barrier): the group's pace, which in steady state is the training's time per step. In lockstep
+(``steps_per_block=1``) that is the slowest rank's step.
 
 * ``detected_step`` / ``switched_step``: the step of the hook's first ``detected_*`` / ``switch``
   event (an event's step is the first step under the resulting plan; docs/detection.md).
@@ -17,11 +21,11 @@ backward with the AllReduce, optimizer step); a step's time is the largest over 
   that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
   It separates what the AllReduce gained from the rest of the step.
 * ``cpu_busy_steady``: per copy (``plain``, ``hooked``), the busiest host's busy share of its CPU
-  time (all cores, ``/proc/stat``) over the steady steps, from the barrier that starts a step to
+  time (all cores, ``/proc/stat``) over the steady steps, from the start of each rank's step to
   its end (:mod:`stragglerkit.bench.cpu_load`): near 1, every millisecond of CPU work that either
   copy adds lengthens the step; None where not measured.
 * ``max_param_diff``: the largest absolute difference between the plain and the hooked model's
-  parameters, over every step and rank.
+  parameters, over every block (both copies at the same step) and rank.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share
 from stragglerkit.bench.train_config import TrainConfig
 
-__all__ = ["PLAN_CHANGES", "print_summary", "summarize", "write_json"]
+__all__ = ["PLAN_CHANGES", "group_step_times", "print_summary", "summarize", "write_json"]
 
 PLAN_CHANGES = ("switch", "rollback", "cleared")
 """Event kinds after which the hooked run's plan differs (docs/detection.md, the event log)."""
@@ -137,10 +141,30 @@ def _cpu_busy(per_step: list[list[list[int] | None]] | None, steps: list[int]) -
     return max(shares, default=None)
 
 
+def group_step_times(ends: list[list[float]], block_starts: list[int]) -> list[float]:
+    """Per step, how much later the last rank finished it than the previous step (``ends[step][rank]``:
+    seconds from the block's barrier; a block's first step counts from the barrier).
+
+    Example::
+
+        group_step_times([[1.0, 1.2], [2.1, 2.0], [0.5, 0.7]], [0, 2])    # [1.2, 0.9, 0.7] (up to rounding)
+    """
+    starts = set(block_starts)
+    times = []
+    for step, ranks in enumerate(ends):
+        last = max(ranks)
+        times.append(last if step in starts else last - max(ends[step - 1]))
+    return times
+
+
 def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run (see the module docstring) plus its per-step series."""
-    plain = [max(ranks) for ranks in record["plain_s"]]
-    hooked = [max(ranks) for ranks in record["hooked_s"]]
+    if "plain_end_s" in record:
+        plain, hooked = (
+            group_step_times(record[f"{name}_end_s"], record["block_starts"]) for name in ("plain", "hooked")
+        )
+    else:  # a record without block ends: every step started at a barrier
+        plain, hooked = ([max(ranks) for ranks in record[f"{name}_s"]] for name in ("plain", "hooked"))
     events = record["events"]
     detections = [e for e in events if e["kind"].startswith("detected_")]
     switches = [_switch_summary(e) for e in events if e["kind"] in PLAN_CHANGES]
@@ -207,8 +231,18 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
             "param_diff": record["param_diff"],
             "loss_rank0": record["loss"],
             "per_rank": {
-                name: record[name] for name in ("plain_s", "hooked_s", "plain_backward_s", "hooked_backward_s")
+                name: record[name]
+                for name in (
+                    "plain_s",
+                    "hooked_s",
+                    "plain_end_s",
+                    "hooked_end_s",
+                    "plain_backward_s",
+                    "hooked_backward_s",
+                )
+                if name in record
             },
+            "block_starts": record.get("block_starts"),
         },
         "events": events,
     }
@@ -310,4 +344,14 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
         f"# parameters: largest |plain - hooked| {summary['max_param_diff']:.3g} (largest |parameter| "
         f"{summary['param_scale']:.3g}); hooked model identical on all ranks: {identical}"
     )
-    say("# step time: the slowest rank's forward + injected lateness + backward (AllReduce) + optimizer step")
+    block = config.get("steps_per_block", 1)
+    if block == 1:
+        say(
+            "# step time (lockstep, a barrier before every step): the slowest rank's forward + injected lateness + "
+            "backward (AllReduce) + optimizer step"
+        )
+    else:
+        say(
+            f"# step time: the copies take turns in blocks of {block} steps, with a barrier only when a block "
+            "starts; a step's time is how much later the last rank finished it than the step before"
+        )

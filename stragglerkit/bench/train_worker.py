@@ -2,18 +2,24 @@
 
 Every rank builds two copies of the same MLP (same seed, so the same initial parameters): one
 wrapped in plain ``DistributedDataParallel`` (the process group's own all_reduce, the baseline)
-and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``. Each step, both train on the
-same batch (``torch.Generator`` seeded by (seed, step, rank)), one after the other:
+and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``. Both train on the same batches
+(``torch.Generator`` seeded by (seed, step, rank)), taking turns in blocks of
+``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 
-1. ``dist.barrier()``, then the step's clock starts: forward, the injected lateness (the straggler's
-   delay and/or this rank's jitter, the same figure for both models), backward (the AllReduce),
-   optimizer step; the clock stops. A step's time is the largest such time over the ranks. The
-   backward alone (from the end of the lateness) is timed too: on the rank that arrives last it is
-   that rank's backward compute plus the AllReduce from its arrival.
-2. The order alternates (plain first on even steps, hooked first on odd ones), so whatever one run
+1. ``dist.barrier()``, then the block runs free, as training does: each step is forward, the
+   injected lateness (the straggler's delay and/or this rank's jitter, the same figure for both
+   models), backward (the AllReduce), optimizer step, with no barrier between steps. A rank records
+   when each of its steps ends, counted from the block's barrier; a step's time is how much later
+   the *last* rank finished it than the last rank finished the step before (for a block's first
+   step: than the barrier), so the steps of a block add up to its time. The backward alone (from
+   the end of the lateness) is timed too: on the rank that arrives last it is that rank's backward
+   compute plus the AllReduce from its arrival. With ``steps_per_block=1`` every step starts at a
+   barrier (lockstep), and a step's time is the slowest rank's.
+2. The order alternates (plain first in even blocks, hooked first in odd ones), so whatever one run
    leaves running in the background (the hook's stats exchange, rank 0's controller thread) falls
    on either run alike, and so does any change of load on the machine.
-3. After both: the largest absolute difference between the two models' parameters.
+3. After both: the largest absolute difference between the two models' parameters (both have
+   trained the same steps then); every step of the block records it.
 
 With ``--degrade`` on the emulated cluster, rank 0 asks the launcher to reshape the degraded hosts'
 links at ``from_step`` (a request file in the control folder) and every rank waits at a barrier
@@ -102,6 +108,9 @@ class _Run:
         self.model = model
         self.opt = torch.optim.SGD(model.parameters(), lr=lr)
         self.times: list[float] = []
+        """Per step: this rank's own step time (from the end of its previous step in the block, or the barrier)."""
+        self.ends: list[float] = []
+        """Per step: when this rank finished it, in seconds from the barrier that started the block."""
         self.backward: list[float] = []
         self.losses: list[float] = []
         self.cpu: list[list[int] | None] = []
@@ -135,6 +144,10 @@ class _TrainRank:
         self.delay = config.delay or 0.0
         self.calibration: dict[str, Any] | None = None
         self.reshaped: dict[str, Any] | None = None
+        self.algorithms: list[str] = []
+        """Per step: the hooked run's algorithm after the step."""
+        self.rank_maps: list[list[int]] = []
+        """Per step: the hooked run's rank map (logical -> physical) after the step."""
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -193,26 +206,35 @@ class _TrainRank:
             self.reshaped = {**(self.reshaped or {}), **answer}
         dist.barrier()
 
-    def one_step(self, run: _Run, x: torch.Tensor, y: torch.Tensor, late: float) -> None:
+    def run_block(self, run: _Run, block: range, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``run`` trains the steps of ``block`` from one barrier, without a barrier between steps."""
+        lateness = [self.lateness(step) for step in block]
         dist.barrier()
-        cpu_before = CpuTimes.read()
-        start = time.perf_counter()
-        # gradients set to None would be new tensors that DDP copies into its buckets again
-        run.opt.zero_grad(set_to_none=not self.config.gradient_as_bucket_view)
-        loss = nn.functional.mse_loss(run.model(x), y)
-        if late > 0:
-            sleep_precisely(late)
-        arrived = time.perf_counter()
-        loss.backward()
-        self.synchronize()
-        run.backward.append(time.perf_counter() - arrived)
-        run.opt.step()
-        self.synchronize()
-        run.times.append(time.perf_counter() - start)
-        cpu_after = CpuTimes.read()
-        used = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
-        run.cpu.append(None if used is None else [used.busy, used.total])
-        run.losses.append(float(loss.detach()))
+        block_start = previous_end = time.perf_counter()
+        for (x, y), late in zip(batches, lateness, strict=True):
+            cpu_before = CpuTimes.read()
+            # gradients set to None would be new tensors that DDP copies into its buckets again
+            run.opt.zero_grad(set_to_none=not self.config.gradient_as_bucket_view)
+            loss = nn.functional.mse_loss(run.model(x), y)
+            if late > 0:
+                sleep_precisely(late)
+            arrived = time.perf_counter()
+            loss.backward()
+            self.synchronize()
+            run.backward.append(time.perf_counter() - arrived)
+            run.opt.step()
+            self.synchronize()
+            end = time.perf_counter()
+            run.times.append(end - previous_end)
+            run.ends.append(end - block_start)
+            previous_end = end
+            cpu_after = CpuTimes.read()
+            used = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+            run.cpu.append(None if used is None else [used.busy, used.total])
+            run.losses.append(float(loss.detach()))
+            if run is self.hooked:
+                self.algorithms.append(self.state.algorithm)
+                self.rank_maps.append(list(self.state.runtime.rank_map.to_physical))
 
     def max_param_diff(self) -> float:
         with torch.no_grad():
@@ -223,37 +245,33 @@ class _TrainRank:
         config = self.config
         reshape = bool(config.degrade) and self.control is not None
         diffs: list[float] = []
-        algorithms: list[str] = []
-        rank_maps: list[list[int]] = []
         seen_events = 0
         every = max(1, config.steps // 12)
-        for step in range(config.steps):
-            if reshape and step == config.from_step:
-                self.reshape(RESHAPE, step)
-            if reshape and step == config.reshape_at:
-                self.reshape(RESHAPE_AGAIN, step)
-            x, y = _batch(config, step, self.rank, self.device)
-            late = self.lateness(step)
-            order = (self.plain, self.hooked) if step % 2 == 0 else (self.hooked, self.plain)
+        for index, block in enumerate(config.blocks()):
+            if reshape and block.start == config.from_step:
+                self.reshape(RESHAPE, block.start)
+            if reshape and block.start == config.reshape_at:
+                self.reshape(RESHAPE_AGAIN, block.start)
+            batches = [_batch(config, step, self.rank, self.device) for step in block]
+            order = (self.plain, self.hooked) if index % 2 == 0 else (self.hooked, self.plain)
             for run in order:
-                self.one_step(run, x, y, late)
-            diffs.append(self.max_param_diff())
-            algorithms.append(self.state.algorithm)
-            rank_maps.append(list(self.state.runtime.rank_map.to_physical))
+                self.run_block(run, block, batches)
+            diffs += [self.max_param_diff()] * len(block)
             events = self.state.events
             for event in events[seen_events:]:
-                _progress(self.reporter, f"step {step}: {_describe_event(event)}")
+                _progress(self.reporter, f"step {event['step']}: {_describe_event(event)}")
             seen_events = len(events)
-            if self.reporter and ((step + 1) % every == 0 or step + 1 == config.steps):
-                recent = slice(max(0, step + 1 - every), step + 1)
+            done = block.stop
+            if self.reporter and (done // every > block.start // every or done == config.steps):
+                recent = slice(max(0, done - every), done)
                 plain, hooked = (statistics.median(run.times[recent]) * 1e3 for run in (self.plain, self.hooked))
                 _progress(
                     True,
-                    f"step {step + 1}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0, median "
+                    f"step {done}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0's own, median "
                     f"of the last {len(self.plain.times[recent])}), hook: {self.state.algorithm}",
                 )
         self.state.close()
-        return self._record(diffs, algorithms, rank_maps)
+        return self._record(diffs, self.algorithms, self.rank_maps)
 
     def _record(self, diffs: list[float], algorithms: list[str], rank_maps: list[list[int]]) -> dict[str, Any]:
         with torch.no_grad():
@@ -265,6 +283,8 @@ class _TrainRank:
         own = {
             "plain_s": self.plain.times,
             "hooked_s": self.hooked.times,
+            "plain_end_s": self.plain.ends,
+            "hooked_end_s": self.hooked.ends,
             "plain_backward_s": self.plain.backward,
             "hooked_backward_s": self.hooked.backward,
             "plain_cpu": self.plain.cpu,
@@ -291,6 +311,9 @@ class _TrainRank:
             # [step][rank]
             "plain_s": [list(t) for t in zip(*(g["plain_s"] for g in gathered), strict=True)],
             "hooked_s": [list(t) for t in zip(*(g["hooked_s"] for g in gathered), strict=True)],
+            "plain_end_s": [list(t) for t in zip(*(g["plain_end_s"] for g in gathered), strict=True)],
+            "hooked_end_s": [list(t) for t in zip(*(g["hooked_end_s"] for g in gathered), strict=True)],
+            "block_starts": [block.start for block in self.config.blocks()],
             "plain_backward_s": [list(t) for t in zip(*(g["plain_backward_s"] for g in gathered), strict=True)],
             "hooked_backward_s": [list(t) for t in zip(*(g["hooked_backward_s"] for g in gathered), strict=True)],
             # [step][rank]: [busy, total] CPU ticks of the rank's host during its step (None: unknown)
