@@ -35,6 +35,7 @@ from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share, softirq_share
 from stragglerkit.bench.launch import LaunchResult
 from stragglerkit.errors import NotApplicableError
+from stragglerkit.report.critical_path import critical_path
 from stragglerkit.units import format_bytes
 
 __all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
@@ -104,7 +105,20 @@ def _lower_bound(case: dict[str, Any], bandwidth: float | None) -> float | None:
     return optcc_bounds.theorem2_bound(case["world_size"], slowdowns, n_seconds)
 
 
-def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[str, Any]:
+def _critical_path(case: dict[str, Any], payload_Bps: list[float] | None) -> dict[str, Any] | None:
+    """The last iteration's critical path (:mod:`stragglerkit.report.critical_path`), counted from
+    the straggler's arrival (from the first arrival without one); None for gloo's all_reduce."""
+    traces = case.get("critical")
+    if not traces or any(t is None for t in traces):
+        return None
+    straggler = case["straggler"]
+    origin = traces[straggler]["entered_ns"] if straggler is not None else None
+    return critical_path(traces, payload_Bps, origin)
+
+
+def _row(
+    case: dict[str, Any], alpha: float, bandwidth: float | None, payload_Bps: list[float] | None = None
+) -> dict[str, Any]:
     n = case["world_size"]
     straggler = case["straggler"]
     ends = [max(f) for f in case["finish"]]
@@ -147,6 +161,7 @@ def _row(case: dict[str, Any], alpha: float, bandwidth: float | None) -> dict[st
         "calibration": case["calibration"],
         "samples": {"arrival": case["arrival"], "finish": case["finish"]},
         "timeline": case.get("timeline"),
+        "critical_path": _critical_path(case, payload_Bps),
     }
 
 
@@ -167,7 +182,14 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
 def rows_from_cases(config: BenchConfig, launched: LaunchResult) -> list[dict[str, Any]]:
     """One row per (scenario, size, algorithm), with speedups against gloo and the model's prediction."""
     bandwidth = _payload_bandwidth(config, launched)
-    rows = [_row(case, launched.alpha, bandwidth) for case in launched.cases]
+    # one clock for every rank is needed to walk the critical path: not under torchrun
+    same_clock = launched.mode != "torchrun"
+    payload = [float(r) for r in launched.cluster["expected_payload_Bps"]] if launched.cluster is not None else None
+    rows = []
+    for case in launched.cases:
+        if not same_clock:
+            case = {**case, "critical": None}
+        rows.append(_row(case, launched.alpha, bandwidth, payload))
     _add_speedups(rows)
     return rows
 
@@ -285,6 +307,18 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
             cells += [_x(row["speedup_vs_fault_free_gloo"]), _ms(row["lower_bound_s"])]
         cells += [_ms(row["predicted_s"]), _percent(row.get("cpu_busy")), _ms(row.get("run_queue_wait_s"))]
         print("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False)), file=stream)
+    for row in rows:
+        path = row.get("critical_path")
+        if path is None:
+            continue
+        ideal = "" if path["wire_ideal_s"] is None else f" (alone on their links: {_ms(path['wire_ideal_s'])})"
+        print(
+            f"# critical path of {row['algorithm']} {format_bytes(row['size_bytes'])} (last iteration, "
+            f"{_ms(path['total_s'])} ms): {path['messages']} messages on the wire {_ms(path['wire_s'])} ms{ideal}, "
+            f"post lag {_ms(path['post_lag_s'])} ms, header checks {_ms(path['header_s'])} ms, "
+            f"before its first post {_ms(path['start_s'])} ms",
+            file=stream,
+        )
     bound = [r for r in rows if (r.get("cpu_busy") or 0.0) >= CPU_BOUND]
     if bound:
         names = ", ".join(dict.fromkeys(f"{r['algorithm']} {format_bytes(r['size_bytes'])}" for r in bound))

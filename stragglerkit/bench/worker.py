@@ -37,6 +37,8 @@ import torch.distributed as dist
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
+from stragglerkit.report.critical_path import rank_trace
+from stragglerkit.runtime.api import RunRecord
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
@@ -111,21 +113,30 @@ class _Rank:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def all_reduce(self, algorithm: str, x: torch.Tensor, entered_ns: int) -> tuple[str, dict[str, list[float]]]:
-        """One AllReduce of ``x`` in place; the algorithm that ran and its per-phase/round timeline."""
+    def all_reduce(self, algorithm: str, x: torch.Tensor) -> tuple[str, RunRecord | None]:
+        """One AllReduce of ``x`` in place; the algorithm that ran and its record (None: gloo's)."""
         if algorithm == BASELINE:
             dist.all_reduce(x)
-            return BASELINE, {}
+            return BASELINE, None
         import stragglerkit
 
         record = stragglerkit.all_reduce(x, algorithm=algorithm, straggler=self.straggler, slowdowns=self.slowdowns)
-        return record.algorithm, _timeline(record.labelled_timings(), entered_ns)
+        return record.algorithm, record
 
     def iteration(
-        self, algorithm: str, x: torch.Tensor, source: torch.Tensor, expected: torch.Tensor, delay: float
-    ) -> tuple[float, float, int, str, dict[str, list[float]], CpuTimes | None, int | None]:
-        """(arrival, finish, wrong elements, algorithm that ran, timeline, CPU time of this host and
-        this rank's run-queue wait in ns, both from the barrier to the finish) of one timed AllReduce."""
+        self,
+        algorithm: str,
+        x: torch.Tensor,
+        source: torch.Tensor,
+        expected: torch.Tensor,
+        delay: float,
+        keep_trace: bool = False,
+    ) -> tuple[float, float, int, str, dict[str, Any], CpuTimes | None, int | None]:
+        """(arrival, finish, wrong elements, algorithm that ran, its per-op trace, CPU time of this
+        host and this rank's run-queue wait in ns, both from the barrier to the finish) of one timed
+        AllReduce. The trace: ``timeline`` (per phase/round label, first post and last completion
+        after this rank's arrival) and ``critical`` (:func:`stragglerkit.report.critical_path.rank_trace`);
+        empty for gloo's all_reduce and unless ``keep_trace``."""
         x.copy_(source)
         self.synchronize()
         dist.barrier()
@@ -133,14 +144,20 @@ class _Rank:
         if self.rank == self.straggler:
             sleep_precisely(delay)
         arrival, entered_ns = time.time(), time.monotonic_ns()
-        ran, timeline = self.all_reduce(algorithm, x, entered_ns)
+        ran, record = self.all_reduce(algorithm, x)
         self.synchronize()
         finish = time.time()
         cpu_after, waited_after = CpuTimes.read(), run_queue_wait_ns()
+        trace: dict[str, Any] = {}
+        if record is not None and keep_trace:
+            trace = {
+                "timeline": _timeline(record.labelled_timings(), entered_ns),
+                "critical": rank_trace(record, entered_ns),
+            }
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         waited = None if waited_after is None or waited_before is None else max(0, waited_after - waited_before)
         wrong = 0 if torch.equal(x, expected) else int((x != expected).sum().item())
-        return arrival, finish, wrong, ran, timeline, cpu, waited
+        return arrival, finish, wrong, ran, trace, cpu, waited
 
     # -- the straggler's delay ------------------------------------------------------------------
     def measure_pre_phase(self, x: torch.Tensor, source: torch.Tensor, size_bytes: int) -> dict[str, Any]:
@@ -170,20 +187,22 @@ class _Rank:
             for _ in range(self.config.warmup):
                 self.iteration(algorithm, x, source, expected, delay)
         samples: dict[str, dict[str, Any]] = {
-            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "timeline": {}, "cpu": [], "waited": []}
+            a: {"arrival": [], "finish": [], "wrong": 0, "ran": a, "trace": {}, "cpu": [], "waited": []}
             for a in algorithms
         }
         for it in range(self.config.iters):
             shift = it % len(algorithms)
             for algorithm in algorithms[shift:] + algorithms[:shift]:
-                arrival, finish, wrong, ran, timeline, cpu, waited = self.iteration(
-                    algorithm, x, source, expected, delay
+                last = it == self.config.iters - 1
+                arrival, finish, wrong, ran, trace, cpu, waited = self.iteration(
+                    algorithm, x, source, expected, delay, keep_trace=last
                 )
                 sample = samples[algorithm]
                 sample["waited"].append(waited)
                 if cpu is not None:
                     sample["cpu"].append([cpu.busy, cpu.softirq, cpu.total])
-                sample["timeline"] = timeline  # the last iteration's
+                if last:
+                    sample["trace"] = trace
                 sample["arrival"].append(arrival)
                 sample["finish"].append(finish)
                 sample["wrong"] += wrong
@@ -213,7 +232,10 @@ class _Rank:
                     "wrong": sum(p["wrong"] for p in per_rank),
                     # per rank: phase/round label -> [first post, last completion] in seconds after that
                     # rank's own arrival, from the executor's per-op timings of the last iteration
-                    "timeline": [p["timeline"] for p in per_rank],
+                    "timeline": [p["trace"].get("timeline", {}) for p in per_rank],
+                    # per rank: its messages of the last iteration and their dependencies, for the
+                    # critical path (stragglerkit.report.critical_path); None for gloo's all_reduce
+                    "critical": [p["trace"].get("critical") for p in per_rank],
                     # per rank: [busy, softirq, total] CPU ticks of its host, summed over the iterations
                     "cpu": [[sum(c[i] for c in p["cpu"]) for i in range(3)] if p["cpu"] else None for p in per_rank],
                     # [iteration][rank]: ns the rank's threads waited in a run queue (None: unknown)

@@ -77,9 +77,11 @@ BASELINE_CHOICES = ("allreduce", *BASELINES)
 STEP_PERIOD = "step period"
 """Verification measure: the last finish of one step's AllReduce to the last finish of the next,
 taken over two steps (half the time from step s-2's last finish to step s's): a training loop
-whose steps alternate between two kinds (``bench --mode train`` alternates the order of its plain
-and hooked copies; gradient accumulation can do the same) gives one period per pair, where the
-median of single periods would pick one of the two kinds by the parity of the window."""
+whose steps alternate between two kinds (``bench --mode train --steps-per-block 1`` alternates the
+order of its plain and hooked copies; gradient accumulation can do the same) gives one period per
+pair, where the median of single periods would pick one of the two kinds by the parity of the
+window. The median also passes over the rare long periods that span a pause in training (in
+``bench --mode train``'s default blocks of 10, the other copy's block: 2 periods in 10)."""
 ALLREDUCE_PART = "allreduce part"
 """Verification measure: the last rank's arrival to the last rank's finish (the predicted figure)."""
 EVENT_KINDS = (

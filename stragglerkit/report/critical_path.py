@@ -1,0 +1,211 @@
+"""The critical path of one AllReduce, from the executor's per-op timings: where the time went.
+
+Every rank's executor records, per message, when it was *posted* and when this rank saw it
+*complete* (:class:`stragglerkit.runtime.executor.OpTiming`). With the plan's dependencies
+(:func:`message_dependencies`) and the pairing of each send with its receive (the k-th message
+from rank a to rank b on both sides: a pair's messages match in program order), the chain of
+events that ended the AllReduce can be walked back from the last completion:
+
+* A message could not flow before both ends had posted it. From the later of the two posts to the
+  message's completion is **wire** time: the transfer, and whatever slowed it (other messages on
+  the same link, TCP, a receiving thread that waited for a core). With the links' payload rates it
+  is compared with the **ideal** time of the message alone on its link.
+* The end that posted later had been waiting for its own dependencies (messages it receives
+  before it can send, with the reductions in between). From their completion to the post is
+  **post lag**: the executor thread reducing the received chunk, waking up, posting. It is CPU
+  time on the critical path and nothing else; a schedule does not ask for it. A receive that is
+  the first from its peer also waits for the peer's header (the executor checks it before any
+  data moves): that lag is counted as **header** time.
+* A chain that reaches an op without dependencies ends at that rank's entry into the AllReduce
+  (with a straggler: usually the straggler's arrival).
+
+The segments telescope: ``wire + post lag + header = last completion - entry of the path's first
+rank``. Comparing runs at two link rates separates what the schedule needs (wire time near its
+ideal) from what the machine adds (post lag, wire time above the ideal). The timings of different
+ranks are compared directly, so this needs one clock for all ranks: ranks on one machine
+(loopback, the emulated cluster; ``time.monotonic_ns``), not ranks on several machines.
+
+Example::
+
+    traces = [rank_trace(record, entered_ns) for ...]          # one per rank, gathered
+    path = critical_path(traces, payload_Bps=[119.6e6] * 8)   # {"total_s": ..., "post_lag_s": ...}
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from stragglerkit.runtime.api import RunRecord
+from stragglerkit.runtime.plan import LoweredKind, RankPlan
+
+__all__ = ["critical_path", "message_dependencies", "rank_trace"]
+
+_MESSAGES = (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE)
+_KIND_NAMES = {int(k): k.name.lower() for k in _MESSAGES}
+
+
+def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
+    """Per message op of ``plan``: the message ops it waits for, through any local ops (reductions,
+    copies, empty ops) in between.
+
+    Example::
+
+        deps = message_dependencies(record.plan)    # {op: [earlier message ops], ...}
+    """
+    kinds = plan.ops[:, 0].tolist()
+    child_ptr, child_idx = plan.child_ptr.tolist(), plan.child_idx.tolist()
+    parents: list[list[int]] = [[] for _ in kinds]
+    for op in range(len(kinds)):
+        for k in range(child_ptr[op], child_ptr[op + 1]):
+            parents[child_idx[k]].append(op)
+    resolved: dict[int, set[int]] = {}
+
+    def through_local(op: int) -> set[int]:
+        # the message ops behind ``op``'s parents (ops are topologically ordered: parents come first)
+        if op in resolved:
+            return resolved[op]
+        found: set[int] = set()
+        for parent in parents[op]:
+            if kinds[parent] in _KIND_NAMES:
+                found.add(parent)
+            else:
+                found |= through_local(parent)
+        resolved[op] = found
+        return found
+
+    return {op: sorted(through_local(op)) for op, kind in enumerate(kinds) if kind in _KIND_NAMES}
+
+
+def rank_trace(record: RunRecord, entered_ns: int) -> dict[str, Any]:
+    """This rank's part of the critical path: its entry time, its messages ``[op, kind, peer,
+    bytes, post_ns, completion_ns]`` (``peer`` the physical rank) and each message's message
+    dependencies (same order). Plain values, for ``all_gather_object``."""
+    if record.plan is None:
+        return {"entered_ns": entered_ns, "messages": [], "deps": []}
+    deps = message_dependencies(record.plan)
+    timings = sorted(record.timings.records(), key=lambda t: t.op)
+    messages: list[list[Any]] = [[t.op, t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns] for t in timings]
+    return {"entered_ns": entered_ns, "messages": messages, "deps": [deps.get(t.op, []) for t in timings]}
+
+
+class _Rank:
+    def __init__(self, rank: int, trace: dict[str, Any]) -> None:
+        self.rank = rank
+        self.entered_ns = int(trace["entered_ns"])
+        self.by_op: dict[int, list[Any]] = {m[0]: m for m in trace["messages"]}
+        self.deps: dict[int, list[int]] = {m[0]: list(d) for m, d in zip(trace["messages"], trace["deps"], strict=True)}
+        self.first_from: set[int] = set()
+        seen: set[int] = set()
+        for op, kind, peer, *_ in trace["messages"]:  # sorted by op: program order
+            if kind != "send" and peer not in seen:
+                self.first_from.add(op)
+                seen.add(peer)
+
+
+def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, op) -> (peer rank, the matching op there), both ways."""
+    sends: dict[tuple[int, int], list[int]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for one in ranks:
+        for op in sorted(one.by_op):
+            kind, peer = one.by_op[op][1], one.by_op[op][2]
+            (sends[(one.rank, peer)] if kind == "send" else recvs[(peer, one.rank)]).append(op)
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for (sender, receiver), send_ops in sends.items():
+        recv_ops = recvs.get((sender, receiver), [])
+        if len(recv_ops) != len(send_ops):
+            raise ValueError(
+                f"rank {sender} sent {len(send_ops)} messages to rank {receiver}, which received "
+                f"{len(recv_ops)}: the traces are not of one AllReduce"
+            )
+        for send_op, recv_op in zip(send_ops, recv_ops, strict=True):
+            pairs[(sender, send_op)] = (receiver, recv_op)
+            pairs[(receiver, recv_op)] = (sender, send_op)
+    return pairs
+
+
+def critical_path(
+    traces: list[dict[str, Any]], payload_Bps: list[float] | None = None, origin_ns: int | None = None
+) -> dict[str, Any] | None:
+    """Walk the critical path of one AllReduce back from its last completion (module docstring).
+
+    ``traces``: :func:`rank_trace` of every rank, indexed by physical rank. ``payload_Bps``: each
+    host's payload rate (a message's ideal time is its bytes over the slower end's rate); None: no
+    ideal figures. ``origin_ns``: where ``total_s`` counts from (default: the first entry).
+    Returns None when no rank sent a message.
+
+    The result: ``total_s`` (origin to the last completion), ``start_s`` (origin to the entry the
+    path starts from), ``wire_s`` / ``wire_ideal_s`` / ``post_lag_s`` / ``header_s`` (sums over the
+    path), ``messages`` (how many the path crosses), ``post_lag_all`` (every message's post lag on
+    every rank: count, sum and the largest, in seconds) and ``segments`` (the path from its start:
+    ``[rank, what, peer, seconds]``).
+    """
+    ranks = [_Rank(r, t) for r, t in enumerate(traces)]
+    if not any(r.by_op for r in ranks):
+        return None
+    pairs = _pair_messages(ranks)
+    origin = min(r.entered_ns for r in ranks) if origin_ns is None else origin_ns
+
+    def ready_ns(r: _Rank, op: int) -> tuple[int, int | None]:
+        """When ``op``'s dependencies had completed on ``r`` (its entry without any), and the last one."""
+        deps = r.deps[op]
+        if not deps:
+            return r.entered_ns, None
+        last = max(deps, key=lambda d: r.by_op[d][5])
+        return int(r.by_op[last][5]), last
+
+    all_lags = [
+        max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op if op not in r.first_from
+    ]
+    end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
+    segments: list[list[Any]] = []
+    wire = ideal = lag = header = 0
+    crossed = 0
+    rank, op = end_rank, end_op
+    for _ in range(sum(len(r.by_op) for r in ranks) + 1):
+        _, kind, peer, nbytes, post, end = rank.by_op[op]
+        other_rank, other_op = pairs[(rank.rank, op)]
+        other = ranks[other_rank]
+        other_post = int(other.by_op[other_op][4])
+        flow = max(int(post), other_post)
+        wire += int(end) - flow
+        crossed += 1
+        sender, receiver = (rank.rank, peer) if kind == "send" else (peer, rank.rank)
+        if payload_Bps is not None:
+            ideal += round(1e9 * nbytes / min(payload_Bps[sender], payload_Bps[receiver]))
+        segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9])
+        if other_post > int(post):  # the peer posted later: its wait is the earlier link of the chain
+            rank, op = other, other_op
+        ready, before = ready_ns(rank, op)
+        waited = max(0, int(rank.by_op[op][4]) - ready)
+        if op in rank.first_from:
+            header += waited
+            segments.append([rank.rank, "header", rank.by_op[op][2], waited / 1e9])
+        else:
+            lag += waited
+            segments.append([rank.rank, "post lag", rank.by_op[op][2], waited / 1e9])
+        if before is None:
+            start = rank.entered_ns
+            break
+        op = before
+    else:  # pragma: no cover - each step moves to an earlier completion
+        raise RuntimeError("the critical path did not reach an entry: the traces' clocks disagree")
+    segments.reverse()
+    return {
+        "total_s": (int(end_rank.by_op[end_op][5]) - origin) / 1e9,
+        "start_s": (start - origin) / 1e9,
+        "start_rank": rank.rank,
+        "end_rank": end_rank.rank,
+        "wire_s": wire / 1e9,
+        "wire_ideal_s": ideal / 1e9 if payload_Bps is not None else None,
+        "post_lag_s": lag / 1e9,
+        "header_s": header / 1e9,
+        "messages": crossed,
+        "post_lag_all": {
+            "count": len(all_lags),
+            "sum_s": sum(all_lags) / 1e9,
+            "max_s": max(all_lags, default=0) / 1e9,
+        },
+        "segments": segments,
+    }
