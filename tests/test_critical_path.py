@@ -121,4 +121,4 @@ def test_loopback_bench_rows_carry_a_consistent_critical_path(tmp_path: Path) ->
         assert 0 < path["total_s"] < 10
     # StragglAR's path is counted from the straggler's arrival, 20 ms after the others'
     assert rows["stragglar"]["critical_path"]["start_s"] <= 0.0
-    assert "# critical path of stragglar 1 MiB" in stdout.getvalue()
+    assert "# critical path of stragglar 1MiB" in stdout.getvalue()
