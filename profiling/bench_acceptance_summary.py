@@ -141,7 +141,16 @@ OURS = {
     "no_fault": ("none", "ring"),
 }
 """Per run: the row of our algorithm, whose critical path each figure carries."""
-_PATH_FIELDS = ("total_s", "start_s", "wire_s", "wire_ideal_s", "post_lag_s", "header_s", "messages")
+_PATH_FIELDS = (
+    "total_s",
+    "start_s",
+    "wire_s",
+    "wire_ideal_s",
+    "wire_link_busy_s",
+    "post_lag_s",
+    "header_s",
+    "messages",
+)
 
 
 def _critical_path(rows: Rows, run: str) -> dict[str, Any] | None:
@@ -189,7 +198,12 @@ def _share(cpu: dict[str, float | None]) -> str:
 
 
 def _path_text(path: dict[str, Any]) -> str:
-    ideal = "" if path["wire_ideal_s"] is None else f" (alone on their links {path['wire_ideal_s'] * 1e3:.0f} ms)"
+    ideal = ""
+    if path["wire_ideal_s"] is not None:
+        ideal = (
+            f" (alone on their links {path['wire_ideal_s'] * 1e3:.0f} ms; their links busy "
+            f"{path['wire_link_busy_s'] * 1e3:.0f} ms)"
+        )
     return (
         f"{path['total_s'] * 1e3:.0f} ms: wire {path['wire_s'] * 1e3:.0f} ms{ideal}, post lag "
         f"{path['post_lag_s'] * 1e3:.0f} ms, header checks {path['header_s'] * 1e3:.0f} ms, before the first post "

@@ -54,16 +54,44 @@ def test_walk_back_from_the_last_completion() -> None:
     assert (path["start_rank"], path["end_rank"], path["messages"]) == (1, 2, 2)
     # 1000 bytes at 1 MB/s (0 -> 1) and at 0.5 MB/s (1 -> 2, the slower end)
     assert path["wire_ideal_s"] == pytest.approx(0.001 + 0.002)
+    # each message alone on its link: the link was busy for its ideal time of the 4 ms in flight
+    assert path["wire_link_busy_s"] == pytest.approx(0.003)
     assert [s[1] for s in path["segments"]] == ["header", "recv_reduce 0->1", "post lag", "recv 1->2"]
     # every message's post lag, on every rank: rank 0's send 1 ms after entry, rank 1's send 1 ms
     assert path["post_lag_all"] == {"count": 2, "sum_s": pytest.approx(0.002), "max_s": pytest.approx(0.001)}
+
+
+def test_messages_sharing_a_link_keep_it_busy() -> None:
+    """Two 2000-byte messages from rank 0 to rank 1 at once, 4 ms at 1 MB/s: each takes twice its
+    time alone, and the link is busy all along."""
+    traces: list[dict[str, Any]] = [
+        {
+            "entered_ns": 0,
+            "messages": [[0, "send", 1, 2000, 0, 4 * MS], [1, "send", 1, 2000, 0, 4 * MS]],
+            "deps": [[], []],
+        },
+        {
+            "entered_ns": 0,
+            "messages": [[0, "recv", 0, 2000, 0, 4 * MS], [1, "recv", 0, 2000, 0, 4 * MS]],
+            "deps": [[], []],
+        },
+    ]
+    path = critical_path(traces, payload_Bps=[1e6, 1e6])
+    assert path is not None
+    assert path["wire_s"] == pytest.approx(0.004) and path["wire_ideal_s"] == pytest.approx(0.002)
+    assert path["wire_link_busy_s"] == pytest.approx(0.004)
+    # the same transfer with the link idle half of the time: one message of 2000 bytes in 4 ms
+    for trace in traces:
+        trace["messages"], trace["deps"] = trace["messages"][:1], [[]]
+    half = critical_path(traces, payload_Bps=[1e6, 1e6])
+    assert half is not None and half["wire_link_busy_s"] == pytest.approx(0.002)
 
 
 def test_counted_from_a_given_origin_and_without_rates() -> None:
     path = critical_path(_three_ranks(), origin_ns=3 * MS)  # from rank 2's (the straggler's) arrival
     assert path is not None
     assert path["total_s"] == pytest.approx(0.008) and path["start_s"] == pytest.approx(-0.003)
-    assert path["wire_ideal_s"] is None
+    assert path["wire_ideal_s"] is None and path["wire_link_busy_s"] is None
 
 
 def test_the_sender_posting_late_moves_the_path_to_the_sender() -> None:

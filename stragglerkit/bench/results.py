@@ -311,7 +311,12 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
         path = row.get("critical_path")
         if path is None:
             continue
-        ideal = "" if path["wire_ideal_s"] is None else f" (alone on their links: {_ms(path['wire_ideal_s'])})"
+        ideal = (
+            ""
+            if path["wire_ideal_s"] is None
+            else f" (alone on their links: {_ms(path['wire_ideal_s'])}; their links busy: "
+            f"{_ms(path['wire_link_busy_s'])})"
+        )
         print(
             f"# critical path of {row['algorithm']} {format_bytes(row['size_bytes'])} (last iteration, "
             f"{_ms(path['total_s'])} ms): {path['messages']} messages on the wire {_ms(path['wire_s'])} ms{ideal}, "

@@ -9,7 +9,12 @@ events that ended the AllReduce can be walked back from the last completion:
 * A message could not flow before both ends had posted it. From the later of the two posts to the
   message's completion is **wire** time: the transfer, and whatever slowed it (other messages on
   the same link, TCP, a receiving thread that waited for a core). With the links' payload rates it
-  is compared with the **ideal** time of the message alone on its link.
+  is compared with the **ideal** time of the message alone on its link, and with how busy its
+  link was meanwhile (**link busy**): the bytes that all messages out of the sender and into the
+  receiver moved during that time (each message's bytes spread evenly over its own flow), over the
+  link's rate, on the busier of the two ends. A message that shares its link with others takes
+  longer than alone while its link stays busy; a link that is idle while a message is in flight
+  lost that time to something else (a receiving thread waiting for a core, TCP).
 * The end that posted later had been waiting for its own dependencies (messages it receives
   before it can send, with the reductions in between). From their completion to the post is
   **post lag**: the executor thread reducing the received chunk, waking up, posting. It is CPU
@@ -21,9 +26,10 @@ events that ended the AllReduce can be walked back from the last completion:
 
 The segments telescope: ``wire + post lag + header = last completion - entry of the path's first
 rank``. Comparing runs at two link rates separates what the schedule needs (wire time near its
-ideal) from what the machine adds (post lag, wire time above the ideal). The timings of different
-ranks are compared directly, so this needs one clock for all ranks: ranks on one machine
-(loopback, the emulated cluster; ``time.monotonic_ns``), not ranks on several machines.
+ideal, links busy) from what the machine adds (post lag, links idle while messages are in
+flight). The timings of different ranks are compared directly, so this needs one clock for all
+ranks: ranks on one machine (loopback, the emulated cluster; ``time.monotonic_ns``), not ranks on
+several machines.
 
 Example::
 
@@ -34,6 +40,7 @@ Example::
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from stragglerkit.runtime.api import RunRecord
@@ -125,6 +132,45 @@ def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]
     return pairs
 
 
+def _link_busy(
+    ranks: list[_Rank], pairs: dict[tuple[int, int], tuple[int, int]], payload_Bps: list[float]
+) -> Callable[[int, int, int, int], float]:
+    """``share(sender, receiver, t0, t1)``: how busy the busier end of that link was over [t0, t1]
+    (0..1): the bytes of every message out of ``sender`` / into ``receiver`` that overlap the
+    interval, each spread evenly over its flow (the later post to its completion), over the rate."""
+    out_of: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
+    into: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
+    for one in ranks:
+        for op, (_, kind, peer, nbytes, post, _end) in one.by_op.items():
+            if kind != "send":
+                continue
+            other_rank, other_op = pairs[(one.rank, op)]
+            # the receiver's completion ends the transfer; the later post starts it
+            flow = max(int(post), int(ranks[other_rank].by_op[other_op][4]))
+            done = int(ranks[other_rank].by_op[other_op][5])
+            flow_item = (flow, max(done, flow + 1), float(nbytes))
+            out_of[one.rank].append(flow_item)
+            into[peer].append(flow_item)
+
+    def moved(flows: list[tuple[int, int, float]], t0: int, t1: int) -> float:
+        total = 0.0
+        for start, end, nbytes in flows:
+            overlap = min(end, t1) - max(start, t0)
+            if overlap > 0:
+                total += nbytes * overlap / (end - start)
+        return total
+
+    def share(sender: int, receiver: int, t0: int, t1: int) -> float:
+        if t1 <= t0:
+            return 0.0
+        seconds = (t1 - t0) / 1e9
+        egress = moved(out_of[sender], t0, t1) / (payload_Bps[sender] * seconds)
+        ingress = moved(into[receiver], t0, t1) / (payload_Bps[receiver] * seconds)
+        return min(1.0, max(egress, ingress))
+
+    return share
+
+
 def critical_path(
     traces: list[dict[str, Any]], payload_Bps: list[float] | None = None, origin_ns: int | None = None
 ) -> dict[str, Any] | None:
@@ -136,10 +182,11 @@ def critical_path(
     Returns None when no rank sent a message.
 
     The result: ``total_s`` (origin to the last completion), ``start_s`` (origin to the entry the
-    path starts from), ``wire_s`` / ``wire_ideal_s`` / ``post_lag_s`` / ``header_s`` (sums over the
-    path), ``messages`` (how many the path crosses), ``post_lag_all`` (every message's post lag on
-    every rank: count, sum and the largest, in seconds) and ``segments`` (the path from its start:
-    ``[rank, what, peer, seconds]``).
+    path starts from), ``wire_s`` / ``wire_ideal_s`` / ``wire_link_busy_s`` / ``post_lag_s`` /
+    ``header_s`` (sums over the path; ``wire_link_busy_s``: the part of ``wire_s`` during which the
+    message's link was busy, None without rates), ``messages`` (how many the path crosses),
+    ``post_lag_all`` (every message's post lag on every rank: count, sum and the largest, in
+    seconds) and ``segments`` (the path from its start: ``[rank, what, peer, seconds]``).
     """
     ranks = [_Rank(r, t) for r, t in enumerate(traces)]
     if not any(r.by_op for r in ranks):
@@ -158,9 +205,11 @@ def critical_path(
     all_lags = [
         max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op if op not in r.first_from
     ]
+    busy_share = _link_busy(ranks, pairs, payload_Bps) if payload_Bps is not None else None
     end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
     segments: list[list[Any]] = []
     wire = ideal = lag = header = 0
+    busy = 0.0
     crossed = 0
     rank, op = end_rank, end_op
     for _ in range(sum(len(r.by_op) for r in ranks) + 1):
@@ -174,6 +223,8 @@ def critical_path(
         sender, receiver = (rank.rank, peer) if kind == "send" else (peer, rank.rank)
         if payload_Bps is not None:
             ideal += round(1e9 * nbytes / min(payload_Bps[sender], payload_Bps[receiver]))
+        if busy_share is not None:
+            busy += (int(end) - flow) * busy_share(sender, receiver, flow, int(end))
         segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9])
         if other_post > int(post):  # the peer posted later: its wait is the earlier link of the chain
             rank, op = other, other_op
@@ -199,6 +250,7 @@ def critical_path(
         "end_rank": end_rank.rank,
         "wire_s": wire / 1e9,
         "wire_ideal_s": ideal / 1e9 if payload_Bps is not None else None,
+        "wire_link_busy_s": busy / 1e9 if payload_Bps is not None else None,
         "post_lag_s": lag / 1e9,
         "header_s": header / 1e9,
         "messages": crossed,
