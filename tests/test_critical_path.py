@@ -57,6 +57,8 @@ def test_walk_back_from_the_last_completion() -> None:
     # each message alone on its link: the link was busy for its ideal time of the 4 ms in flight
     assert path["wire_link_busy_s"] == pytest.approx(0.003)
     assert [s[1] for s in path["segments"]] == ["header", "recv_reduce 0->1", "post lag", "recv 1->2"]
+    # rank 1's receive shared rank 1's ingress with nothing; its link was busy a quarter of the 4 ms
+    assert path["segments"][1][4] == {"label": "", "link_busy": pytest.approx(0.25), "shared_with": []}
     # every message's post lag, on every rank: rank 0's send 1 ms after entry, rank 1's send 1 ms
     assert path["post_lag_all"] == {"count": 2, "sum_s": pytest.approx(0.002), "max_s": pytest.approx(0.001)}
 
@@ -80,6 +82,9 @@ def test_messages_sharing_a_link_keep_it_busy() -> None:
     assert path is not None
     assert path["wire_s"] == pytest.approx(0.004) and path["wire_ideal_s"] == pytest.approx(0.002)
     assert path["wire_link_busy_s"] == pytest.approx(0.004)
+    message = next(segment for segment in path["segments"] if len(segment) > 4)
+    assert message[4]["link_busy"] == pytest.approx(1.0)
+    assert message[4]["shared_with"] == [[0, 1, "", pytest.approx(0.004)]]  # the other message, all along
     # the same transfer with the link idle half of the time: one message of 2000 bytes in 4 ms
     for trace in traces:
         trace["messages"], trace["deps"] = trace["messages"][:1], [[]]
@@ -149,4 +154,7 @@ def test_loopback_bench_rows_carry_a_consistent_critical_path(tmp_path: Path) ->
         assert 0 < path["total_s"] < 10
     # StragglAR's path is counted from the straggler's arrival, 20 ms after the others'
     assert rows["stragglar"]["critical_path"]["start_s"] <= 0.0
+    # its messages carry the plan's phase/round labels
+    labels = {s[4]["label"] for s in rows["stragglar"]["critical_path"]["segments"] if len(s) > 4}
+    assert labels and all(label for label in labels), labels
     assert "# critical path of stragglar 1MiB" in stdout.getvalue()

@@ -40,13 +40,15 @@ Example::
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from stragglerkit.runtime.api import RunRecord
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
 
 __all__ = ["critical_path", "message_dependencies", "rank_trace"]
+
+_SHARERS = 3
+"""How many of the messages that shared a path message's link its segment names."""
 
 _MESSAGES = (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE)
 _KIND_NAMES = {int(k): k.name.lower() for k in _MESSAGES}
@@ -86,13 +88,18 @@ def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
 
 def rank_trace(record: RunRecord, entered_ns: int) -> dict[str, Any]:
     """This rank's part of the critical path: its entry time, its messages ``[op, kind, peer,
-    bytes, post_ns, completion_ns]`` (``peer`` the physical rank) and each message's message
-    dependencies (same order). Plain values, for ``all_gather_object``."""
+    bytes, post_ns, completion_ns, label]`` (``peer`` the physical rank, ``label`` the plan's
+    phase/round) and each message's message dependencies (same order). Plain values, for
+    ``all_gather_object``."""
     if record.plan is None:
         return {"entered_ns": entered_ns, "messages": [], "deps": []}
     deps = message_dependencies(record.plan)
     timings = sorted(record.timings.records(), key=lambda t: t.op)
-    messages: list[list[Any]] = [[t.op, t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns] for t in timings]
+    label_of = record.plan.ops[:, 5].tolist()
+    labels = record.plan.labels
+    messages: list[list[Any]] = [
+        [t.op, t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns, labels[label_of[t.op]]] for t in timings
+    ]
     return {"entered_ns": entered_ns, "messages": messages, "deps": [deps.get(t.op, []) for t in timings]}
 
 
@@ -132,43 +139,72 @@ def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]
     return pairs
 
 
-def _link_busy(
-    ranks: list[_Rank], pairs: dict[tuple[int, int], tuple[int, int]], payload_Bps: list[float]
-) -> Callable[[int, int, int, int], float]:
-    """``share(sender, receiver, t0, t1)``: how busy the busier end of that link was over [t0, t1]
-    (0..1): the bytes of every message out of ``sender`` / into ``receiver`` that overlap the
-    interval, each spread evenly over its flow (the later post to its completion), over the rate."""
-    out_of: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
-    into: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
-    for one in ranks:
-        for op, (_, kind, peer, nbytes, post, _end) in one.by_op.items():
-            if kind != "send":
-                continue
-            other_rank, other_op = pairs[(one.rank, op)]
-            # the receiver's completion ends the transfer; the later post starts it
-            flow = max(int(post), int(ranks[other_rank].by_op[other_op][4]))
-            done = int(ranks[other_rank].by_op[other_op][5])
-            flow_item = (flow, max(done, flow + 1), float(nbytes))
-            out_of[one.rank].append(flow_item)
-            into[peer].append(flow_item)
+class _Flow(NamedTuple):
+    """One message's transfer: the later post to the receiver's completion."""
 
-    def moved(flows: list[tuple[int, int, float]], t0: int, t1: int) -> float:
+    start: int
+    end: int
+    nbytes: float
+    sender: int
+    receiver: int
+    label: str
+    send: tuple[int, int]
+    """(sender, its op): which message this is."""
+
+
+class _Links:
+    """What moved over each host's egress and ingress, message by message (each message's bytes
+    spread evenly over its flow)."""
+
+    def __init__(self, ranks: list[_Rank], pairs: dict[tuple[int, int], tuple[int, int]], payload_Bps: list[float]):
+        self.payload_Bps = payload_Bps
+        self.out_of: dict[int, list[_Flow]] = defaultdict(list)
+        self.into: dict[int, list[_Flow]] = defaultdict(list)
+        for one in ranks:
+            for op, message in one.by_op.items():
+                if message[1] != "send":
+                    continue
+                other_rank, other_op = pairs[(one.rank, op)]
+                received = ranks[other_rank].by_op[other_op]
+                start = max(int(message[4]), int(received[4]))
+                end = max(int(received[5]), start + 1)
+                flow = _Flow(start, end, float(message[3]), one.rank, other_rank, _label(message), (one.rank, op))
+                self.out_of[one.rank].append(flow)
+                self.into[other_rank].append(flow)
+
+    @staticmethod
+    def _moved(flows: list[_Flow], t0: int, t1: int) -> float:
         total = 0.0
-        for start, end, nbytes in flows:
-            overlap = min(end, t1) - max(start, t0)
+        for flow in flows:
+            overlap = min(flow.end, t1) - max(flow.start, t0)
             if overlap > 0:
-                total += nbytes * overlap / (end - start)
+                total += flow.nbytes * overlap / (flow.end - flow.start)
         return total
 
-    def share(sender: int, receiver: int, t0: int, t1: int) -> float:
+    def share(self, sender: int, receiver: int, t0: int, t1: int) -> float:
+        """How busy the busier end of the link ``sender -> receiver`` was over [t0, t1] (0..1)."""
         if t1 <= t0:
             return 0.0
         seconds = (t1 - t0) / 1e9
-        egress = moved(out_of[sender], t0, t1) / (payload_Bps[sender] * seconds)
-        ingress = moved(into[receiver], t0, t1) / (payload_Bps[receiver] * seconds)
+        egress = self._moved(self.out_of[sender], t0, t1) / (self.payload_Bps[sender] * seconds)
+        ingress = self._moved(self.into[receiver], t0, t1) / (self.payload_Bps[receiver] * seconds)
         return min(1.0, max(egress, ingress))
 
-    return share
+    def sharers(self, send: tuple[int, int], receiver: int, t0: int, t1: int) -> list[list[Any]]:
+        """The messages other than ``send`` (sender, op) out of its sender or into ``receiver``
+        during [t0, t1], longest overlap first: ``[sender, receiver, label, seconds of overlap]``."""
+        found = []
+        for flow in {*self.out_of[send[0]], *self.into[receiver]}:
+            if flow.send == send:
+                continue
+            overlap = min(flow.end, t1) - max(flow.start, t0)
+            if overlap > 0:
+                found.append([flow.sender, flow.receiver, flow.label, overlap / 1e9])
+        return sorted(found, key=lambda item: -item[3])
+
+
+def _label(message: list[Any]) -> str:
+    return str(message[6]) if len(message) > 6 else ""
 
 
 def critical_path(
@@ -186,7 +222,10 @@ def critical_path(
     ``header_s`` (sums over the path; ``wire_link_busy_s``: the part of ``wire_s`` during which the
     message's link was busy, None without rates), ``messages`` (how many the path crosses),
     ``post_lag_all`` (every message's post lag on every rank: count, sum and the largest, in
-    seconds) and ``segments`` (the path from its start: ``[rank, what, peer, seconds]``).
+    seconds) and ``segments`` (the path from its start: ``[rank, what, peer, seconds]``, and for a
+    message a fifth item: its ``label``, with rates also ``link_busy`` (0..1) and ``shared_with``,
+    the other messages on its sender's egress or receiver's ingress meanwhile, ``[sender,
+    receiver, label, seconds of overlap]``, longest first).
     """
     ranks = [_Rank(r, t) for r, t in enumerate(traces)]
     if not any(r.by_op for r in ranks):
@@ -205,7 +244,7 @@ def critical_path(
     all_lags = [
         max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op if op not in r.first_from
     ]
-    busy_share = _link_busy(ranks, pairs, payload_Bps) if payload_Bps is not None else None
+    links = _Links(ranks, pairs, payload_Bps) if payload_Bps is not None else None
     end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
     segments: list[list[Any]] = []
     wire = ideal = lag = header = 0
@@ -213,7 +252,8 @@ def critical_path(
     crossed = 0
     rank, op = end_rank, end_op
     for _ in range(sum(len(r.by_op) for r in ranks) + 1):
-        _, kind, peer, nbytes, post, end = rank.by_op[op]
+        message = rank.by_op[op]
+        _, kind, peer, nbytes, post, end = message[:6]
         other_rank, other_op = pairs[(rank.rank, op)]
         other = ranks[other_rank]
         other_post = int(other.by_op[other_op][4])
@@ -223,9 +263,13 @@ def critical_path(
         sender, receiver = (rank.rank, peer) if kind == "send" else (peer, rank.rank)
         if payload_Bps is not None:
             ideal += round(1e9 * nbytes / min(payload_Bps[sender], payload_Bps[receiver]))
-        if busy_share is not None:
-            busy += (int(end) - flow) * busy_share(sender, receiver, flow, int(end))
-        segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9])
+        detail: dict[str, Any] = {"label": _label(message)}
+        if links is not None:
+            detail["link_busy"] = links.share(sender, receiver, flow, int(end))
+            send = (rank.rank, op) if kind == "send" else (other_rank, other_op)
+            detail["shared_with"] = links.sharers(send, receiver, flow, int(end))[:_SHARERS]
+            busy += (int(end) - flow) * detail["link_busy"]
+        segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9, detail])
         if other_post > int(post):  # the peer posted later: its wait is the earlier link of the chain
             rank, op = other, other_op
         ready, before = ready_ns(rank, op)
