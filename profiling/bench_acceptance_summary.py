@@ -148,7 +148,7 @@ _PATH_FIELDS = (
     "wire_ideal_s",
     "wire_link_busy_s",
     "post_lag_s",
-    "header_s",
+    "first_from_peer_s",
     "messages",
 )
 
@@ -206,7 +206,8 @@ def _path_text(path: dict[str, Any]) -> str:
         )
     return (
         f"{path['total_s'] * 1e3:.0f} ms: wire {path['wire_s'] * 1e3:.0f} ms{ideal}, post lag "
-        f"{path['post_lag_s'] * 1e3:.0f} ms, header checks {path['header_s'] * 1e3:.0f} ms, before the first post "
+        f"{path['post_lag_s'] * 1e3:.0f} ms ({path['first_from_peer_s'] * 1e3:.0f} ms at first receives from a peer), "
+        "before the first post "
         f"{path['start_s'] * 1e3:.0f} ms ({path['messages']} messages)"
     )
 

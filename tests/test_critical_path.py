@@ -45,22 +45,29 @@ def test_walk_back_from_the_last_completion() -> None:
     path = critical_path(_three_ranks(), payload_Bps=[1e6, 1e6, 0.5e6])
     assert path is not None
     # rank 2's receive (flows from rank 1's post at 7 ms: 4 ms), rank 1's post lag (1 ms), rank 1's
-    # receive (flows from its own post at 2 ms: 4 ms) after the header check (2 ms from its entry)
+    # receive (flows from its own post at 2 ms: 4 ms), posted 2 ms after its entry (its first
+    # receive from rank 0, which waits for rank 0's header)
     assert path["wire_s"] == pytest.approx(0.008)
-    assert path["post_lag_s"] == pytest.approx(0.001)
-    assert path["header_s"] == pytest.approx(0.002)
+    assert path["post_lag_s"] == pytest.approx(0.003)
+    assert path["first_from_peer_s"] == pytest.approx(0.002)
     assert path["total_s"] == pytest.approx(0.011) and path["start_s"] == 0.0
-    assert path["wire_s"] + path["post_lag_s"] + path["header_s"] == pytest.approx(path["total_s"] - path["start_s"])
+    assert path["wire_s"] + path["post_lag_s"] == pytest.approx(path["total_s"] - path["start_s"])
     assert (path["start_rank"], path["end_rank"], path["messages"]) == (1, 2, 2)
     # 1000 bytes at 1 MB/s (0 -> 1) and at 0.5 MB/s (1 -> 2, the slower end)
     assert path["wire_ideal_s"] == pytest.approx(0.001 + 0.002)
     # each message alone on its link: the link was busy for its ideal time of the 4 ms in flight
     assert path["wire_link_busy_s"] == pytest.approx(0.003)
-    assert [s[1] for s in path["segments"]] == ["header", "recv_reduce 0->1", "post lag", "recv 1->2"]
+    assert [s[1] for s in path["segments"]] == [
+        "post lag, first from the peer",
+        "recv_reduce 0->1",
+        "post lag",
+        "recv 1->2",
+    ]
     # rank 1's receive shared rank 1's ingress with nothing; its link was busy a quarter of the 4 ms
     assert path["segments"][1][4] == {"label": "", "link_busy": pytest.approx(0.25), "shared_with": []}
-    # every message's post lag, on every rank: rank 0's send 1 ms after entry, rank 1's send 1 ms
-    assert path["post_lag_all"] == {"count": 2, "sum_s": pytest.approx(0.002), "max_s": pytest.approx(0.001)}
+    # every message's post lag, on every rank: rank 0's send 1 ms after its entry, rank 1's receive
+    # 2 ms and its send 1 ms, rank 2's receive 1 ms after its entry
+    assert path["post_lag_all"] == {"count": 4, "sum_s": pytest.approx(0.005), "max_s": pytest.approx(0.002)}
 
 
 def test_messages_sharing_a_link_keep_it_busy() -> None:
@@ -106,7 +113,7 @@ def test_the_sender_posting_late_moves_the_path_to_the_sender() -> None:
     assert path is not None
     assert path["start_rank"] == 0 and path["segments"][0][:2] == [0, "post lag"]
     assert path["segments"][0][3] == pytest.approx(0.003)  # rank 0's entry to its post
-    assert path["wire_s"] == pytest.approx(0.004 + 0.003) and path["header_s"] == 0.0
+    assert path["wire_s"] == pytest.approx(0.004 + 0.003) and path["first_from_peer_s"] == 0.0
 
 
 def test_traces_of_different_calls_are_refused() -> None:
@@ -148,7 +155,7 @@ def test_loopback_bench_rows_carry_a_consistent_critical_path(tmp_path: Path) ->
     for name in ("ring", "stragglar"):
         path = rows[name]["critical_path"]
         assert path is not None and path["messages"] >= 1
-        parts = path["wire_s"] + path["post_lag_s"] + path["header_s"]
+        parts = path["wire_s"] + path["post_lag_s"]
         assert parts == pytest.approx(path["total_s"] - path["start_s"], abs=1e-6)
         assert path["wire_ideal_s"] is None  # loopback: no link rate
         assert 0 < path["total_s"] < 10

@@ -19,15 +19,15 @@ events that ended the AllReduce can be walked back from the last completion:
   before it can send, with the reductions in between). From their completion to the post is
   **post lag**: the executor thread reducing the received chunk, waking up, posting. It is CPU
   time on the critical path and nothing else; a schedule does not ask for it. A receive that is
-  the first from its peer also waits for the peer's header (the executor checks it before any
-  data moves): that lag is counted as **header** time.
+  the first from its peer may also wait for the peer's header (the executor checks it before any
+  data moves): its lag is counted as post lag and also, on its own, as **first from a peer**.
 * A chain that reaches an op without dependencies ends at that rank's entry into the AllReduce
   (with a straggler: usually the straggler's arrival).
 
-The segments telescope: ``wire + post lag + header = last completion - entry of the path's first
-rank``. Comparing runs at two link rates separates what the schedule needs (wire time near its
-ideal, links busy) from what the machine adds (post lag, links idle while messages are in
-flight). The timings of different ranks are compared directly, so this needs one clock for all
+The segments telescope: ``wire + post lag = last completion - entry of the path's first rank``.
+Comparing runs at two link rates separates what the schedule needs (wire time near its ideal,
+links busy) from what the machine adds (post lag, links idle while messages are in flight).
+The timings of different ranks are compared directly, so this needs one clock for all
 ranks: ranks on one machine (loopback, the emulated cluster; ``time.monotonic_ns``), not ranks on
 several machines.
 
@@ -219,8 +219,9 @@ def critical_path(
 
     The result: ``total_s`` (origin to the last completion), ``start_s`` (origin to the entry the
     path starts from), ``wire_s`` / ``wire_ideal_s`` / ``wire_link_busy_s`` / ``post_lag_s`` /
-    ``header_s`` (sums over the path; ``wire_link_busy_s``: the part of ``wire_s`` during which the
-    message's link was busy, None without rates), ``messages`` (how many the path crosses),
+    ``first_from_peer_s`` (sums over the path; ``wire_link_busy_s``: the part of ``wire_s`` during
+    which the message's link was busy, None without rates; ``first_from_peer_s``: the part of
+    ``post_lag_s`` at first receives from a peer), ``messages`` (how many the path crosses),
     ``post_lag_all`` (every message's post lag on every rank: count, sum and the largest, in
     seconds) and ``segments`` (the path from its start: ``[rank, what, peer, seconds]``, and for a
     message a fifth item: its ``label``, with rates also ``link_busy`` (0..1) and ``shared_with``,
@@ -241,13 +242,11 @@ def critical_path(
         last = max(deps, key=lambda d: r.by_op[d][5])
         return int(r.by_op[last][5]), last
 
-    all_lags = [
-        max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op if op not in r.first_from
-    ]
+    all_lags = [max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op]
     links = _Links(ranks, pairs, payload_Bps) if payload_Bps is not None else None
     end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
     segments: list[list[Any]] = []
-    wire = ideal = lag = header = 0
+    wire = ideal = lag = first_from_peer = 0
     busy = 0.0
     crossed = 0
     rank, op = end_rank, end_op
@@ -274,12 +273,11 @@ def critical_path(
             rank, op = other, other_op
         ready, before = ready_ns(rank, op)
         waited = max(0, int(rank.by_op[op][4]) - ready)
+        lag += waited
         if op in rank.first_from:
-            header += waited
-            segments.append([rank.rank, "header", rank.by_op[op][2], waited / 1e9])
-        else:
-            lag += waited
-            segments.append([rank.rank, "post lag", rank.by_op[op][2], waited / 1e9])
+            first_from_peer += waited
+        what = "post lag, first from the peer" if op in rank.first_from else "post lag"
+        segments.append([rank.rank, what, rank.by_op[op][2], waited / 1e9])
         if before is None:
             start = rank.entered_ns
             break
@@ -296,7 +294,7 @@ def critical_path(
         "wire_ideal_s": ideal / 1e9 if payload_Bps is not None else None,
         "wire_link_busy_s": busy / 1e9 if payload_Bps is not None else None,
         "post_lag_s": lag / 1e9,
-        "header_s": header / 1e9,
+        "first_from_peer_s": first_from_peer / 1e9,
         "messages": crossed,
         "post_lag_all": {
             "count": len(all_lags),
