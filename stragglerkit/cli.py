@@ -376,6 +376,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         degrade=dict(args.degrade or []),
         mode=mode,
         alpha=args.alpha,
+        tcp_send_buffer=args.tcp_send_buffer,
         fault_free_baseline=not args.no_fault_free_baseline,
         timeout=args.timeout,
     )
@@ -451,6 +452,13 @@ def _add_bench_parser(sub: Any) -> None:
         help="rank's NIC at 1/L of the bandwidth (emulated cluster: reshaped for real; repeatable)",
     )
     bench.add_argument("--alpha", type=_unit(parse_time), help="per-message latency for the model (default measured)")
+    bench.add_argument(
+        "--tcp-send-buffer",
+        type=_unit(parse_size),
+        metavar="SIZE",
+        help="emulated cluster: every host's largest TCP send buffer (net.ipv4.tcp_wmem in its namespace; default: "
+        "the kernel's, 4MiB). A send completes once its data is in that buffer (docs/bench.md)",
+    )
     bench.add_argument(
         "--no-fault-free-baseline",
         action="store_true",

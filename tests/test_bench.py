@@ -82,6 +82,8 @@ def test_parse_other_options() -> None:
         ({"delay": 0.01}, "needs --straggler"),
         ({"degrade": {9: 2.0}}, "not a rank"),
         ({"degrade": {1: 2.0}, "mode": "loopback"}, "emulated cluster"),
+        ({"tcp_send_buffer": 2**20, "mode": "loopback"}, "--tcp-send-buffer .* needs the emulated cluster"),
+        ({"tcp_send_buffer": 1024}, "at least 8KiB"),
         ({"world_size": 5, "straggler": 4}, "even world size"),
         ({"straggler": 1, "degrade": {2: 2.0}}, "either"),
         ({"dtype": "int8"}, "not supported"),

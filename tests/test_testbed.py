@@ -93,6 +93,7 @@ def test_config_rejects_addresses_outside_the_benchmark_range() -> None:
         ({"prefix": "bad prefix"}, "prefix must be"),
         ({"interface": "much-too-long-name"}, "interface must be"),
         ({"latency": -1.0}, "latency must be >= 0"),
+        ({"tcp_send_buffer": 100}, "tcp_send_buffer must be a number of bytes >= 8192"),
     ],
 )
 def test_config_errors_say_what_is_wrong(config: dict[str, Any], message: str) -> None:
@@ -350,6 +351,21 @@ def test_processes_run_inside_the_host_namespace(make_cluster: Callable[..., Emu
         assert "198.18.0.2/24" in addr.stdout
         sleeper = cluster.popen(0, ["sleep", "60"])
     assert sleeper.poll() is not None  # ended at tear-down
+
+
+@needs_netns
+def test_tcp_send_buffer_is_set_in_every_host_namespace_only(make_cluster: Callable[..., EmulatedCluster]) -> None:
+    def largest_send_buffer(argv_prefix: list[str]) -> int:
+        out = subprocess.run([*argv_prefix, "sysctl", "-n", "net.ipv4.tcp_wmem"], capture_output=True, text=True)
+        return int(out.stdout.split()[-1])
+
+    outside = largest_send_buffer([])
+    with make_cluster(hosts=2, verify=False, tcp_send_buffer=256 * 1024) as cluster:
+        for host in range(2):
+            inside = cluster.run(host, ["sysctl", "-n", "net.ipv4.tcp_wmem"], capture_output=True, text=True)
+            assert inside.stdout.split() == ["4096", "16384", str(256 * 1024)]
+        assert cluster.describe()["tcp_send_buffer"] == 256 * 1024
+        assert largest_send_buffer([]) == outside  # this machine's own setting is untouched
 
 
 @needs_netns

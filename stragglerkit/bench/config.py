@@ -130,6 +130,9 @@ class BenchConfig:
     """``emulated`` (namespaces with shaped NICs), ``loopback`` or ``torchrun``."""
     alpha: float | None = None
     """Per-message latency for the model; None = measured (emulated) or 50 us."""
+    tcp_send_buffer: int | None = None
+    """Emulated cluster: every host's largest TCP send buffer in bytes (EmulatedCluster.Config);
+    None keeps the kernel's."""
     fault_free_baseline: bool = True
     """With --degrade on the emulated cluster, also run gloo with every NIC healthy."""
     timeout: float = 600.0
@@ -175,6 +178,14 @@ class BenchConfig:
                 "--degrade reshapes a host's NIC, which needs the emulated cluster (root and iproute2); "
                 "over loopback there is no NIC to degrade"
             )
+        if self.tcp_send_buffer is not None:
+            if self.mode != "emulated":
+                raise ValueError(
+                    "--tcp-send-buffer sets the emulated hosts' TCP send buffer; it needs the emulated cluster "
+                    f"(root and iproute2), not {self.mode}"
+                )
+            if self.tcp_send_buffer < 8192:
+                raise ValueError(f"--tcp-send-buffer must be at least 8KiB, got {self.tcp_send_buffer} bytes")
         if self.alpha is not None and not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0 seconds, got {self.alpha!r}")
 

@@ -188,7 +188,9 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
     from stragglerkit.testbed import EmulatedCluster, NicDegradation
 
     assert config.bandwidth is not None
-    cluster_config = EmulatedCluster.Config(hosts=config.world_size, bandwidth=config.bandwidth)
+    cluster_config = EmulatedCluster.Config(
+        hosts=config.world_size, bandwidth=config.bandwidth, tcp_send_buffer=config.tcp_send_buffer
+    )
     cases: list[dict[str, Any]] = []
     with EmulatedCluster(cluster_config) as cluster:
         description = cluster.describe()

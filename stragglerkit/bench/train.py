@@ -66,6 +66,7 @@ ALLREDUCE_ONLY = (
     "--warmup",
     "--algorithms",
     "--alpha",
+    "--tcp-send-buffer",
     "--no-fault-free-baseline",
     "--plot",
 )

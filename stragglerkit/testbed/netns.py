@@ -137,6 +137,11 @@ class EmulatedCluster:
         """Name of each host's interface (set GLOO_SOCKET_IFNAME to it)."""
         mtu: int = 1500
         """MTU of the emulated links."""
+        tcp_send_buffer: int | None = None
+        """Largest TCP send buffer of every host in bytes (the maximum of ``net.ipv4.tcp_wmem`` in
+        its namespace); None keeps the kernel's (4 MiB by default). A send completes once its last
+        byte is in the socket buffer, so with a large buffer a rank's next message starts while
+        the previous one is still on its link, and TCP shares the link between the two."""
         verify: bool = True
         """Measure every shaped link at start and raise ShapingError if one is off."""
         tolerance: float = 0.15
@@ -215,6 +220,8 @@ class EmulatedCluster:
             raise ValueError(f"mtu must be in 576..65535, got {c.mtu}")
         if not 0 < c.tolerance < 1:
             raise ValueError(f"tolerance must be in (0, 1), got {c.tolerance}")
+        if c.tcp_send_buffer is not None and not (isinstance(c.tcp_send_buffer, int) and c.tcp_send_buffer >= 8192):
+            raise ValueError(f"tcp_send_buffer must be a number of bytes >= 8192 (8KiB), got {c.tcp_send_buffer!r}")
 
     def _check_host(self, host: int) -> None:
         if not isinstance(host, int) or not 0 <= host < self.config.hosts:
@@ -298,6 +305,7 @@ class EmulatedCluster:
             "slowdowns": {str(h): s for h, s in self._slowdowns.items() if s != 1.0},
             "latency_s": c.latency,
             "mtu": c.mtu,
+            "tcp_send_buffer": c.tcp_send_buffer,
             "network": c.network,
             "addresses": self.addresses,
             "interface": c.interface,
@@ -374,6 +382,10 @@ class EmulatedCluster:
             command(["ip", "-n", ns, "link", "set", "lo", "up"])
             command(["ip", "-n", ns, "link", "set", self.interface, "mtu", str(self.config.mtu), "up"])
             command(["ip", "-n", ns, "addr", "add", f"{self.address(host)}/{self._prefix_len}", "dev", self.interface])
+            if self.config.tcp_send_buffer is not None:
+                most = self.config.tcp_send_buffer
+                setting = f"net.ipv4.tcp_wmem=4096 {min(16384, most)} {most}"  # per namespace
+                command(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", setting])
             self._shape(host, replace=False)
 
     def _add_namespace(self, namespace: str, own_address: str) -> None:
