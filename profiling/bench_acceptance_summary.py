@@ -150,6 +150,7 @@ _PATH_FIELDS = (
     "post_lag_s",
     "first_from_peer_s",
     "messages",
+    "queued_on_connection",
 )
 
 
@@ -208,7 +209,8 @@ def _path_text(path: dict[str, Any]) -> str:
         f"{path['total_s'] * 1e3:.0f} ms: wire {path['wire_s'] * 1e3:.0f} ms{ideal}, post lag "
         f"{path['post_lag_s'] * 1e3:.0f} ms ({path['first_from_peer_s'] * 1e3:.0f} ms at first receives from a peer), "
         "before the first post "
-        f"{path['start_s'] * 1e3:.0f} ms ({path['messages']} messages)"
+        f"{path['start_s'] * 1e3:.0f} ms ({path['messages']} messages, {path.get('queued_on_connection', 0)} queued "
+        "behind the one ahead on their connection)"
     )
 
 

@@ -71,32 +71,51 @@ def test_walk_back_from_the_last_completion() -> None:
 
 
 def test_messages_sharing_a_link_keep_it_busy() -> None:
-    """Two 2000-byte messages from rank 0 to rank 1 at once, 4 ms at 1 MB/s: each takes twice its
-    time alone, and the link is busy all along."""
+    """Rank 0 sends 2000 bytes to rank 1 and to rank 2 at once, both done at 4 ms at 1 MB/s: each
+    takes twice its time alone, and rank 0's link is busy all along."""
     traces: list[dict[str, Any]] = [
         {
             "entered_ns": 0,
-            "messages": [[0, "send", 1, 2000, 0, 4 * MS], [1, "send", 1, 2000, 0, 4 * MS]],
+            "messages": [[0, "send", 1, 2000, 0, 4 * MS], [1, "send", 2, 2000, 0, 4 * MS]],
             "deps": [[], []],
         },
-        {
-            "entered_ns": 0,
-            "messages": [[0, "recv", 0, 2000, 0, 4 * MS], [1, "recv", 0, 2000, 0, 4 * MS]],
-            "deps": [[], []],
-        },
+        {"entered_ns": 0, "messages": [[0, "recv", 0, 2000, 0, 4 * MS]], "deps": [[]]},
+        {"entered_ns": 0, "messages": [[0, "recv", 0, 2000, 0, 4 * MS]], "deps": [[]]},
     ]
-    path = critical_path(traces, payload_Bps=[1e6, 1e6])
+    path = critical_path(traces, payload_Bps=[1e6, 1e6, 1e6])
     assert path is not None
     assert path["wire_s"] == pytest.approx(0.004) and path["wire_ideal_s"] == pytest.approx(0.002)
     assert path["wire_link_busy_s"] == pytest.approx(0.004)
     message = next(segment for segment in path["segments"] if len(segment) > 4)
     assert message[4]["link_busy"] == pytest.approx(1.0)
-    assert message[4]["shared_with"] == [[0, 1, "", pytest.approx(0.004)]]  # the other message, all along
-    # the same transfer with the link idle half of the time: one message of 2000 bytes in 4 ms
-    for trace in traces:
-        trace["messages"], trace["deps"] = trace["messages"][:1], [[]]
-    half = critical_path(traces, payload_Bps=[1e6, 1e6])
+    assert message[4]["shared_with"] == [[0, pytest.approx(1.5, abs=0.5), "", pytest.approx(0.004)]]
+    # the same message with the link idle half of the time: 2000 bytes in 4 ms
+    traces[0]["messages"], traces[0]["deps"] = traces[0]["messages"][:1], [[]]
+    traces[2]["messages"], traces[2]["deps"] = [], []
+    half = critical_path(traces, payload_Bps=[1e6, 1e6, 1e6])
     assert half is not None and half["wire_link_busy_s"] == pytest.approx(0.002)
+
+
+def test_a_connection_carries_its_messages_one_after_another() -> None:
+    """Rank 0 posts two 4000-byte messages to rank 1 at once; the second flows once the first has
+    arrived (4 ms), so the path runs through the first, and the link was busy all along."""
+    traces: list[dict[str, Any]] = [
+        {
+            "entered_ns": 0,
+            "messages": [[0, "send", 1, 4000, 0, 4 * MS], [1, "send", 1, 4000, 0, 8 * MS]],
+            "deps": [[], []],
+        },
+        {
+            "entered_ns": 0,
+            "messages": [[0, "recv", 0, 4000, 0, 4 * MS], [1, "recv", 0, 4000, 0, 8 * MS]],
+            "deps": [[], []],
+        },
+    ]
+    path = critical_path(traces, payload_Bps=[1e6, 1e6])
+    assert path is not None
+    assert path["queued_on_connection"] == 1 and path["messages"] == 2
+    assert path["wire_s"] == pytest.approx(0.008) and path["wire_ideal_s"] == pytest.approx(0.008)
+    assert path["wire_link_busy_s"] == pytest.approx(0.008) and path["post_lag_s"] == 0.0
 
 
 def test_counted_from_a_given_origin_and_without_rates() -> None:

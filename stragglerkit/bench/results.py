@@ -319,7 +319,8 @@ def _print_block(scenario: str, rows: list[dict[str, Any]], stream: Any) -> None
         )
         print(
             f"# critical path of {row['algorithm']} {format_bytes(row['size_bytes'])} (last iteration, "
-            f"{_ms(path['total_s'])} ms): {path['messages']} messages on the wire {_ms(path['wire_s'])} ms{ideal}, "
+            f"{_ms(path['total_s'])} ms): {path['messages']} messages ({path['queued_on_connection']} queued "
+            f"behind the one ahead on their connection) on the wire {_ms(path['wire_s'])} ms{ideal}, "
             f"post lag {_ms(path['post_lag_s'])} ms ({_ms(path['first_from_peer_s'])} of it at first receives "
             "from a peer), "
             f"before its first post {_ms(path['start_s'])} ms",

@@ -6,8 +6,11 @@ Every rank's executor records, per message, when it was *posted* and when this r
 from rank a to rank b on both sides: a pair's messages match in program order), the chain of
 events that ended the AllReduce can be walked back from the last completion:
 
-* A message could not flow before both ends had posted it. From the later of the two posts to the
-  message's completion is **wire** time: the transfer, and whatever slowed it (other messages on
+* A message could not flow before both ends had posted it, nor before the message ahead of it on
+  the same connection (one per sender, receiver and direction; it carries its messages one after
+  another) had arrived. If that earlier message is what it waited for, the path goes on through
+  it (``queued_on_connection`` counts how often). From the latest of these to the message's
+  completion is **wire** time: the transfer, and whatever slowed it (other messages on
   the same link, TCP, a receiving thread that waited for a core). With the links' payload rates it
   is compared with the **ideal** time of the message alone on its link, and with how busy its
   link was meanwhile (**link busy**): the bytes that all messages out of the sender and into the
@@ -40,6 +43,7 @@ Example::
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stragglerkit.runtime.api import RunRecord
@@ -117,8 +121,11 @@ class _Rank:
                 seen.add(peer)
 
 
-def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, op) -> (peer rank, the matching op there), both ways."""
+def _pair_messages(
+    ranks: list[_Rank],
+) -> tuple[dict[tuple[int, int], tuple[int, int]], dict[tuple[int, int], tuple[int, int]]]:
+    """(rank, op) -> (peer rank, the matching op there), both ways; and (rank, op) -> (receiver,
+    its op) of the message before it on the same connection (sender -> receiver), both ways."""
     sends: dict[tuple[int, int], list[int]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
     for one in ranks:
@@ -126,6 +133,7 @@ def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]
             kind, peer = one.by_op[op][1], one.by_op[op][2]
             (sends[(one.rank, peer)] if kind == "send" else recvs[(peer, one.rank)]).append(op)
     pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    before: dict[tuple[int, int], tuple[int, int]] = {}
     for (sender, receiver), send_ops in sends.items():
         recv_ops = recvs.get((sender, receiver), [])
         if len(recv_ops) != len(send_ops):
@@ -133,10 +141,12 @@ def _pair_messages(ranks: list[_Rank]) -> dict[tuple[int, int], tuple[int, int]]
                 f"rank {sender} sent {len(send_ops)} messages to rank {receiver}, which received "
                 f"{len(recv_ops)}: the traces are not of one AllReduce"
             )
-        for send_op, recv_op in zip(send_ops, recv_ops, strict=True):
+        for index, (send_op, recv_op) in enumerate(zip(send_ops, recv_ops, strict=True)):
             pairs[(sender, send_op)] = (receiver, recv_op)
             pairs[(receiver, recv_op)] = (sender, send_op)
-    return pairs
+            if index:
+                before[(sender, send_op)] = before[(receiver, recv_op)] = (receiver, recv_ops[index - 1])
+    return pairs, before
 
 
 class _Flow(NamedTuple):
@@ -156,7 +166,13 @@ class _Links:
     """What moved over each host's egress and ingress, message by message (each message's bytes
     spread evenly over its flow)."""
 
-    def __init__(self, ranks: list[_Rank], pairs: dict[tuple[int, int], tuple[int, int]], payload_Bps: list[float]):
+    def __init__(
+        self,
+        ranks: list[_Rank],
+        pairs: dict[tuple[int, int], tuple[int, int]],
+        flow_start: Callable[[_Rank, int], int],
+        payload_Bps: list[float],
+    ):
         self.payload_Bps = payload_Bps
         self.out_of: dict[int, list[_Flow]] = defaultdict(list)
         self.into: dict[int, list[_Flow]] = defaultdict(list)
@@ -166,7 +182,7 @@ class _Links:
                     continue
                 other_rank, other_op = pairs[(one.rank, op)]
                 received = ranks[other_rank].by_op[other_op]
-                start = max(int(message[4]), int(received[4]))
+                start = flow_start(one, op)
                 end = max(int(received[5]), start + 1)
                 flow = _Flow(start, end, float(message[3]), one.rank, other_rank, _label(message), (one.rank, op))
                 self.out_of[one.rank].append(flow)
@@ -221,7 +237,8 @@ def critical_path(
     path starts from), ``wire_s`` / ``wire_ideal_s`` / ``wire_link_busy_s`` / ``post_lag_s`` /
     ``first_from_peer_s`` (sums over the path; ``wire_link_busy_s``: the part of ``wire_s`` during
     which the message's link was busy, None without rates; ``first_from_peer_s``: the part of
-    ``post_lag_s`` at first receives from a peer), ``messages`` (how many the path crosses),
+    ``post_lag_s`` at first receives from a peer), ``messages`` (how many the path crosses;
+    ``queued_on_connection`` of them waited for the message ahead of them on their connection),
     ``post_lag_all`` (every message's post lag on every rank: count, sum and the largest, in
     seconds) and ``segments`` (the path from its start: ``[rank, what, peer, seconds]``, and for a
     message a fifth item: its ``label``, with rates also ``link_busy`` (0..1) and ``shared_with``,
@@ -231,7 +248,7 @@ def critical_path(
     ranks = [_Rank(r, t) for r, t in enumerate(traces)]
     if not any(r.by_op for r in ranks):
         return None
-    pairs = _pair_messages(ranks)
+    pairs, queued_after = _pair_messages(ranks)
     origin = min(r.entered_ns for r in ranks) if origin_ns is None else origin_ns
 
     def ready_ns(r: _Rank, op: int) -> tuple[int, int | None]:
@@ -242,13 +259,23 @@ def critical_path(
         last = max(deps, key=lambda d: r.by_op[d][5])
         return int(r.by_op[last][5]), last
 
+    def flow_start(r: _Rank, op: int) -> int:
+        """When the message could move: both ends had posted it and the message before it on its
+        connection had arrived (a connection carries its messages one after another)."""
+        other_rank, other_op = pairs[(r.rank, op)]
+        start = max(int(r.by_op[op][4]), int(ranks[other_rank].by_op[other_op][4]))
+        if (r.rank, op) in queued_after:
+            previous_rank, previous_op = queued_after[(r.rank, op)]
+            start = max(start, int(ranks[previous_rank].by_op[previous_op][5]))
+        return start
+
     all_lags = [max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op]
-    links = _Links(ranks, pairs, payload_Bps) if payload_Bps is not None else None
+    links = _Links(ranks, pairs, flow_start, payload_Bps) if payload_Bps is not None else None
     end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
     segments: list[list[Any]] = []
     wire = ideal = lag = first_from_peer = 0
     busy = 0.0
-    crossed = 0
+    crossed = queued = 0
     rank, op = end_rank, end_op
     for _ in range(sum(len(r.by_op) for r in ranks) + 1):
         message = rank.by_op[op]
@@ -256,7 +283,7 @@ def critical_path(
         other_rank, other_op = pairs[(rank.rank, op)]
         other = ranks[other_rank]
         other_post = int(other.by_op[other_op][4])
-        flow = max(int(post), other_post)
+        flow = flow_start(rank, op)
         wire += int(end) - flow
         crossed += 1
         sender, receiver = (rank.rank, peer) if kind == "send" else (peer, rank.rank)
@@ -269,6 +296,10 @@ def critical_path(
             detail["shared_with"] = links.sharers(send, receiver, flow, int(end))[:_SHARERS]
             busy += (int(end) - flow) * detail["link_busy"]
         segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9, detail])
+        if flow > max(int(post), other_post):  # queued behind the message before it on the connection
+            rank, op = ranks[queued_after[(rank.rank, op)][0]], queued_after[(rank.rank, op)][1]
+            queued += 1
+            continue
         if other_post > int(post):  # the peer posted later: its wait is the earlier link of the chain
             rank, op = other, other_op
         ready, before = ready_ns(rank, op)
@@ -296,6 +327,7 @@ def critical_path(
         "post_lag_s": lag / 1e9,
         "first_from_peer_s": first_from_peer / 1e9,
         "messages": crossed,
+        "queued_on_connection": queued,
         "post_lag_all": {
             "count": len(all_lags),
             "sum_s": sum(all_lags) / 1e9,
