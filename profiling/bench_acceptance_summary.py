@@ -158,7 +158,7 @@ def _critical_path(rows: Rows, run: str) -> dict[str, Any] | None:
     """Our algorithm's critical path in the last iteration (stragglerkit.report.critical_path),
     without its segments; None in files written before the bench recorded it."""
     path = rows[OURS[run]].get("critical_path")
-    return None if path is None else {key: path[key] for key in _PATH_FIELDS}
+    return None if path is None else {key: path.get(key) for key in _PATH_FIELDS}
 
 
 def summarise(results: Path) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def _path_text(path: dict[str, Any]) -> str:
         f"{path['total_s'] * 1e3:.0f} ms: wire {path['wire_s'] * 1e3:.0f} ms{ideal}, post lag "
         f"{path['post_lag_s'] * 1e3:.0f} ms ({path['first_from_peer_s'] * 1e3:.0f} ms at first receives from a peer), "
         "before the first post "
-        f"{path['start_s'] * 1e3:.0f} ms ({path['messages']} messages, {path.get('queued_on_connection', 0)} queued "
+        f"{path['start_s'] * 1e3:.0f} ms ({path['messages']} messages, {path.get('queued_on_connection') or 0} queued "
         "behind the one ahead on their connection)"
     )
 
