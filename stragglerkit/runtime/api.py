@@ -57,6 +57,7 @@ from stragglerkit.runtime.executor import (
 from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
+from stragglerkit.runtime.send_buffer import new_group_with_send_buffer, send_buffer_from_env
 from stragglerkit.schedules import Schedule, check
 from stragglerkit.schedules.registry import Situation, generate, names, why_not
 
@@ -239,9 +240,11 @@ class Runtime:
         "_schedules",
         "_worker",
         "cache_size",
+        "data_group",
         "group",
         "rank_map",
         "reverse_group",
+        "send_buffer_connections",
         "timeout",
         "warned",
     )
@@ -268,8 +271,27 @@ class Runtime:
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         duplex = os.environ.get("STRAGGLERKIT_DUPLEX", "1") != "0"
-        self.reverse_group = duplex_group(self.group) if duplex and self.group.size() > 1 else None
+        send_buffer = send_buffer_from_env()
+        self.data_group = self.group
+        """The group the executor's messages (lower to higher ranks), headers and abort notes use:
+        ``group``, or one of the runtime's own with ``STRAGGLERKIT_TCP_SEND_BUFFER``."""
+        self.reverse_group: dist.ProcessGroup | None = None
         """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
+        self.send_buffer_connections = 0
+        """Connections whose send buffer this runtime bounded (``STRAGGLERKIT_TCP_SEND_BUFFER``)."""
+        on_default_gloo = (
+            self.group is dist.distributed_c10d._get_default_group()
+            and dist.get_backend(self.group) == "gloo"
+            and self.group.size() > 1
+        )
+        if send_buffer is not None and on_default_gloo:
+            # data travels over two groups of the runtime's own (one per direction), whose
+            # connections queue at most ``send_buffer`` bytes each (runtime/send_buffer.py)
+            self.data_group, forward = new_group_with_send_buffer(send_buffer)
+            self.reverse_group, reverse = new_group_with_send_buffer(send_buffer)
+            self.send_buffer_connections = forward + reverse
+        elif duplex and self.group.size() > 1:
+            self.reverse_group = duplex_group(self.group)
 
     # -- public ---------------------------------------------------------------------------------
     def set_rank_map(self, ranks: Sequence[int] | None) -> None:
@@ -353,7 +375,7 @@ class Runtime:
         except ValueError:
             device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
             if self.group.size() > 1:
-                notify_local_failure(self.group, device, algorithm)
+                notify_local_failure(self.data_group, device, algorithm)
             raise
         if why is not None and why not in self.warned:
             self.warned.add(why)
@@ -368,7 +390,7 @@ class Runtime:
         flat = tensor.view(-1)
         with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
             timings = run_plan(
-                self.group,
+                self.data_group,
                 flat,
                 cached.scratch_for(flat),
                 cached.plan,
@@ -376,7 +398,7 @@ class Runtime:
                 cached.plan_id,
                 self.timeout,
                 self.reverse_group,
-                concurrent_waits(self.group, flat, cached.plan),
+                concurrent_waits(self.data_group, flat, cached.plan),
             )
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)

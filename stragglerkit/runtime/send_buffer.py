@@ -1,0 +1,96 @@
+"""The runtime's own gloo connections with a bounded TCP send buffer (opt-in).
+
+Why: a gloo send completes once its data is in the socket's send buffer, which the kernel grows to
+4 MiB by default (``net.ipv4.tcp_wmem``). In a round schedule a rank starts its next round when
+its previous round's sends *completed*, so with a large buffer most of the previous message is
+still queued when the next one starts, and TCP shares the rank's link between the two: the earlier
+message, which its receiver's chain of rounds waits for, arrives late. The critical path of
+StragglAR's bench rows shows it (docs/bench.md, "The critical path, and TCP's send buffer"); with a
+256 KiB buffer its rounds run as the model says.
+
+How: with ``STRAGGLERKIT_TCP_SEND_BUFFER=SIZE`` (e.g. ``256KiB``) set on every rank, a runtime
+on the default gloo group creates its own two gloo groups (one per direction, as
+:func:`stragglerkit.runtime.executor.duplex_group` does for the reverse one) and sets
+``SO_SNDBUF`` on the connections that creating them opened, found as the sockets this process
+did not have before. The user's group and any other socket of the process are left alone. Gloo
+connects a new group's full mesh while creating it, so every connection is there to set. Linux
+doubles what ``setsockopt`` asks for (for its own bookkeeping); half of ``SIZE`` is asked, so
+the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is ``SIZE``.
+
+Example::
+
+    # every rank, before the first stragglerkit call
+    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "256KiB"
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import torch.distributed as dist
+
+from stragglerkit.units import parse_size
+
+__all__ = ["ENV", "new_group_with_send_buffer", "send_buffer_from_env", "socket_inodes"]
+
+ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
+_SMALLEST = 8192
+
+
+def send_buffer_from_env() -> int | None:
+    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes, or None when unset; ValueError names a bad value."""
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    try:
+        size = parse_size(text)
+    except ValueError:
+        raise ValueError(f"{ENV}={text!r} is not a size; give e.g. 256KiB (or unset it)") from None
+    if size < _SMALLEST:
+        raise ValueError(f"{ENV}={text!r} is below 8KiB; give e.g. 256KiB (or unset it)")
+    return size
+
+
+def socket_inodes() -> dict[int, int]:
+    """This process's sockets: inode -> one file descriptor of it."""
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            info = os.fstat(fd)
+        except (ValueError, OSError):
+            continue
+        if stat.S_ISSOCK(info.st_mode):
+            found.setdefault(info.st_ino, fd)
+    return found
+
+
+def _bound(fd: int, nbytes: int) -> bool:
+    """Set ``SO_SNDBUF`` on ``fd`` if it is a connected TCP socket; whether it was."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        try:
+            sock.getpeername()
+        except OSError:  # listening or not connected
+            return False
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes // 2)  # Linux doubles it
+        return True
+    finally:
+        sock.close()  # the duplicate only
+
+
+def new_group_with_send_buffer(nbytes: int) -> tuple[dist.ProcessGroup, int]:
+    """A new gloo group over every rank (collective, like ``dist.new_group``) whose connections
+    queue at most ``nbytes`` each; also how many connections were set."""
+    before = socket_inodes()
+    group = dist.new_group(backend="gloo")
+    after = socket_inodes()
+    count = sum(_bound(fd, nbytes) for inode, fd in after.items() if inode not in before)
+    return group, count

@@ -1,0 +1,97 @@
+"""STRAGGLERKIT_TCP_SEND_BUFFER: the runtime's own gloo groups with a bounded TCP send buffer.
+
+Real gloo groups over loopback: the connections that creating a group opened report the asked
+send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
+across calls (its groups are made once).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from _dist import run_group
+
+from stragglerkit.runtime.send_buffer import ENV, new_group_with_send_buffer, send_buffer_from_env, socket_inodes
+
+
+@pytest.fixture
+def send_buffer_env() -> Iterator[None]:
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "64KiB"  # spawned ranks inherit it
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
+def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    assert send_buffer_from_env() is None
+    monkeypatch.setenv(ENV, "256KiB")
+    assert send_buffer_from_env() == 256 * 1024
+    for bad, message in (("lots", "is not a size"), ("1KiB", "below 8KiB")):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(ValueError, match=message):
+            send_buffer_from_env()
+
+
+def _new_connections_report_the_buffer(rank: int, world_size: int) -> list[int]:
+    before = socket_inodes()
+    _, count = new_group_with_send_buffer(64 * 1024)
+    after = socket_inodes()
+    sizes = []
+    for inode, fd in after.items():
+        if inode in before:
+            continue
+        with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
+            try:
+                sock.getpeername()
+            except OSError:  # the group's listening socket
+                continue
+            sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+    assert count >= world_size - 1, count
+    return sizes
+
+
+def test_a_new_groups_connections_queue_at_most_the_asked_bytes() -> None:
+    results = run_group(3, _new_connections_report_the_buffer)
+    for sizes in results.values():
+        assert 64 * 1024 in sizes, sizes
+
+
+def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, object]:
+    import stragglerkit
+    from stragglerkit.runtime.api import runtime_for
+
+    runtime = runtime_for()
+    out: dict[str, object] = {
+        "connections": runtime.send_buffer_connections,
+        "own_group": runtime.data_group is not dist.distributed_c10d._get_default_group(),
+        "shared": runtime_for() is runtime,
+    }
+    for algorithm, numel in (("ring", 1001), ("stragglar", 4099), ("optcc", 70000)):
+        x = torch.arange(numel, dtype=torch.float32) * (rank + 1)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        kwargs: dict[str, object] = {"straggler": world_size - 1} if algorithm == "stragglar" else {}
+        if algorithm == "optcc":
+            kwargs = {"slowdowns": {1: 2.0}}
+        stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs)  # type: ignore[arg-type]
+        out[algorithm] = bool(torch.equal(x, expected))
+    return out
+
+
+def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(send_buffer_env: None) -> None:
+    results = run_group(4, _all_reduce_over_bounded_groups)
+    for rank, out in results.items():
+        assert out["own_group"] and out["shared"], (rank, out)
+        assert isinstance(out["connections"], int) and out["connections"] >= 2 * 3, (rank, out)
+        assert out["ring"] and out["stragglar"] and out["optcc"], (rank, out)
