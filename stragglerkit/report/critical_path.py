@@ -107,18 +107,38 @@ def rank_trace(record: RunRecord, entered_ns: int) -> dict[str, Any]:
     return {"entered_ns": entered_ns, "messages": messages, "deps": [deps.get(t.op, []) for t in timings]}
 
 
+class _Message(NamedTuple):
+    """One message of a :func:`rank_trace` (its list form; ``label`` is "" in traces without one)."""
+
+    op: int
+    kind: str
+    peer: int
+    nbytes: int
+    post_ns: int
+    end_ns: int
+    label: str = ""
+
+    @classmethod
+    def of(cls, item: list[Any]) -> _Message:
+        op, kind, peer, nbytes, post, end = item[:6]
+        return cls(
+            int(op), str(kind), int(peer), int(nbytes), int(post), int(end), str(item[6]) if len(item) > 6 else ""
+        )
+
+
 class _Rank:
     def __init__(self, rank: int, trace: dict[str, Any]) -> None:
         self.rank = rank
         self.entered_ns = int(trace["entered_ns"])
-        self.by_op: dict[int, list[Any]] = {m[0]: m for m in trace["messages"]}
-        self.deps: dict[int, list[int]] = {m[0]: list(d) for m, d in zip(trace["messages"], trace["deps"], strict=True)}
+        messages = [_Message.of(item) for item in trace["messages"]]
+        self.by_op: dict[int, _Message] = {m.op: m for m in messages}
+        self.deps: dict[int, list[int]] = {m.op: list(d) for m, d in zip(messages, trace["deps"], strict=True)}
         self.first_from: set[int] = set()
         seen: set[int] = set()
-        for op, kind, peer, *_ in trace["messages"]:  # sorted by op: program order
-            if kind != "send" and peer not in seen:
-                self.first_from.add(op)
-                seen.add(peer)
+        for m in messages:  # sorted by op: program order
+            if m.kind != "send" and m.peer not in seen:
+                self.first_from.add(m.op)
+                seen.add(m.peer)
 
 
 def _pair_messages(
@@ -130,8 +150,8 @@ def _pair_messages(
     recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
     for one in ranks:
         for op in sorted(one.by_op):
-            kind, peer = one.by_op[op][1], one.by_op[op][2]
-            (sends[(one.rank, peer)] if kind == "send" else recvs[(peer, one.rank)]).append(op)
+            m = one.by_op[op]
+            (sends[(one.rank, m.peer)] if m.kind == "send" else recvs[(m.peer, one.rank)]).append(op)
     pairs: dict[tuple[int, int], tuple[int, int]] = {}
     before: dict[tuple[int, int], tuple[int, int]] = {}
     for (sender, receiver), send_ops in sends.items():
@@ -161,6 +181,10 @@ class _Flow(NamedTuple):
     send: tuple[int, int]
     """(sender, its op): which message this is."""
 
+    def overlap_ns(self, t0: int, t1: int) -> int:
+        """How long this transfer ran within [t0, t1] (0 if not at all)."""
+        return max(0, min(self.end, t1) - max(self.start, t0))
+
 
 class _Links:
     """What moved over each host's egress and ingress, message by message (each message's bytes
@@ -178,24 +202,18 @@ class _Links:
         self.into: dict[int, list[_Flow]] = defaultdict(list)
         for one in ranks:
             for op, message in one.by_op.items():
-                if message[1] != "send":
+                if message.kind != "send":
                     continue
                 other_rank, other_op = pairs[(one.rank, op)]
-                received = ranks[other_rank].by_op[other_op]
                 start = flow_start(one, op)
-                end = max(int(received[5]), start + 1)
-                flow = _Flow(start, end, float(message[3]), one.rank, other_rank, _label(message), (one.rank, op))
+                end = max(ranks[other_rank].by_op[other_op].end_ns, start + 1)
+                flow = _Flow(start, end, float(message.nbytes), one.rank, other_rank, message.label, (one.rank, op))
                 self.out_of[one.rank].append(flow)
                 self.into[other_rank].append(flow)
 
     @staticmethod
     def _moved(flows: list[_Flow], t0: int, t1: int) -> float:
-        total = 0.0
-        for flow in flows:
-            overlap = min(flow.end, t1) - max(flow.start, t0)
-            if overlap > 0:
-                total += flow.nbytes * overlap / (flow.end - flow.start)
-        return total
+        return sum(flow.nbytes * flow.overlap_ns(t0, t1) / (flow.end - flow.start) for flow in flows)
 
     def share(self, sender: int, receiver: int, t0: int, t1: int) -> float:
         """How busy the busier end of the link ``sender -> receiver`` was over [t0, t1] (0..1)."""
@@ -211,16 +229,10 @@ class _Links:
         during [t0, t1], longest overlap first: ``[sender, receiver, label, seconds of overlap]``."""
         found = []
         for flow in {*self.out_of[send[0]], *self.into[receiver]}:
-            if flow.send == send:
-                continue
-            overlap = min(flow.end, t1) - max(flow.start, t0)
-            if overlap > 0:
+            overlap = flow.overlap_ns(t0, t1)
+            if flow.send != send and overlap > 0:
                 found.append([flow.sender, flow.receiver, flow.label, overlap / 1e9])
         return sorted(found, key=lambda item: -item[3])
-
-
-def _label(message: list[Any]) -> str:
-    return str(message[6]) if len(message) > 6 else ""
 
 
 def critical_path(
@@ -256,22 +268,22 @@ def critical_path(
         deps = r.deps[op]
         if not deps:
             return r.entered_ns, None
-        last = max(deps, key=lambda d: r.by_op[d][5])
-        return int(r.by_op[last][5]), last
+        last = max(deps, key=lambda d: r.by_op[d].end_ns)
+        return r.by_op[last].end_ns, last
 
     def flow_start(r: _Rank, op: int) -> int:
         """When the message could move: both ends had posted it and the message before it on its
         connection had arrived (a connection carries its messages one after another)."""
         other_rank, other_op = pairs[(r.rank, op)]
-        start = max(int(r.by_op[op][4]), int(ranks[other_rank].by_op[other_op][4]))
+        start = max(r.by_op[op].post_ns, ranks[other_rank].by_op[other_op].post_ns)
         if (r.rank, op) in queued_after:
             previous_rank, previous_op = queued_after[(r.rank, op)]
-            start = max(start, int(ranks[previous_rank].by_op[previous_op][5]))
+            start = max(start, ranks[previous_rank].by_op[previous_op].end_ns)
         return start
 
-    all_lags = [max(0, int(r.by_op[op][4]) - ready_ns(r, op)[0]) for r in ranks for op in r.by_op]
+    all_lags = [max(0, r.by_op[op].post_ns - ready_ns(r, op)[0]) for r in ranks for op in r.by_op]
     links = _Links(ranks, pairs, flow_start, payload_Bps) if payload_Bps is not None else None
-    end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]][5])
+    end_rank, end_op = max(((r, op) for r in ranks for op in r.by_op), key=lambda item: item[0].by_op[item[1]].end_ns)
     segments: list[list[Any]] = []
     wire = ideal = lag = first_from_peer = 0
     busy = 0.0
@@ -279,36 +291,36 @@ def critical_path(
     rank, op = end_rank, end_op
     for _ in range(sum(len(r.by_op) for r in ranks) + 1):
         message = rank.by_op[op]
-        _, kind, peer, nbytes, post, end = message[:6]
+        kind, peer, post, end = message.kind, message.peer, message.post_ns, message.end_ns
         other_rank, other_op = pairs[(rank.rank, op)]
         other = ranks[other_rank]
-        other_post = int(other.by_op[other_op][4])
+        other_post = other.by_op[other_op].post_ns
         flow = flow_start(rank, op)
-        wire += int(end) - flow
+        wire += end - flow
         crossed += 1
         sender, receiver = (rank.rank, peer) if kind == "send" else (peer, rank.rank)
         if payload_Bps is not None:
-            ideal += round(1e9 * nbytes / min(payload_Bps[sender], payload_Bps[receiver]))
-        detail: dict[str, Any] = {"label": _label(message)}
+            ideal += round(1e9 * message.nbytes / min(payload_Bps[sender], payload_Bps[receiver]))
+        detail: dict[str, Any] = {"label": message.label}
         if links is not None:
-            detail["link_busy"] = links.share(sender, receiver, flow, int(end))
+            detail["link_busy"] = links.share(sender, receiver, flow, end)
             send = (rank.rank, op) if kind == "send" else (other_rank, other_op)
-            detail["shared_with"] = links.sharers(send, receiver, flow, int(end))[:_SHARERS]
-            busy += (int(end) - flow) * detail["link_busy"]
-        segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (int(end) - flow) / 1e9, detail])
-        if flow > max(int(post), other_post):  # queued behind the message before it on the connection
+            detail["shared_with"] = links.sharers(send, receiver, flow, end)[:_SHARERS]
+            busy += (end - flow) * detail["link_busy"]
+        segments.append([rank.rank, f"{kind} {sender}->{receiver}", peer, (end - flow) / 1e9, detail])
+        if flow > max(post, other_post):  # queued behind the message before it on the connection
             rank, op = ranks[queued_after[(rank.rank, op)][0]], queued_after[(rank.rank, op)][1]
             queued += 1
             continue
-        if other_post > int(post):  # the peer posted later: its wait is the earlier link of the chain
+        if other_post > post:  # the peer posted later: its wait is the earlier link of the chain
             rank, op = other, other_op
         ready, before = ready_ns(rank, op)
-        waited = max(0, int(rank.by_op[op][4]) - ready)
+        waited = max(0, rank.by_op[op].post_ns - ready)
         lag += waited
         if op in rank.first_from:
             first_from_peer += waited
         what = "post lag, first from the peer" if op in rank.first_from else "post lag"
-        segments.append([rank.rank, what, rank.by_op[op][2], waited / 1e9])
+        segments.append([rank.rank, what, rank.by_op[op].peer, waited / 1e9])
         if before is None:
             start = rank.entered_ns
             break
@@ -317,7 +329,7 @@ def critical_path(
         raise RuntimeError("the critical path did not reach an entry: the traces' clocks disagree")
     segments.reverse()
     return {
-        "total_s": (int(end_rank.by_op[end_op][5]) - origin) / 1e9,
+        "total_s": (end_rank.by_op[end_op].end_ns - origin) / 1e9,
         "start_s": (start - origin) / 1e9,
         "start_rank": rank.rank,
         "end_rank": end_rank.rank,
