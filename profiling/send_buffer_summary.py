@@ -19,21 +19,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-OURS = {"straggler": "stragglar", "degraded_l2": "optcc", "degraded_l8_7": "optcc"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_acceptance_summary import (  # the acceptance figures, defined once
+    OURS,
+    Rows,
+    _optcc_over_bound,
+    _optcc_over_healthy,
+    _optcc_speedup,
+    _straggler_from_arrival,
+    _straggler_from_first,
+)
+
+FIGURES = {
+    "straggler": {"from_straggler_x": _straggler_from_arrival, "from_first_x": _straggler_from_first},
+    "degraded_l2": {"vs_gloo_x": _optcc_speedup, "over_bound": _optcc_over_bound},
+    "degraded_l8_7": {"over_fault_free_gloo": _optcc_over_healthy},
+}
+"""Per scenario, the acceptance figures of one run (bench_acceptance_summary.py's measures)."""
 
 
-def _figure(scenario: str, rows: dict[tuple[str, str], dict[str, Any]]) -> dict[str, float]:
-    """The acceptance figures of one run (bench_acceptance_summary.py's definitions)."""
-    if scenario == "straggler":
-        gloo, ours = rows[("straggler", "gloo")], rows[("straggler", "stragglar")]
-        return {
-            "from_straggler_x": gloo["time_from_straggler_s"] / ours["time_from_straggler_s"],
-            "from_first_x": gloo["time_from_first_arrival_s"] / ours["time_from_first_arrival_s"],
-        }
-    gloo, ours = rows[("degraded", "gloo")], rows[("degraded", "optcc")]
-    if scenario == "degraded_l2":
-        return {"vs_gloo_x": gloo["time_s"] / ours["time_s"], "over_bound": ours["time_s"] / ours["lower_bound_s"] - 1}
-    return {"over_fault_free_gloo": ours["time_s"] / rows[("none", "gloo")]["time_s"] - 1}
+def _figure(scenario: str, rows: Rows) -> dict[str, float]:
+    return {name: measure(rows)[0] for name, measure in FIGURES[scenario].items()}
 
 
 def summarise(folder: Path) -> dict[str, Any]:
@@ -43,7 +49,7 @@ def summarise(folder: Path) -> dict[str, Any]:
         rows = {(r["scenario"], r["algorithm"]): r for r in data["rows"]}
         scenario, buffer = path.stem.rsplit("_run", 1)[0].rsplit("_", 1)
         group = groups.setdefault(f"{scenario} {buffer}", {"runs": []})
-        ours = next(r for r in data["rows"] if r["algorithm"] == OURS[scenario])
+        ours = rows[OURS[scenario]]
         path_figures = ours.get("critical_path") or {}
         group["runs"].append(
             {
