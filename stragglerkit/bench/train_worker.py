@@ -271,9 +271,9 @@ class _TrainRank:
                     f"of the last {len(self.plain.times[recent])}), hook: {self.state.algorithm}",
                 )
         self.state.close()
-        return self._record(diffs, self.algorithms, self.rank_maps)
+        return self._record(diffs)
 
-    def _record(self, diffs: list[float], algorithms: list[str], rank_maps: list[list[int]]) -> dict[str, Any]:
+    def _record(self, diffs: list[float]) -> dict[str, Any]:
         with torch.no_grad():
             flat = {
                 name: torch.cat([p.detach().flatten() for p in run.model.parameters()]).double().cpu()
@@ -295,6 +295,11 @@ class _TrainRank:
         }
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, own)
+
+        def by_step(key: str) -> list[list[Any]]:
+            """``key`` of every rank, as [step][rank]."""
+            return [list(t) for t in zip(*(g[key] for g in gathered), strict=True)]
+
         last = self.state.step - 1
         return {
             "world_size": self.world_size,
@@ -309,22 +314,17 @@ class _TrainRank:
             "hook_config": asdict(self.hook_config),
             "reshaped": self.reshaped,
             # [step][rank]
-            "plain_s": [list(t) for t in zip(*(g["plain_s"] for g in gathered), strict=True)],
-            "hooked_s": [list(t) for t in zip(*(g["hooked_s"] for g in gathered), strict=True)],
-            "plain_end_s": [list(t) for t in zip(*(g["plain_end_s"] for g in gathered), strict=True)],
-            "hooked_end_s": [list(t) for t in zip(*(g["hooked_end_s"] for g in gathered), strict=True)],
+            **{key: by_step(key) for key in ("plain_s", "hooked_s", "plain_end_s", "hooked_end_s")},
             "block_starts": [block.start for block in self.config.blocks()],
-            "plain_backward_s": [list(t) for t in zip(*(g["plain_backward_s"] for g in gathered), strict=True)],
-            "hooked_backward_s": [list(t) for t in zip(*(g["hooked_backward_s"] for g in gathered), strict=True)],
+            **{key: by_step(key) for key in ("plain_backward_s", "hooked_backward_s")},
             # [step][rank]: [busy, total] CPU ticks of the rank's host during its step (None: unknown)
-            "plain_cpu": [list(t) for t in zip(*(g["plain_cpu"] for g in gathered), strict=True)],
-            "hooked_cpu": [list(t) for t in zip(*(g["hooked_cpu"] for g in gathered), strict=True)],
-            "param_diff": [max(t) for t in zip(*(g["diffs"] for g in gathered), strict=True)],
+            **{key: by_step(key) for key in ("plain_cpu", "hooked_cpu")},
+            "param_diff": [max(ranks) for ranks in by_step("diffs")],
             "param_scale": max(g["scale"] for g in gathered),
             "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},
             "loss": {"plain": self.plain.losses, "hooked": self.hooked.losses},
-            "algorithms": algorithms,
-            "rank_maps": rank_maps,
+            "algorithms": self.algorithms,
+            "rank_maps": self.rank_maps,
             "events": self.state.events,
             "final_plan": self.state.controller.plan.describe(),
             # rank 0 decides: its detector's latest evaluation and its fitted cost model, as evidence
