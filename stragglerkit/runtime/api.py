@@ -51,6 +51,7 @@ from stragglerkit.runtime.executor import (
     OpTimings,
     concurrent_waits,
     duplex_group,
+    is_default_gloo_group,
     notify_local_failure,
     run_plan,
 )
@@ -279,12 +280,7 @@ class Runtime:
         """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
         self.send_buffer_connections = 0
         """Connections whose send buffer this runtime bounded (``STRAGGLERKIT_TCP_SEND_BUFFER``)."""
-        on_default_gloo = (
-            self.group is dist.distributed_c10d._get_default_group()
-            and dist.get_backend(self.group) == "gloo"
-            and self.group.size() > 1
-        )
-        if send_buffer is not None and on_default_gloo:
+        if send_buffer is not None and self.group.size() > 1 and is_default_gloo_group(self.group):
             # data travels over two groups of the runtime's own (one per direction), whose
             # connections queue at most ``send_buffer`` bytes each (runtime/send_buffer.py)
             self.data_group, forward = new_group_with_send_buffer(send_buffer)

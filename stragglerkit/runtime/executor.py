@@ -27,6 +27,7 @@ __all__ = [
     "OpTimings",
     "concurrent_waits",
     "duplex_group",
+    "is_default_gloo_group",
     "native",
     "notify_local_failure",
     "run_plan",
@@ -204,9 +205,15 @@ def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
     each direction gets its own connection. NCCL needs none. Creating it is collective: every rank
     of the default group must call this at the same point.
     """
-    if dist.get_backend(group) != "gloo" or group is not dist.distributed_c10d._get_default_group():
+    if not is_default_gloo_group(group):
         return None
     return dist.new_group(backend="gloo")
+
+
+def is_default_gloo_group(group: dist.ProcessGroup) -> bool:
+    """``group`` is the default group and runs on gloo: the runtime may add gloo groups over the
+    same ranks (:func:`duplex_group`, runtime/send_buffer.py)."""
+    return group is dist.distributed_c10d._get_default_group() and dist.get_backend(group) == "gloo"
 
 
 def notify_local_failure(group: dist.ProcessGroup, device: torch.device, algorithm: str) -> None:
