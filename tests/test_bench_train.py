@@ -121,6 +121,15 @@ def test_cli_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> 
     assert "--jitter" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_bad_send_buffer_before_starting_ranks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRAGGLERKIT_TCP_SEND_BUFFER", "lots")
+    for mode in ("allreduce", "train"):
+        assert main(["bench", "--mode", mode, "--loopback"]) == 2
+        assert "STRAGGLERKIT_TCP_SEND_BUFFER='lots' is not a size" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------- summary
 
 

@@ -2,11 +2,13 @@
 
 Real gloo groups over loopback: the connections that creating a group opened report the asked
 send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
-across calls (its groups are made once).
+across calls (its groups are made once); by default the runtime bounds its connections, with
+``off`` it sends over the user's group and leaves every buffer to the kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
@@ -16,13 +18,23 @@ import torch
 import torch.distributed as dist
 from _dist import run_group
 
-from stragglerkit.runtime.send_buffer import ENV, new_group_with_send_buffer, send_buffer_from_env, socket_inodes
+from stragglerkit.runtime.send_buffer import (
+    DEFAULT_SEND_BUFFER,
+    ENV,
+    new_group_with_send_buffer,
+    send_buffer_from_env,
+    socket_inodes,
+)
 
 
-@pytest.fixture
-def send_buffer_env() -> Iterator[None]:
+@contextlib.contextmanager
+def send_buffer_env(value: str | None) -> Iterator[None]:
+    """``STRAGGLERKIT_TCP_SEND_BUFFER`` = ``value`` (None: unset) for ranks spawned inside."""
     before = os.environ.get(ENV)
-    os.environ[ENV] = "64KiB"  # spawned ranks inherit it
+    if value is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = value  # spawned ranks inherit it
     try:
         yield
     finally:
@@ -34,13 +46,31 @@ def send_buffer_env() -> Iterator[None]:
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    assert send_buffer_from_env() is None
-    monkeypatch.setenv(ENV, "256KiB")
-    assert send_buffer_from_env() == 256 * 1024
+    assert send_buffer_from_env() == DEFAULT_SEND_BUFFER == 256 * 1024
+    monkeypatch.setenv(ENV, "1MiB")
+    assert send_buffer_from_env() == 1024 * 1024
+    for off in ("off", "OFF", "kernel", "0"):
+        monkeypatch.setenv(ENV, off)
+        assert send_buffer_from_env() is None
     for bad, message in (("lots", "is not a size"), ("1KiB", "below 8KiB")):
         monkeypatch.setenv(ENV, bad)
         with pytest.raises(ValueError, match=message):
             send_buffer_from_env()
+
+
+def _connected_send_buffers() -> list[int]:
+    """SO_SNDBUF of every connected TCP socket of this process."""
+    sizes = []
+    for fd in socket_inodes().values():
+        with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
+            if sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                sock.getpeername()
+            except OSError:  # a listening socket
+                continue
+            sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+    return sizes
 
 
 def _new_connections_report_the_buffer(rank: int, world_size: int) -> list[int]:
@@ -72,10 +102,12 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
     from stragglerkit.runtime.api import runtime_for
 
     runtime = runtime_for()
+    sizes = _connected_send_buffers()
     out: dict[str, object] = {
         "connections": runtime.send_buffer_connections,
         "own_group": runtime.data_group is not dist.distributed_c10d._get_default_group(),
         "shared": runtime_for() is runtime,
+        "sizes": sizes,
     }
     for algorithm, numel in (("ring", 1001), ("stragglar", 4099), ("optcc", 70000)):
         x = torch.arange(numel, dtype=torch.float32) * (rank + 1)
@@ -89,9 +121,24 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
     return out
 
 
-def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(send_buffer_env: None) -> None:
-    results = run_group(4, _all_reduce_over_bounded_groups)
+@pytest.mark.parametrize("value", ["64KiB", None])
+def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str | None) -> None:
+    asked = 64 * 1024 if value else DEFAULT_SEND_BUFFER
+    with send_buffer_env(value):
+        results = run_group(4, _all_reduce_over_bounded_groups)
     for rank, out in results.items():
         assert out["own_group"] and out["shared"], (rank, out)
         assert isinstance(out["connections"], int) and out["connections"] >= 2 * 3, (rank, out)
+        sizes = out["sizes"]
+        assert isinstance(sizes, list) and sizes.count(asked) >= 2 * 3, (rank, out)
+        assert out["ring"] and out["stragglar"] and out["optcc"], (rank, out)
+
+
+def test_off_keeps_the_kernels_buffers_and_the_users_group() -> None:
+    with send_buffer_env("off"):
+        results = run_group(4, _all_reduce_over_bounded_groups)
+    for rank, out in results.items():
+        assert not out["own_group"] and out["connections"] == 0, (rank, out)
+        sizes = out["sizes"]
+        assert isinstance(sizes, list) and sizes and DEFAULT_SEND_BUFFER not in sizes, (rank, out)
         assert out["ring"] and out["stragglar"] and out["optcc"], (rank, out)

@@ -275,17 +275,19 @@ class Runtime:
         send_buffer = send_buffer_from_env()
         self.data_group = self.group
         """The group the executor's messages (lower to higher ranks), headers and abort notes use:
-        ``group``, or one of the runtime's own with ``STRAGGLERKIT_TCP_SEND_BUFFER``."""
+        one of the runtime's own with a bounded send buffer (gloo, default group: runtime/send_buffer.py),
+        else ``group``."""
         self.reverse_group: dist.ProcessGroup | None = None
         """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
         self.send_buffer_connections = 0
-        """Connections whose send buffer this runtime bounded (``STRAGGLERKIT_TCP_SEND_BUFFER``)."""
+        """Connections whose send buffer this runtime bounded (0 with ``STRAGGLERKIT_TCP_SEND_BUFFER=off``)."""
         if send_buffer is not None and self.group.size() > 1 and is_default_gloo_group(self.group):
             # data travels over two groups of the runtime's own (one per direction), whose
             # connections queue at most ``send_buffer`` bytes each (runtime/send_buffer.py)
-            self.data_group, forward = new_group_with_send_buffer(send_buffer)
-            self.reverse_group, reverse = new_group_with_send_buffer(send_buffer)
-            self.send_buffer_connections = forward + reverse
+            self.data_group, self.send_buffer_connections = new_group_with_send_buffer(send_buffer)
+            if duplex:
+                self.reverse_group, reverse = new_group_with_send_buffer(send_buffer)
+                self.send_buffer_connections += reverse
         elif duplex and self.group.size() > 1:
             self.reverse_group = duplex_group(self.group)
 

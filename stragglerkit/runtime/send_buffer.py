@@ -1,4 +1,4 @@
-"""The runtime's own gloo connections with a bounded TCP send buffer (opt-in).
+"""The runtime's own gloo connections with a bounded TCP send buffer (on by default over gloo).
 
 Why: a gloo send completes once its data is in the socket's send buffer, which the kernel grows to
 4 MiB by default (``net.ipv4.tcp_wmem``). In a round schedule a rank starts its next round when
@@ -6,21 +6,28 @@ its previous round's sends *completed*, so with a large buffer most of the previ
 still queued when the next one starts, and TCP shares the rank's link between the two: the earlier
 message, which its receiver's chain of rounds waits for, arrives late. The critical path of
 StragglAR's bench rows shows it (docs/bench.md, "The critical path, and TCP's send buffer"); with a
-256 KiB buffer its rounds run as the model says.
+256 KiB buffer its rounds run as the model says, and ring, OptCC and gloo's own all_reduce are
+unchanged (``profiling/results/send_buffer/``).
 
-How: with ``STRAGGLERKIT_TCP_SEND_BUFFER=SIZE`` (e.g. ``256KiB``) set on every rank, a runtime
-on the default gloo group creates its own two gloo groups (one per direction, as
+How: a runtime on the default gloo group creates its own two gloo groups (one per direction, as
 :func:`stragglerkit.runtime.executor.duplex_group` does for the reverse one) and sets
 ``SO_SNDBUF`` on the connections that creating them opened, found as the sockets this process
 did not have before. The user's group and any other socket of the process are left alone. Gloo
 connects a new group's full mesh while creating it, so every connection is there to set. Linux
-doubles what ``setsockopt`` asks for (for its own bookkeeping); half of ``SIZE`` is asked, so
-the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is ``SIZE``.
+doubles what ``setsockopt`` asks for (for its own bookkeeping); half of the size is asked, so
+the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is the size.
+
+The size is ``STRAGGLERKIT_TCP_SEND_BUFFER`` (default :data:`DEFAULT_SEND_BUFFER`, 256 KiB; the
+same on every rank): ``off`` keeps the kernel's buffers (the runtime then sends over the user's
+group and one reverse group). 256 KiB holds 2 ms of a 1 Gbit/s link and keeps a link busy while
+its bandwidth-delay product is below about 128-256 KiB (the kernel counts its bookkeeping in the
+buffer): 10 Gbit/s at a 100 us round trip; on links with a larger one, raise it.
+NCCL groups are never touched.
 
 Example::
 
-    # every rank, before the first stragglerkit call
-    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "256KiB"
+    # every rank, before the first stragglerkit call: the kernel's buffers
+    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "off"
 """
 
 from __future__ import annotations
@@ -33,23 +40,30 @@ import torch.distributed as dist
 
 from stragglerkit.units import parse_size
 
-__all__ = ["ENV", "new_group_with_send_buffer", "send_buffer_from_env", "socket_inodes"]
+__all__ = ["DEFAULT_SEND_BUFFER", "ENV", "new_group_with_send_buffer", "send_buffer_from_env", "socket_inodes"]
 
 ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
+DEFAULT_SEND_BUFFER = 256 * 1024
+"""Bytes a connection of the runtime's own queues at most, when ``STRAGGLERKIT_TCP_SEND_BUFFER`` is unset."""
+OFF = ("off", "kernel", "0")
+"""Values of ``STRAGGLERKIT_TCP_SEND_BUFFER`` that keep the kernel's send buffers."""
 _SMALLEST = 8192
 
 
 def send_buffer_from_env() -> int | None:
-    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes, or None when unset; ValueError names a bad value."""
+    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (unset: :data:`DEFAULT_SEND_BUFFER`), or None for
+    ``off`` (the kernel's buffers); ValueError names a bad value."""
     text = os.environ.get(ENV, "").strip()
     if not text:
+        return DEFAULT_SEND_BUFFER
+    if text.lower() in OFF:
         return None
     try:
         size = parse_size(text)
     except ValueError:
-        raise ValueError(f"{ENV}={text!r} is not a size; give e.g. 256KiB (or unset it)") from None
+        raise ValueError(f"{ENV}={text!r} is not a size; give e.g. 256KiB, or off for the kernel's buffers") from None
     if size < _SMALLEST:
-        raise ValueError(f"{ENV}={text!r} is below 8KiB; give e.g. 256KiB (or unset it)")
+        raise ValueError(f"{ENV}={text!r} is below 8KiB; give e.g. 256KiB, or off for the kernel's buffers")
     return size
 
 
