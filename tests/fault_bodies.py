@@ -67,14 +67,14 @@ def dtype_mismatch(rank: int, n: int) -> dict[str, Any]:
 
 
 def dtype_mismatch_notes(rank: int, n: int) -> dict[str, Any]:
-    """``dtype_mismatch``; then the abort notes this rank received."""
+    """``dtype_mismatch``; then the abort notes this rank received (on the group the runtime sends over)."""
     import stragglerkit._C as native
 
     import stragglerkit.runtime.api as api
 
     out = dtype_mismatch(rank, n)
     time.sleep(1.0)  # notes still on their way when this rank raised
-    return {"error": out["error"], "notes": [list(note) for note in native.abort_notes(api.runtime_for().group)]}
+    return {"error": out["error"], "notes": [list(note) for note in native.abort_notes(api.runtime_for().data_group)]}
 
 
 def peer_dies(rank: int, n: int, queue_hint: Any = None) -> str:

@@ -184,9 +184,11 @@ def test_loopback_bench_end_to_end(tmp_path: Path) -> None:
         # apart on a loaded machine (2 ms apart seen on two cores), so only half the delay is asserted.
         assert row["time_from_first_arrival_s"] >= row["time_from_straggler_s"] + 0.025
         assert row["predicted_s"] is None  # no bandwidth known over loopback
-        # 4 ranks on this host's cores: some of its CPU time was busy, soft interrupts are part of it
-        assert 0 < row["cpu_busy"] <= 1 and 0 <= row["cpu_softirq"] <= row["cpu_busy"]
+        # soft interrupts are part of the busy time; the share is counted in clock ticks (10 ms), so a
+        # row whose two iterations took a few ms may read 0 busy ticks: the rows together may not
+        assert 0 <= row["cpu_busy"] <= 1 and 0 <= row["cpu_softirq"] <= row["cpu_busy"]
         assert row["run_queue_wait_s"] is not None and row["run_queue_wait_s"] >= 0
+    assert any(row["cpu_busy"] > 0 for row in rows), [row["cpu_busy"] for row in rows]  # 4 ranks worked
     data = json.loads(json_path.read_text())
     assert {"command", "machine", "date", "load_average", "cluster"} <= set(data["header"])
     assert len(data["rows"]) == 3
