@@ -2,8 +2,8 @@
 
 Real gloo groups over loopback: the connections that creating a group opened report the asked
 send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
-across calls (its groups are made once); by default the runtime bounds its connections, with
-``off`` it sends over the user's group and leaves every buffer to the kernel.
+across calls (its groups are made once); unset or ``off`` (the default), the runtime sends over
+the user's group and leaves every buffer to the kernel.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def send_buffer_env(value: str | None) -> Iterator[None]:
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
+    assert send_buffer_from_env() is None  # opt-in
+    monkeypatch.setenv(ENV, "on")
     assert send_buffer_from_env() == DEFAULT_SEND_BUFFER == 1024 * 1024
     monkeypatch.setenv(ENV, "256KiB")
     assert send_buffer_from_env() == 256 * 1024
@@ -137,9 +139,9 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
     return out
 
 
-@pytest.mark.parametrize("value", ["64KiB", None])
-def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str | None) -> None:
-    asked = 64 * 1024 if value else DEFAULT_SEND_BUFFER
+@pytest.mark.parametrize("value", ["64KiB", "on"])
+def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str) -> None:
+    asked = 64 * 1024 if value != "on" else DEFAULT_SEND_BUFFER
     with open("/proc/sys/net/core/wmem_max", encoding="ascii") as limit:
         asked = min(asked, 2 * int(limit.read()))  # what the kernel grants (the runtime warns of less)
     with send_buffer_env(value):
@@ -152,8 +154,9 @@ def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str | None)
         assert out["ring"] and out["stragglar"] and out["optcc"], (rank, out)
 
 
-def test_off_keeps_the_kernels_buffers_and_the_users_group() -> None:
-    with send_buffer_env("off"):
+@pytest.mark.parametrize("value", ["off", None])
+def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str | None) -> None:
+    with send_buffer_env(value):
         results = run_group(4, _all_reduce_over_bounded_groups)
     for rank, out in results.items():
         assert not out["own_group"] and out["connections"] == 0, (rank, out)
