@@ -12,7 +12,7 @@ import contextlib
 import os
 import socket
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pytest
 import torch
@@ -61,10 +61,18 @@ def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> Non
             send_buffer_from_env()
 
 
-def _connected_send_buffers() -> list[int]:
-    """SO_SNDBUF of every connected TCP socket of this process."""
+def _wmem_max() -> int:
+    """The most a process may ask for ``SO_SNDBUF`` (the kernel doubles what it grants)."""
+    with open("/proc/sys/net/core/wmem_max", encoding="ascii") as limit:
+        return int(limit.read())
+
+
+def _connected_send_buffers(skip: Collection[int] = ()) -> list[int]:
+    """SO_SNDBUF of every connected TCP socket of this process, but those whose inode is in ``skip``."""
     sizes = []
-    for fd in socket_inodes().values():
+    for inode, fd in socket_inodes().items():
+        if inode in skip:
+            continue
         with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
             if sock.type != socket.SOCK_STREAM:
                 continue
@@ -79,19 +87,8 @@ def _connected_send_buffers() -> list[int]:
 def _new_connections_report_the_buffer(rank: int, world_size: int) -> list[int]:
     before = socket_inodes()
     _, count = new_group_with_send_buffer(64 * 1024)
-    after = socket_inodes()
-    sizes = []
-    for inode, fd in after.items():
-        if inode in before:
-            continue
-        with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
-            try:
-                sock.getpeername()
-            except OSError:  # the group's listening socket
-                continue
-            sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
     assert count >= world_size - 1, count
-    return sizes
+    return _connected_send_buffers(skip=before)
 
 
 def test_a_new_groups_connections_queue_at_most_the_asked_bytes() -> None:
@@ -101,8 +98,7 @@ def test_a_new_groups_connections_queue_at_most_the_asked_bytes() -> None:
 
 
 def _asks_more_than_the_kernel_grants(rank: int, world_size: int) -> list[str]:
-    with open("/proc/sys/net/core/wmem_max", encoding="ascii") as limit:
-        too_much = 3 * int(limit.read())
+    too_much = 3 * _wmem_max()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, count = new_group_with_send_buffer(too_much)
@@ -142,8 +138,7 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
 @pytest.mark.parametrize("value", ["64KiB", "on"])
 def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str) -> None:
     asked = 64 * 1024 if value != "on" else DEFAULT_SEND_BUFFER
-    with open("/proc/sys/net/core/wmem_max", encoding="ascii") as limit:
-        asked = min(asked, 2 * int(limit.read()))  # what the kernel grants (the runtime warns of less)
+    asked = min(asked, 2 * _wmem_max())  # what the kernel grants (the runtime warns of less)
     with send_buffer_env(value):
         results = run_group(4, _all_reduce_over_bounded_groups)
     for rank, out in results.items():
