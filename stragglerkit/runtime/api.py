@@ -396,7 +396,7 @@ class Runtime:
                 cached.plan_id,
                 self.timeout,
                 self.reverse_group,
-                concurrent_waits(self.data_group, flat, cached.plan),
+                concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
             )
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)

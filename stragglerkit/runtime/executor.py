@@ -170,7 +170,9 @@ def run_plan(
     return OpTimings(table)
 
 
-def concurrent_waits(group: dist.ProcessGroup, buffer: torch.Tensor, plan: RankPlan) -> bool:
+def concurrent_waits(
+    group: dist.ProcessGroup, buffer: torch.Tensor, plan: RankPlan, bounded_send_buffer: bool = False
+) -> bool:
     """Whether the executor should observe completions concurrently for this call.
 
     Gloo's works cannot be polled, so the executor learns of a completion only by blocking in
@@ -180,7 +182,15 @@ def concurrent_waits(group: dist.ProcessGroup, buffer: torch.Tensor, plan: RankP
     happens (csrc/channel_waiters.h). The threads cost tens of microseconds per call, so small
     buckets keep the ordered mode. A rank with at most two peers (a ring) has one stream in and
     one out, which the global order already follows, and there the threads only cost CPU (ring on
-    4 loopback ranks, 64 MiB: 151 ms ordered, 163 ms concurrent). NCCL's ``wait()`` does not block
+    4 loopback ranks, 64 MiB: 151 ms ordered, 163 ms concurrent) -- as long as a send completes
+    when it is posted, which a socket with the kernel's send buffer (up to 4 MiB) does for a
+    ring's chunks. Over connections with a bounded send buffer (``bounded_send_buffer``:
+    ``STRAGGLERKIT_TCP_SEND_BUFFER``, runtime/send_buffer.py) a send to a slow successor completes
+    only as its link drains, and in the global order the receive from the predecessor behind it is
+    observed that late: its recorded end, which the NIC-health estimate reads as the link's
+    delivery, made the degraded rank's predecessor read l = 1.6-2.3 (1 MiB buffers, one NIC at 1/2;
+    at most 1.03 with concurrent waits: docs/detection.md). So with a bounded send buffer every
+    plan of a large enough bucket is observed concurrently. NCCL's ``wait()`` does not block
     the host, so CUDA tensors keep the ordered mode too. ``STRAGGLERKIT_WAIT_MODE=ordered|concurrent``
     overrides the choice (CPU tensors only).
     """
@@ -193,7 +203,8 @@ def concurrent_waits(group: dist.ProcessGroup, buffer: torch.Tensor, plan: RankP
         return True
     if mode != "auto":
         raise StragglerKitError(f"STRAGGLERKIT_WAIT_MODE must be auto, ordered or concurrent, got {mode!r}")
-    return plan.peers.numel() > 2 and buffer.numel() * buffer.element_size() >= CONCURRENT_WAIT_MIN_BYTES
+    streams = plan.peers.numel() > 2 or bounded_send_buffer
+    return streams and buffer.numel() * buffer.element_size() >= CONCURRENT_WAIT_MIN_BYTES
 
 
 def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
