@@ -2,8 +2,8 @@
 
 Real gloo groups over loopback: the connections that creating a group opened report the asked
 send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
-across calls (its groups are made once); unset or ``off`` (the default), the runtime sends over
-the user's group and leaves every buffer to the kernel.
+across calls (its groups are made once); unset, that is the default 1 MiB; with ``off`` the
+runtime sends over the user's group and leaves every buffer to the kernel.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def send_buffer_env(value: str | None) -> Iterator[None]:
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    assert send_buffer_from_env() is None  # opt-in
+    assert send_buffer_from_env() == DEFAULT_SEND_BUFFER  # the default
     monkeypatch.setenv(ENV, "on")
     assert send_buffer_from_env() == DEFAULT_SEND_BUFFER == 1024 * 1024
     monkeypatch.setenv(ENV, "256KiB")
@@ -138,9 +138,9 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
     return out
 
 
-@pytest.mark.parametrize("value", ["64KiB", "on"])
-def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str) -> None:
-    asked = 64 * 1024 if value != "on" else DEFAULT_SEND_BUFFER
+@pytest.mark.parametrize("value", ["64KiB", "on", None])
+def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str | None) -> None:
+    asked = 64 * 1024 if value == "64KiB" else DEFAULT_SEND_BUFFER
     asked = min(asked, 2 * _wmem_max())  # what the kernel grants (the runtime warns of less)
     with send_buffer_env(value):
         results = run_group(4, _all_reduce_over_bounded_groups)
@@ -152,8 +152,8 @@ def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str) -> Non
         assert out["ring"] and out["ring_large"] and out["stragglar"] and out["optcc"], (rank, out)
 
 
-@pytest.mark.parametrize("value", ["off", None])
-def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str | None) -> None:
+@pytest.mark.parametrize("value", ["off", "kernel"])
+def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str) -> None:
     with send_buffer_env(value):
         results = run_group(4, _all_reduce_over_bounded_groups)
     for rank, out in results.items():

@@ -1,4 +1,4 @@
-"""The runtime's own gloo connections with a bounded TCP send buffer (opt-in).
+"""The runtime's own gloo connections with a bounded TCP send buffer (the default).
 
 Why: a gloo send completes once its data is in the socket's send buffer, which the kernel grows to
 4 MiB by default (``net.ipv4.tcp_wmem``). In a round schedule a rank starts its next round when
@@ -11,10 +11,12 @@ ring, OptCC and gloo's own all_reduce did not change (``profiling/results/send_b
 training step, where the ranks' compute competes for the cores, 256 KiB cost the hooked step
 1-2 % (a sender has to be woken every 2 ms of a 1 Gbit/s link to keep it busy); 1 MiB keeps
 StragglAR's gain in the bench (1.25-1.27x) and costs the training step nothing measurable.
-But with a bounded buffer the NIC-health estimate (detect/nic_health.py) also reads the degraded
-rank's ring predecessor as slow (l = 1.6-2.3 in every probe, against at most 1.21 with the
-kernel's buffers: ``profiling/results/send_buffer/link_estimate_7mb_concurrent_*.json``), so the
-bound stays opt-in until that is understood.
+
+A bounded buffer makes a send to a slow peer complete only as that link drains; the executor then
+observes every large plan, rings included, with one waiter per channel (``concurrent_waits`` in
+runtime/executor.py), so that a receive's recorded end is when it arrived and the NIC-health
+estimate (detect/nic_health.py) reads each link as it is. Before that, the degraded rank's ring
+predecessor read l = 1.6-2.3 in every probe (``profiling/results/send_buffer/link_estimate_*``).
 
 How: a runtime on the default gloo group creates its own two gloo groups (one per direction, as
 :func:`stragglerkit.runtime.executor.duplex_group` does for the reverse one) and sets
@@ -24,17 +26,17 @@ connects a new group's full mesh while creating it, so every connection is there
 doubles what ``setsockopt`` asks for (for its own bookkeeping); half of the size is asked, so
 the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is the size.
 
-The size is ``STRAGGLERKIT_TCP_SEND_BUFFER`` (the same on every rank): unset or ``off`` keeps the
-kernel's buffers (the runtime then sends over the user's group and one reverse group); ``on`` is
-:data:`DEFAULT_SEND_BUFFER`, 1 MiB; or a size. 1 MiB holds 8 ms of a 1 Gbit/s link and keeps a
-link busy while its bandwidth-delay product is below about 0.5-1 MiB (the kernel counts its
-bookkeeping in the buffer): 40 Gbit/s at a 100 us round trip; on links with a larger one, raise it.
-NCCL groups are never touched.
+The size is ``STRAGGLERKIT_TCP_SEND_BUFFER`` (the same on every rank): unset or ``on`` is
+:data:`DEFAULT_SEND_BUFFER`, 1 MiB; a size asks that size; ``off`` keeps the kernel's buffers (the
+runtime then sends over the user's group and one reverse group). 1 MiB holds 8 ms of a 1 Gbit/s
+link and keeps a link busy while its bandwidth-delay product is below about 0.5-1 MiB (the kernel
+counts its bookkeeping in the buffer): 40 Gbit/s at a 100 us round trip; on links with a larger
+one, raise it or turn it off. NCCL groups are never touched.
 
 Example::
 
     # every rank, before the first stragglerkit call
-    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "on"  # or a size: "1MiB"
+    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "4MiB"  # or "off" for the kernel's buffers
 """
 
 from __future__ import annotations
@@ -52,19 +54,19 @@ __all__ = ["DEFAULT_SEND_BUFFER", "ENV", "new_group_with_send_buffer", "send_buf
 
 ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
 DEFAULT_SEND_BUFFER = 1024 * 1024
-"""Bytes a connection of the runtime's own queues at most with ``STRAGGLERKIT_TCP_SEND_BUFFER=on``."""
+"""Bytes a connection of the runtime's own queues at most unless ``STRAGGLERKIT_TCP_SEND_BUFFER`` says otherwise."""
 OFF = ("off", "kernel", "0")
 """Values of ``STRAGGLERKIT_TCP_SEND_BUFFER`` that keep the kernel's send buffers."""
 _SMALLEST = 8192
 
 
 def send_buffer_from_env() -> int | None:
-    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (``on``: :data:`DEFAULT_SEND_BUFFER`), or None when
-    unset or ``off`` (the kernel's buffers); ValueError names a bad value."""
+    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_SEND_BUFFER`), or
+    None for ``off`` (the kernel's buffers); ValueError names a bad value."""
     text = os.environ.get(ENV, "").strip()
-    if not text or text.lower() in OFF:
+    if text.lower() in OFF:
         return None
-    if text.lower() == "on":
+    if not text or text.lower() == "on":
         return DEFAULT_SEND_BUFFER
     try:
         size = parse_size(text)
