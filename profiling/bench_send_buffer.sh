@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The acceptance scenarios with the kernel's TCP send buffer (4 MiB at most;
-# STRAGGLERKIT_TCP_SEND_BUFFER=off, files *_default_*), with 256 KiB for every socket of every
-# emulated host (--tcp-send-buffer, the runtime's own bound off), and with 256 KiB on stragglerkit's
-# own connections only (STRAGGLERKIT_TCP_SEND_BUFFER=256KiB, opt-in; gloo's all_reduce keeps the
-# kernel's), run
+# STRAGGLERKIT_TCP_SEND_BUFFER=off, files *_default_*, named when that was the runtime's default),
+# with 256 KiB for every socket of every emulated host (--tcp-send-buffer, the runtime's own bound
+# off), and with 256 KiB on stragglerkit's own connections only (STRAGGLERKIT_TCP_SEND_BUFFER=256KiB;
+# gloo's all_reduce keeps the kernel's), run
 # alternately RUNS times (default 3): 8 ranks on the emulated cluster at 1 Gbit/s, 32 MiB float32,
 # median of 7 iterations. A send completes once its data is in the socket buffer; with a large
 # buffer a rank's next message starts while its previous one is still on the link, and the two

@@ -236,6 +236,20 @@ def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
     assert optcc_segments(7 * 2**20, 3) == 7  # 512 KiB messages already give more
 
 
+def test_optcc_message_bytes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stragglerkit.errors import StragglerKitError
+    from stragglerkit.runtime.api import optcc_segments
+
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "128KiB")
+    assert optcc_segments(32 * 2**20, 8) == 36
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "131072")
+    assert optcc_segments(32 * 2**20, 8) == 36
+    for bad in ("lots", "0", "-5"):
+        monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", bad)
+        with pytest.raises(StragglerKitError, match=f"STRAGGLERKIT_OPTCC_MESSAGE_BYTES='{bad}' is not a positive size"):
+            optcc_segments(32 * 2**20, 8)
+
+
 def test_cpu_counters_from_proc_stat(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     # user nice system idle iowait irq softirq steal guest guest_nice

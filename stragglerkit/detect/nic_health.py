@@ -20,7 +20,12 @@ the NIC runs at ``1/l`` of the healthy bandwidth). Two sources:
   posts and receive completions are taken on different ranks: the wall clocks are made
   comparable by the start-up clock offsets (:class:`~stragglerkit.detect.arrival.ClockOffsets`),
   whose error must stay well below one message's time (at 1 Gbit/s a 400 KB piece takes 3 ms;
-  at 100 Gbit/s 33 us, where sysfs speeds are the better witness).
+  at 100 Gbit/s 33 us, where sysfs speeds are the better witness). A receive's completion must
+  also be *observed* when it happens: over connections with a bounded send buffer (the runtime's
+  default) a send to a slow successor completes only as its link drains, and an executor that
+  observed the ring in one global order saw the receive behind it that late, which made the slow
+  rank's predecessor read l = 1.6-2.3; such rings are observed with one waiter per channel
+  (``concurrent_waits`` in runtime/executor.py).
 
   Each rank reports, per ring run, its messages to its successor (send posts) and from its
   predecessor (receive posts, completions, bytes): :func:`ring_link_messages`. Rank 0 pairs them

@@ -61,6 +61,7 @@ from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import new_group_with_send_buffer, send_buffer_from_env
 from stragglerkit.schedules import Schedule, check
 from stragglerkit.schedules.registry import Situation, generate, names, why_not
+from stragglerkit.units import parse_size
 
 __all__ = [
     "OPS",
@@ -148,10 +149,27 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
         optcc_segments(32 * 2**20, 8)   # 9
         optcc_segments(7 * 2**20, 8)    # 3
     """
-    message_bytes = int(os.environ.get("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", OPTCC_MESSAGE_BYTES))
+    message_bytes = _optcc_message_bytes()
     per_segment = (world_size - 1) * max(message_bytes, 1)
     floor = min(OPTCC_MIN_SEGMENTS, nbytes // ((world_size - 1) * OPTCC_SMALLEST_MESSAGE_BYTES))
     return max(1, min(most, max(nbytes // per_segment, floor)))
+
+
+def _optcc_message_bytes() -> int:
+    """``STRAGGLERKIT_OPTCC_MESSAGE_BYTES`` (a size, e.g. ``128KiB``), else :data:`OPTCC_MESSAGE_BYTES`."""
+    text = os.environ.get("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "").strip()
+    if not text:
+        return OPTCC_MESSAGE_BYTES
+    try:
+        size = parse_size(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise StragglerKitError(
+            f"STRAGGLERKIT_OPTCC_MESSAGE_BYTES={text!r} is not a positive size; give e.g. 512KiB "
+            "(the bytes of one OptCC message; unset for the default)"
+        )
+    return size
 
 
 def _auto(situation: Situation, numel: int) -> str:
