@@ -81,9 +81,18 @@ def run_on_hosts(cluster: Any, script: str, args: list[str], hosts: int, timeout
 def write_result(
     path: str | os.PathLike[str], cluster: dict[str, Any], *, indent: int | None = 1, **fields: Any
 ) -> None:
-    """Writes a result file: the command, date, machine and cluster, then ``fields``; says where."""
+    """Writes a result file: the command, the ``STRAGGLERKIT_*`` settings it ran with, date, machine
+    and cluster, then ``fields``; says where."""
     import json
 
-    result = {"command": command_line(), "date": utc_now(), "machine": machine_info(), "cluster": cluster, **fields}
+    environment = {name: value for name, value in sorted(os.environ.items()) if name.startswith("STRAGGLERKIT_")}
+    result = {
+        "command": command_line(),
+        "environment": environment,
+        "date": utc_now(),
+        "machine": machine_info(),
+        "cluster": cluster,
+        **fields,
+    }
     Path(path).write_text(json.dumps(result, indent=indent))
     print(f"wrote {path}")
