@@ -259,3 +259,57 @@ def test_second_ordering_needs_one_degraded_rank() -> None:
         optcc(16, {0: 2.0, 8: 1.5}, orderings=2)
     with pytest.raises(ValueError, match="orderings must be 1"):
         optcc(16, {0: 2.0}, orderings=3)
+
+
+@pytest.mark.parametrize(
+    ("p", "slowdown", "k"), [(3, 1.14, 2), (5, 1.5, 4), (8, 1.97, 3), (8, 8 / 7, 9), (11, 1.33, 5)]
+)
+def test_without_bubble_filling_the_l_below_2_plan_has_no_fills_and_is_correct(p: int, slowdown: float, k: int) -> None:
+    straggler = p // 2
+    plan = optcc_plan(p, {straggler: slowdown}, segments=k, bubble_filling=False)
+    assert plan.fill_weight == 0 and plan.num_fills == 0 and plan.slowdown == slowdown
+    sched = optcc(p, {straggler: slowdown}, segments=k, bubble_filling=False)
+    report = check(sched)
+    q = p - 1
+    assert report.num_messages == k * q * (2 * (q - 1) + 2)
+    # the same timetable as l >= 2 (what is sent when does not depend on l there)
+    assert sched.num_chunks == optcc(p, {straggler: 2.0}, segments=k).num_chunks == k * q
+    with_fills = optcc_plan(p, {straggler: slowdown}, segments=k)
+    assert with_fills.num_fills == k  # the default still fills, as the paper does
+    built = generate(
+        "optcc", Situation(world_size=p, slowdowns={straggler: slowdown}, segments=k, bubble_filling=False)
+    )
+    assert built.num_chunks == k * q
+
+
+def test_the_runtime_fills_only_where_the_simulator_says_it_pays() -> None:
+    from stragglerkit.runtime.api import optcc_bubble_filling, optcc_situation
+    from stragglerkit.sim.simulator import Network, simulate
+
+    # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
+    assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
+    assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
+    # a deep pipeline far below l = 2: they pay
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
+    # nothing to choose: l >= 2 has no fills, several degraded ranks none either
+    assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
+    assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)
+    # the choice is the faster of the two plans, whatever the bandwidth (no per-message cost)
+    for slowdown, k in ((1.5, 3), (8 / 7, 36), (1.8, 18)):
+        network = Network.uniform(8, alpha=0.0, bandwidth=125e6, slowdowns={3: slowdown})
+        times = {
+            fill: simulate(
+                optcc(8, {3: slowdown}, segments=k, bubble_filling=fill), 32 * 2**20, network
+            ).time_from_last_arrival
+            for fill in (True, False)
+        }
+        assert optcc_bubble_filling(8, {3: slowdown}, segments=k) == (times[True] < times[False]), (slowdown, k, times)
+    situation = optcc_situation(Situation(world_size=8, slowdowns={3: 1.97}), 32 * 2**20)
+    assert situation.segments == 9 and situation.bubble_filling is False
+
+
+def test_plans_too_large_to_simulate_keep_the_papers_fills() -> None:
+    from stragglerkit.runtime.api import BUBBLE_FILLING_SIMULATED_MAX, optcc_bubble_filling
+
+    assert 64 * 64 * 9 > BUBBLE_FILLING_SIMULATED_MAX
+    assert optcc_bubble_filling(64, {3: 1.97}, segments=9)  # not simulated: the default

@@ -77,11 +77,12 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
     slowdowns = {int(k): float(v) for k, v in case["slowdowns"].items()}
     straggler = case["straggler"]
     algorithm = "ring" if case["ran"] == BASELINE else case["ran"]
-    from stragglerkit.runtime.api import optcc_segments
+    from stragglerkit.runtime.api import optcc_situation
 
-    segments = optcc_segments(case["size_bytes"], n)  # what the runtime uses for this bucket
     try:
-        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns, segments=segments)
+        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
+        if algorithm == "optcc":  # the segments and bubble filling the runtime uses for this bucket
+            situation = optcc_situation(situation, case["size_bytes"])
         schedule = generate(algorithm, situation)
     except NotApplicableError:
         return None, None

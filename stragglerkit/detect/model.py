@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.runtime.api import optcc_segments
+from stragglerkit.runtime.api import optcc_situation
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
@@ -196,14 +196,16 @@ class OnlineModel:
         algorithm: str,
         straggler: int | None = None,
         slowdowns: tuple[tuple[int, float], ...] = (),
-        segments: int = 1,
+        nbytes: int = 0,
     ) -> Schedule:
-        key = (algorithm, straggler, slowdowns, segments)
+        """The schedule the runtime runs for a bucket of ``nbytes`` (OptCC: its segments and bubble
+        filling depend on the size, ``runtime.api.optcc_situation``)."""
+        situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns))
+        if algorithm == "optcc":
+            situation = optcc_situation(situation, nbytes)
+        key = (algorithm, straggler, slowdowns, situation.segments, situation.bubble_filling)
         schedule = self._schedules.get(key)
         if schedule is None:
-            situation = Situation(
-                world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns), segments=segments
-            )
             schedule = generate(algorithm, situation)
             self._schedules[key] = schedule
         return schedule
@@ -246,10 +248,9 @@ class OnlineModel:
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
-        segments = optcc_segments(nbytes, self.world_size) if algorithm == "optcc" else 1
         uses_straggler = algorithm in ("stragglar", "direct")
         late = built_for if uses_straggler else None
-        schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), segments)
+        schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), nbytes)
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay

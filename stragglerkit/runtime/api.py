@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -73,7 +74,9 @@ __all__ = [
     "all_reduce",
     "all_reduce_async",
     "choose_algorithm",
+    "optcc_bubble_filling",
     "optcc_segments",
+    "optcc_situation",
     "runtime_for",
 ]
 
@@ -153,6 +156,59 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
     per_segment = (world_size - 1) * max(message_bytes, 1)
     floor = min(OPTCC_MIN_SEGMENTS, nbytes // ((world_size - 1) * OPTCC_SMALLEST_MESSAGE_BYTES))
     return max(1, min(most, max(nbytes // per_segment, floor)))
+
+
+BUBBLE_FILLING_SIMULATED_MAX = 16 * 16 * 64
+"""Largest ``p²k`` for which :func:`optcc_bubble_filling` simulates both plans (the simulation's cost
+grows about so: 0.4 s at p = 8, k = 9; 1.1 s at p = 16, k = 64; 12 s at p = 64, k = 64 on one core here)."""
+
+
+def optcc_bubble_filling(
+    world_size: int, slowdowns: Mapping[int, float], segments: int, gpus_per_server: int = 1
+) -> bool:
+    """Does OptCC's bubble filling make this plan faster? The flow-level simulator (no per-message
+    cost, which only adds to the fills' cost) times the plan with and without fills on a network
+    with these slowdowns; fills are used only where they are faster: deep pipelines with ``l`` well
+    below 2 (schedules/optcc.py, "When filling pays"). Plans without a fill to choose (``l >= 2``,
+    several degraded ranks, several GPUs per server) keep the default, and so do plans too large to
+    simulate at once (``p²k`` above :data:`BUBBLE_FILLING_SIMULATED_MAX`, about 1 s here: p = 16,
+    k = 64). Cached per arguments.
+
+    Example::
+
+        optcc_bubble_filling(8, {3: 1.97}, segments=9)    # False: the fills' head costs more
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # True
+    """
+    degraded = tuple(sorted((rank, float(slowdown)) for rank, slowdown in slowdowns.items() if slowdown > 1.0))
+    return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server)
+
+
+@functools.lru_cache(maxsize=256)
+def _bubble_filling_pays(
+    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, gpus_per_server: int
+) -> bool:
+    if len(degraded) != 1 or gpus_per_server != 1 or degraded[0][1] >= 2.0:
+        return True
+    if world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
+        return True  # the paper's choice; simulating both plans would stall the first call for seconds
+    from stragglerkit.schedules.optcc import optcc
+    from stragglerkit.sim.simulator import Network, simulate
+
+    slowdowns = dict(degraded)
+    network = Network.uniform(world_size, alpha=0.0, bandwidth=1e9, slowdowns=slowdowns)
+    size = 1e9  # any: without a per-message cost the ratio does not depend on it
+    filled = simulate(optcc(world_size, slowdowns, segments), size, network).time_from_last_arrival
+    unfilled = simulate(optcc(world_size, slowdowns, segments, bubble_filling=False), size, network)
+    return bool(filled < unfilled.time_from_last_arrival)
+
+
+def optcc_situation(situation: Situation, nbytes: int) -> Situation:
+    """``situation`` with the OptCC segments and bubble filling the runtime uses for a bucket of
+    ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`); the cost model and the bench
+    build their predictions from the same."""
+    segments = optcc_segments(nbytes, situation.world_size)
+    filling = optcc_bubble_filling(situation.world_size, situation.slowdowns, segments, situation.gpus_per_server)
+    return dataclasses.replace(situation, segments=segments, bubble_filling=filling)
 
 
 def _optcc_message_bytes() -> int:
@@ -400,8 +456,7 @@ class Runtime:
         if n == 1:
             return RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
         if chosen == "optcc":
-            segments = optcc_segments(tensor.numel() * tensor.element_size(), n)
-            situation = dataclasses.replace(situation, segments=segments)
+            situation = optcc_situation(situation, tensor.numel() * tensor.element_size())
         cached = self._plan(chosen, situation, tensor, op)
         flat = tensor.view(-1)
         with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
@@ -432,6 +487,7 @@ class Runtime:
             situation.straggler,
             slowdowns,
             situation.segments,
+            situation.bubble_filling,
             op,
         )
         cached = self._cache.get(key)
@@ -452,7 +508,7 @@ class Runtime:
         )
         ident = (
             f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}"
-            f"|{situation.segments}|{op}"
+            f"|{situation.segments}|{situation.bubble_filling}|{op}"
         )
         cached = _CachedPlan(plan, plan_id(ident))
         self._cache[key] = cached
@@ -468,6 +524,7 @@ class Runtime:
             situation.straggler,
             tuple(sorted(situation.slowdowns.items())),
             situation.segments,
+            situation.bubble_filling,
         )
         schedule = self._schedules.get(key)
         if schedule is None:

@@ -90,6 +90,18 @@ the fault-free ring drops from 15.6 % to 11.4 % at l = 8/7 and from 22.5 % to 19
 paper's ``(k+l-1)/k`` is the head: S has nothing to send until the first S1 chain (``q-1`` hops)
 and its upload are done.
 
+When filling pays (our measurement; the paper's evaluation uses deep pipelines). The fills add a
+body of fill uploads before the first section and a fill download after the last, and that head and
+tail costs more than the filled bubbles save unless the pipeline is deep and ``l`` well below 2.
+Simulated (flow level, no per-message cost, p = 8, 32 MiB), the plan with fills over the same plan
+without them (``bubble_filling=False``, the ``l >= 2`` timetable, which is correct for any ``l``):
+k = 3: 1.003 at l = 1.97, 1.040 at l = 1.5, 1.061 at l = 8/7; k = 9: 1.001, 1.009, 0.998; k = 36:
+1.001, 0.995, 0.971; at p = 16 the fills pay less still
+(``profiling/optcc_bubble_filling.py`` → ``profiling/results/optcc_bubble_filling.json``). The
+runtime therefore fills only where the simulator says it pays
+(``stragglerkit.runtime.api.optcc_bubble_filling``); a plain ``optcc(...)`` call fills whenever
+``l < 2``, as the paper does.
+
 Several stragglers (App. D, a different timetable from the paper's). Every straggler must send
 and receive the whole buffer once (Lemma 8), and only one of them can be the last to add into a
 section, so the slowest one, S, keeps the detour above and each other one, ``A_a``, *attaches*:
@@ -532,7 +544,12 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
 
 
 def optcc_plan(
-    world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1, orderings: int = 1
+    world_size: int,
+    slowdowns: dict[int, float],
+    segments: int = 64,
+    gpus_per_server: int = 1,
+    orderings: int = 1,
+    bubble_filling: bool = True,
 ) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
@@ -557,7 +574,9 @@ def optcc_plan(
                 f"optcc needs at least 3 servers, got {world_size // gpus_per_server} "
                 f"({world_size} ranks, {gpus_per_server} per server); use ring"
             )
-        return optcc_plan(world_size // gpus_per_server, servers, segments, orderings=orderings)
+        return optcc_plan(
+            world_size // gpus_per_server, servers, segments, orderings=orderings, bubble_filling=bubble_filling
+        )
     q = world_size - len(degraded)
     if q < len(degraded):
         raise NotApplicableError(
@@ -572,7 +591,7 @@ def optcc_plan(
             f"the second stage ordering is built for one degraded rank (server), got {len(degraded)}; use orderings=1"
         )
     slowdown = degraded[straggler]
-    fill = _fill_ratio(slowdown) if not attached else Fraction(0)
+    fill = _fill_ratio(slowdown) if bubble_filling and not attached else Fraction(0)
     return OptccPlan(
         world_size=world_size,
         straggler=straggler,
@@ -587,20 +606,27 @@ def optcc_plan(
 
 
 def optcc(
-    world_size: int, slowdowns: dict[int, float], segments: int = 64, gpus_per_server: int = 1, orderings: int = 1
+    world_size: int,
+    slowdowns: dict[int, float],
+    segments: int = 64,
+    gpus_per_server: int = 1,
+    orderings: int = 1,
+    bubble_filling: bool = True,
 ) -> Schedule:
     """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
 
     ``slowdowns`` maps rank -> ``l`` (the rank's NIC runs at ``1/l`` of healthy bandwidth; ``l = 1``
     entries are treated as healthy); ``segments`` is the pipeline depth ``k``; ``orderings=2``
-    alternates the two stage orderings per segment (one degraded rank or server only).
+    alternates the two stage orderings per segment (one degraded rank or server only);
+    ``bubble_filling=False`` keeps the ``l >= 2`` timetable for ``l < 2`` too (no fills; see
+    "When filling pays" above).
 
     Example::
 
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings)
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling)
     if gpus_per_server == 1:
         return plan.lower()
     from stragglerkit.schedules.optcc_servers import lower_servers

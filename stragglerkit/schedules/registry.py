@@ -30,6 +30,8 @@ class Situation:
     """Degraded ranks: rank -> slowdown l (its NIC runs at 1/l of the healthy bandwidth)."""
     segments: int = 64
     """Pipeline segments for OptCC."""
+    bubble_filling: bool = True
+    """OptCC fills the straggler's idle link time when ``l < 2`` (``optcc(bubble_filling=...)``)."""
     gpus_per_server: int = 1
     """Ranks that share one server's NICs (OptCC appendix E)."""
 
@@ -121,7 +123,11 @@ def generate(algorithm: str, situation: Situation) -> Schedule:
     n = situation.world_size
     if spec.name == "optcc":
         sched: Schedule = generator(
-            n, dict(situation.slowdowns), segments=situation.segments, gpus_per_server=situation.gpus_per_server
+            n,
+            dict(situation.slowdowns),
+            segments=situation.segments,
+            gpus_per_server=situation.gpus_per_server,
+            bubble_filling=situation.bubble_filling,
         )
         return sched
     if spec.name in ("stragglar", "direct"):
