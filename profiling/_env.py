@@ -46,6 +46,11 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, *sys.argv])
 
 
+def settings() -> dict[str, str]:
+    """The ``STRAGGLERKIT_*`` environment variables this run has (what it ran with besides its command)."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("STRAGGLERKIT_")}
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -85,10 +90,9 @@ def write_result(
     and cluster, then ``fields``; says where."""
     import json
 
-    environment = {name: value for name, value in sorted(os.environ.items()) if name.startswith("STRAGGLERKIT_")}
     result = {
         "command": command_line(),
-        "environment": environment,
+        "environment": settings(),
         "date": utc_now(),
         "machine": machine_info(),
         "cluster": cluster,
