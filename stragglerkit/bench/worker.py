@@ -12,8 +12,11 @@ Every rank runs the same loop inside an initialised process group. Per buffer si
 3. Warm-up iterations of every algorithm, then ``iters`` timed iterations in which the algorithms
    take turns (the order rotates each iteration), so that a load change on the machine hits all
    of them alike. An iteration: copy the input, barrier, the straggler sleeps its delay, then
-   ``arrival = time.time()``, the AllReduce, ``finish = time.time()``. Each rank also reads its
-   host's CPU counters after the barrier and after the finish (:mod:`stragglerkit.bench.cpu_load`).
+   ``arrival = time.time()``, the AllReduce, ``finish = time.time()``, a second barrier, and only
+   then the comparison with the expected sum (so that no rank's checking competes for a core with
+   a rank still in the AllReduce, as it would on an emulated cluster, whose hosts share the
+   machine's cores). Each rank also reads its host's CPU counters after the first barrier and after
+   the finish (:mod:`stragglerkit.bench.cpu_load`).
 4. The per-rank arrival and finish times of every iteration are gathered on rank 0, which returns
    them as case records (:mod:`stragglerkit.bench.results` turns them into the table).
 
@@ -156,6 +159,10 @@ class _Rank:
             }
         cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
         waited = None if waited_after is None or waited_before is None else max(0, waited_after - waited_before)
+        # Check only once every rank has finished: on an emulated cluster the hosts share the
+        # machine's cores, and a rank that finished early would otherwise compare and copy its
+        # buffers on a core that a rank still in the AllReduce needs.
+        dist.barrier()
         wrong = 0 if torch.equal(x, expected) else int((x != expected).sum().item())
         return arrival, finish, wrong, ran, trace, cpu, waited
 
