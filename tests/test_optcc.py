@@ -283,19 +283,22 @@ def test_without_bubble_filling_the_l_below_2_plan_has_no_fills_and_is_correct(p
 
 
 def test_the_runtime_fills_only_where_the_simulator_says_it_pays() -> None:
-    from stragglerkit.runtime.api import optcc_bubble_filling, optcc_situation
+    from stragglerkit.runtime.api import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
     from stragglerkit.sim.simulator import Network, simulate
 
     # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
     assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
-    # a deep pipeline far below l = 2: they pay
+    # a gain below the margin (0.2 %; measured, the fills cost 5 % there): no fills
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+    # a deep pipeline far below l = 2: they pay (3 % simulated)
     assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
     assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)
-    # the choice is the faster of the two plans, whatever the bandwidth (no per-message cost)
-    for slowdown, k in ((1.5, 3), (8 / 7, 36), (1.8, 18)):
+    # the choice is the plan with fills only where it is faster by the margin, whatever the
+    # bandwidth (no per-message cost)
+    for slowdown, k in ((1.5, 3), (8 / 7, 9), (8 / 7, 36), (1.8, 18)):
         network = Network.uniform(8, alpha=0.0, bandwidth=125e6, slowdowns={3: slowdown})
         times = {
             fill: simulate(
@@ -303,13 +306,39 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays() -> None:
             ).time_from_last_arrival
             for fill in (True, False)
         }
-        assert optcc_bubble_filling(8, {3: slowdown}, segments=k) == (times[True] < times[False]), (slowdown, k, times)
+        pays = times[True] < (1.0 - BUBBLE_FILLING_MIN_GAIN) * times[False]
+        assert optcc_bubble_filling(8, {3: slowdown}, segments=k) == pays, (slowdown, k, times)
     situation = optcc_situation(Situation(world_size=8, slowdowns={3: 1.97}), 32 * 2**20)
     assert situation.segments == 9 and situation.bubble_filling is False
 
 
-def test_plans_too_large_to_simulate_keep_the_papers_fills() -> None:
-    from stragglerkit.runtime.api import BUBBLE_FILLING_SIMULATED_MAX, optcc_bubble_filling
+def test_plans_too_large_to_simulate_run_without_fills_unsimulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stragglerkit.runtime import api
+    from stragglerkit.sim import simulator
 
-    assert 64 * 64 * 9 > BUBBLE_FILLING_SIMULATED_MAX
-    assert optcc_bubble_filling(64, {3: 1.97}, segments=9)  # not simulated: the default
+    def no_simulation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a plan too large to simulate was simulated")
+
+    monkeypatch.setattr(simulator, "simulate", no_simulation)
+    api._bubble_filling_pays.cache_clear()
+    assert 64 * 64 * 9 > api.BUBBLE_FILLING_SIMULATED_MAX
+    assert not api.optcc_bubble_filling(64, {3: 8 / 7}, segments=9)
+    assert not api.optcc_bubble_filling(17, {3: 1.5}, segments=64)
+    assert api.optcc_bubble_filling(64, {3: 2.0}, segments=9)  # l >= 2: nothing to choose
+    api._bubble_filling_pays.cache_clear()
+
+
+def test_the_bubble_filling_setting_overrides_the_simulators_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stragglerkit.errors import StragglerKitError
+    from stragglerkit.runtime.api import optcc_bubble_filling, optcc_situation
+
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "off")
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # the simulator would fill
+    assert optcc_situation(Situation(world_size=8, slowdowns={3: 8 / 7}), 32 * 2**20).bubble_filling is False
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "on")
+    assert optcc_bubble_filling(8, {3: 1.97}, segments=9)  # the simulator would not
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "auto")
+    assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "sometimes")
+    with pytest.raises(StragglerKitError, match="STRAGGLERKIT_OPTCC_BUBBLE_FILLING='sometimes' is not auto, on or off"):
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=9)

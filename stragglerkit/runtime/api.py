@@ -158,6 +158,13 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
     return max(1, min(most, max(nbytes // per_segment, floor)))
 
 
+BUBBLE_FILLING_MIN_GAIN = 0.02
+"""The least simulated gain (a fraction of the plan's time without fills) for which the runtime
+fills. The fills put flows to and from the slow rank on the healthy ranks' links next to their
+ring hops, and TCP shares a link less evenly than the simulator's max-min share; measured on the
+emulated cluster (8 ranks, l = 8/7, ``profiling/bench_bubble_filling.sh``), fills cost 5 % at
+k = 9 where the simulator gave them 0.2 %, and gained 2 % at k = 36 where it gave them 3 %."""
+
 BUBBLE_FILLING_SIMULATED_MAX = 16 * 16 * 64
 """Largest ``p²k`` for which :func:`optcc_bubble_filling` simulates both plans (the simulation's cost
 grows about so: 0.4 s at p = 8, k = 9; 1.1 s at p = 16, k = 64; 12 s at p = 64, k = 64 on one core here)."""
@@ -168,19 +175,41 @@ def optcc_bubble_filling(
 ) -> bool:
     """Does OptCC's bubble filling make this plan faster? The flow-level simulator (no per-message
     cost, which only adds to the fills' cost) times the plan with and without fills on a network
-    with these slowdowns; fills are used only where they are faster: deep pipelines with ``l`` well
-    below 2 (schedules/optcc.py, "When filling pays"). Plans without a fill to choose (``l >= 2``,
-    several degraded ranks, several GPUs per server) keep the default, and so do plans too large to
-    simulate at once (``p²k`` above :data:`BUBBLE_FILLING_SIMULATED_MAX`, about 1 s here: p = 16,
-    k = 64). Cached per arguments.
+    with these slowdowns; fills are used only where they are faster by at least
+    :data:`BUBBLE_FILLING_MIN_GAIN`: deep pipelines with ``l`` well below 2 (schedules/optcc.py,
+    "When filling pays"). Plans without a fill to choose (``l >= 2``, several degraded ranks,
+    several GPUs per server) keep the default; plans too large to simulate at once (``p²k`` above
+    :data:`BUBBLE_FILLING_SIMULATED_MAX`, about 1 s here: p = 16, k = 64) run without fills, which
+    at p = 16 gain at most 1.4 % in simulation. Cached per arguments.
+    ``STRAGGLERKIT_OPTCC_BUBBLE_FILLING=on`` or ``off`` overrides the decision for every plan
+    (``auto``, the default, decides as above).
 
     Example::
 
         optcc_bubble_filling(8, {3: 1.97}, segments=9)    # False: the fills' head costs more
-        optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # True
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=9)   # False: they gain 0.2 %, below the 2 % asked
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # True: they gain 3 %
     """
+    setting = _optcc_bubble_filling_setting()
+    if setting != "auto":
+        return setting == "on"
     degraded = tuple(sorted((rank, float(slowdown)) for rank, slowdown in slowdowns.items() if slowdown > 1.0))
     return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server)
+
+
+def _optcc_bubble_filling_setting() -> str:
+    """``STRAGGLERKIT_OPTCC_BUBBLE_FILLING``: ``auto`` (unset: the simulator decides), ``on`` or ``off``."""
+    text = os.environ.get("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text in ("on", "1", "true", "yes"):
+        return "on"
+    if text in ("off", "0", "false", "no"):
+        return "off"
+    raise StragglerKitError(
+        f"STRAGGLERKIT_OPTCC_BUBBLE_FILLING={text!r} is not auto, on or off "
+        "(whether OptCC fills the slow rank's idle time with a point-to-point AllReduce; unset: auto)"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -190,7 +219,9 @@ def _bubble_filling_pays(
     if len(degraded) != 1 or gpus_per_server != 1 or degraded[0][1] >= 2.0:
         return True
     if world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
-        return True  # the paper's choice; simulating both plans would stall the first call for seconds
+        # simulating both plans would stall the first call for seconds; at p = 16, the largest
+        # simulated, no plan gains the margin (at most 1.4 %, at k = 64; optcc_bubble_filling.json)
+        return False
     from stragglerkit.schedules.optcc import optcc
     from stragglerkit.sim.simulator import Network, simulate
 
@@ -199,7 +230,7 @@ def _bubble_filling_pays(
     size = 1e9  # any: without a per-message cost the ratio does not depend on it
     filled = simulate(optcc(world_size, slowdowns, segments), size, network).time_from_last_arrival
     unfilled = simulate(optcc(world_size, slowdowns, segments, bubble_filling=False), size, network)
-    return bool(filled < unfilled.time_from_last_arrival)
+    return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled.time_from_last_arrival)
 
 
 def optcc_situation(situation: Situation, nbytes: int) -> Situation:
