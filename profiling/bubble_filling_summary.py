@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import sys
@@ -19,7 +18,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _env import write_result
+from bench_acceptance_summary import _optcc_over_healthy, _rows  # the acceptance figure, defined once
 
 _NAME = re.compile(r"l8_7_(?P<bandwidth>[^_]+)(?:_k(?P<segments>\d+))?_(?P<filling>auto|off)_run(?P<run>\d+)\.json$")
 
@@ -31,10 +32,9 @@ def main() -> int:
         match = _NAME.search(path.name)
         if match is None:
             continue
-        rows = json.loads(path.read_text())["rows"]
-        optcc = next(r for r in rows if r["algorithm"] == "optcc")
-        healthy = next(r for r in rows if r["algorithm"] == "gloo" and r["scenario"] == "none")
-        degraded_gloo = next(r for r in rows if r["algorithm"] == "gloo" and r["scenario"] == "degraded")
+        _, rows = _rows(path)
+        over, model_over, _ = _optcc_over_healthy(rows)
+        optcc, healthy = rows[("degraded", "optcc")], rows[("none", "gloo")]
         segments = match["segments"] or "default"
         runs[(match["bandwidth"], segments, match["filling"])].append(
             {
@@ -42,9 +42,9 @@ def main() -> int:
                 "optcc_s": optcc["time_s"],
                 "optcc_predicted_s": optcc["predicted_s"],
                 "gloo_fault_free_s": healthy["time_s"],
-                "gloo_degraded_s": degraded_gloo["time_s"],
-                "over_fault_free_gloo": optcc["time_s"] / healthy["time_s"] - 1.0,
-                "model_over_fault_free_gloo": optcc["predicted_s"] / healthy["predicted_s"] - 1.0,
+                "gloo_degraded_s": rows[("degraded", "gloo")]["time_s"],
+                "over_fault_free_gloo": over,
+                "model_over_fault_free_gloo": model_over,
             }
         )
     if not runs:
