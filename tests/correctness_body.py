@@ -38,14 +38,19 @@ def digest(t: torch.Tensor) -> str:
 
 
 def sweep(
-    rank: int, n: int, sizes: tuple[int, ...] = SIZES, dtypes: tuple[torch.dtype, ...] = DTYPES
+    rank: int,
+    n: int,
+    sizes: tuple[int, ...] = SIZES,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+    only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run every (algorithm, size, dtype); return digests and the worst error / tolerance ratio."""
+    """Run every (algorithm, size, dtype) (the algorithms in ``only``, if given); return digests
+    and the worst error / tolerance ratio."""
     import stragglerkit
 
     digests: dict[str, str] = {}
     worst: dict[str, float] = {}
-    algorithms = algorithms_for(n)
+    algorithms = [(name, kwargs) for name, kwargs in algorithms_for(n) if not only or name in only]
     for algorithm, kwargs in algorithms:
         for numel in sizes:
             for dtype in dtypes:

@@ -51,6 +51,24 @@ def test_large_size_with_ordered_waits(n: int, monkeypatch: pytest.MonkeyPatch) 
     check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,)))
 
 
+@pytest.mark.parametrize("n", [5, 8])
+def test_optcc_with_a_ramp(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small OptCC messages give deep pipelines, whose end segments are smaller than the rest."""
+    from stragglerkit.runtime.api import optcc_situation
+    from stragglerkit.schedules.optcc import optcc
+    from stragglerkit.schedules.registry import Situation
+
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "16KiB")  # inherited by the spawned ranks
+    numel = (1 << 20) + 3
+    situation = optcc_situation(Situation(world_size=n, slowdowns={1: 3.0}), 4 * numel)
+    plan = optcc(n, {1: 3.0}, segments=situation.segments)
+    sizes = set(plan.chunk_sizes)
+    assert situation.segments >= 30 and plan.params["ramp"] >= 10 and len(sizes) > 10, (situation, sizes)
+    results = run_group(n, sweep, (numel, 1001), (torch.float32, torch.bfloat16), ("optcc",))
+    check_results(n, results)
+    assert all(case.startswith("optcc/") for case in results[0]["digests"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [6, 7])
 def test_small_sizes_slow(n: int) -> None:

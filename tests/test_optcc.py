@@ -291,14 +291,16 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays() -> None:
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
     # a gain below the margin (0.2 %; measured, the fills cost 5 % there): no fills
     assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
-    # a deep pipeline far below l = 2: they pay (3 % simulated)
-    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
+    # against the plan without fills and with its ramp: 1.9 % at k = 36 (below the margin), 2.5 %
+    # at k = 64, far below l = 2
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=64)
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
     assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)
     # the choice is the plan with fills only where it is faster by the margin, whatever the
     # bandwidth (no per-message cost)
-    for slowdown, k in ((1.5, 3), (8 / 7, 9), (8 / 7, 36), (1.8, 18)):
+    for slowdown, k in ((1.5, 3), (8 / 7, 9), (8 / 7, 36), (8 / 7, 64), (1.8, 18)):
         network = Network.uniform(8, alpha=0.0, bandwidth=125e6, slowdowns={3: slowdown})
         times = {
             fill: simulate(
@@ -333,7 +335,7 @@ def test_the_bubble_filling_setting_overrides_the_simulators_choice(monkeypatch:
     from stragglerkit.runtime.api import optcc_bubble_filling, optcc_situation
 
     monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "off")
-    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # the simulator would fill
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=64)  # the simulator would fill
     assert optcc_situation(Situation(world_size=8, slowdowns={3: 8 / 7}), 32 * 2**20).bubble_filling is False
     monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "on")
     assert optcc_bubble_filling(8, {3: 1.97}, segments=9)  # the simulator would not
@@ -342,3 +344,60 @@ def test_the_bubble_filling_setting_overrides_the_simulators_choice(monkeypatch:
     monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "sometimes")
     with pytest.raises(StragglerKitError, match="STRAGGLERKIT_OPTCC_BUBBLE_FILLING='sometimes' is not auto, on or off"):
         optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+
+
+def test_the_ramp_makes_the_end_segments_smaller() -> None:
+    from stragglerkit.schedules.optcc import default_ramp
+
+    plan = optcc_plan(8, {3: 2.0}, segments=9)
+    assert plan.ramp == default_ramp(9) == 3
+    assert [plan.segment_weight(s) for s in range(9)] == [1, 2, 3, 4, 4, 4, 3, 2, 1]
+    sizes = plan.chunk_sizes()
+    q = 7
+    assert sizes == tuple(plan.section_weight * plan.segment_weight(c // q) for c in range(9 * q))
+    assert optcc_plan(8, {3: 2.0}, segments=9, ramp=0).chunk_sizes() == (plan.section_weight,) * (9 * q)
+    assert optcc_plan(8, {3: 2.0}, segments=3).ramp == 0  # none below 4 segments
+    # plans with fills or the second ordering keep equal segments
+    assert optcc_plan(8, {3: 1.5}, segments=9).ramp == 0
+    assert optcc_plan(8, {3: 2.0}, segments=9, orderings=2).ramp == 0
+    assert optcc_plan(8, {3: 1.5}, segments=9, bubble_filling=False).ramp == 3
+    assert optcc_plan(8, {1: 2.0, 5: 1.5}, segments=9).ramp == 3  # the attached rank has no fills either
+
+
+@pytest.mark.parametrize(
+    ("p", "slowdowns", "k", "g"),
+    [
+        (3, {0: 2.0}, 4, 1),
+        (5, {4: 3.0}, 7, 1),
+        (6, {2: 1.5}, 9, 1),
+        (8, {3: 2.0}, 9, 1),
+        (9, {1: 4.0, 6: 2.0}, 12, 1),
+        (12, {5: 2.0}, 4, 2),
+        (16, {0: 2.0, 7: 1.5}, 5, 4),
+    ],
+)
+def test_plans_with_a_ramp_pass_the_checker(p: int, slowdowns: dict[int, float], k: int, g: int) -> None:
+    sched = optcc(p, slowdowns, segments=k, gpus_per_server=g, bubble_filling=False)
+    assert sched.params["ramp"] == k // 3
+    assert len(set(sched.chunk_sizes)) > 1
+    check(sched)
+
+
+def test_a_ramp_shortens_the_simulated_head_and_tail() -> None:
+    from stragglerkit.sim.simulator import Network, simulate
+
+    network = Network.uniform(8, 0.0, 1.0, {3: 2.0})
+    flat = simulate(optcc(8, {3: 2.0}, segments=9, ramp=0), 1.0, network).makespan
+    ramped = simulate(optcc(8, {3: 2.0}, segments=9), 1.0, network).makespan
+    # over the lower bound l·n = 2: 12.7 % with equal segments, 7.1 % with the ramp (optcc_ramp.json)
+    assert flat / 2 - 1 == pytest.approx(0.127, abs=0.002)
+    assert ramped / 2 - 1 == pytest.approx(0.071, abs=0.002)
+
+
+def test_a_ramp_is_refused_where_it_was_not_built_for() -> None:
+    with pytest.raises(ValueError, match="ramp must be >= 0"):
+        optcc_plan(8, {3: 2.0}, segments=9, ramp=-1)
+    with pytest.raises(ValueError, match="without bubble fills and with one stage ordering"):
+        optcc_plan(8, {3: 1.5}, segments=9, ramp=2)
+    with pytest.raises(ValueError, match="without bubble fills and with one stage ordering"):
+        optcc_plan(8, {3: 2.0}, segments=9, orderings=2, ramp=2)

@@ -90,14 +90,31 @@ the fault-free ring drops from 15.6 % to 11.4 % at l = 8/7 and from 22.5 % to 19
 paper's ``(k+l-1)/k`` is the head: S has nothing to send until the first S1 chain (``q-1`` hops)
 and its upload are done.
 
+The ramp (our choice, for plans without fills). The head and the tail above are a whole segment's
+chain each (``q-1`` hops before S's first upload, ``q-1`` after its last download), so they shrink
+with the first and last segments. With ``ramp = h`` segment ``σ`` weighs ``min(h+1, σ+1, k-σ)``
+(k = 9, h = 3: 1 2 3 4 4 4 3 2 1): the pipeline starts and ends with small sections and keeps
+large ones, and its messages, in the body. The timetable does not change, only the chunk sizes;
+sections of adjacent segments differ by at most one step of the ramp, so S's link, which takes
+its sections one per window, never waits long for a larger segment's chain. Simulated (flow
+level, bandwidth only; ``profiling/optcc_ramp.py`` → ``profiling/results/optcc_ramp.json``), over
+the lower bound ``l·n``, equal segments against :func:`default_ramp` (``k // 3``): p = 8, l = 2:
+k = 9 12.7 % → 7.1 %, k = 18 7.5 % → 3.1 %, k = 36 3.8 % → 1.1 %; l = 4, k = 9: 7.1 % → 4.5 %;
+p = 16, l = 2, k = 9: 12.6 % → 6.2 %; with a second (attached) degraded rank, p = 8, k = 9: 29.6 % →
+23.3 %; without fills at l = 8/7, p = 8, k = 18: 10.8 % → 9.3 % over the fault-free ring. The
+fills' timetable and the second ordering keep equal segments (their fill sizes and early S3 slots
+are sized for them; ramps simulated slower there), and so do plans below 4 segments.
+
 When filling pays (our measurement; the paper's evaluation uses deep pipelines). The fills add a
 body of fill uploads before the first section and a fill download after the last, and that head and
 tail costs more than the filled bubbles save unless the pipeline is deep and ``l`` well below 2.
 Simulated (flow level, no per-message cost, p = 8, 32 MiB), the plan with fills over the same plan
-without them (``bubble_filling=False``, the ``l >= 2`` timetable, which is correct for any ``l``):
-k = 3: 1.003 at l = 1.97, 1.040 at l = 1.5, 1.061 at l = 8/7; k = 9: 1.001, 1.009, 0.998; k = 36:
-1.001, 0.995, 0.971; at p = 16 the fills pay less still
-(``profiling/optcc_bubble_filling.py`` → ``profiling/results/optcc_bubble_filling.json``). On
+without them (``bubble_filling=False``, the ``l >= 2`` timetable, which is correct for any ``l``,
+with its ramp): k = 3: 1.003 at l = 1.97, 1.040 at l = 1.5, 1.061 at l = 8/7; k = 9: 1.055, 1.049,
+1.000; k = 36: 1.027, 1.013, 0.980; k = 64: 1.019, 1.006, 0.975; at p = 16 the fills pay less still
+(``profiling/optcc_bubble_filling.py`` → ``profiling/results/optcc_bubble_filling.json``). Against
+equal segments without fills they had gained up to 3 % (k = 36, l = 8/7); the ramp takes most of
+that gain, since it too shortens the head and tail. On
 real links they cost more still (their flows share the healthy ranks' links with the ring hops,
 which TCP shares less evenly than the simulator: 5 % slower at k = 9, l = 8/7, on the emulated
 cluster). The runtime therefore fills only where the simulator says it gains at least 2 %
@@ -146,7 +163,7 @@ from fractions import Fraction
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
-__all__ = ["ADDING_STAGES", "Flow", "OptccPlan", "optcc", "optcc_plan", "timetable_text"]
+__all__ = ["ADDING_STAGES", "Flow", "OptccPlan", "default_ramp", "optcc", "optcc_plan", "timetable_text"]
 
 _MAX_WEIGHT_DENOMINATOR = 64
 
@@ -194,10 +211,20 @@ class OptccPlan:
     """Number of healthy ranks (``len(healthy)``; filled in when left 0)."""
     orderings: int = 1
     """1: every segment S1→S2→S3→S4; 2: odd segments use S3→S1→S4→S2 (see ``_second``)."""
+    ramp: int = 0
+    """Segments at each end of the pipeline that are smaller than the rest ("The ramp" above):
+    segment ``σ`` weighs ``min(ramp + 1, σ + 1, k - σ)`` (0: all segments equal)."""
 
     def __post_init__(self) -> None:
         if self.q == 0:
             object.__setattr__(self, "q", len(self.healthy))
+        if self.ramp < 0:
+            raise ValueError(f"ramp must be >= 0 (segments at each end that grow), got {self.ramp}")
+        if self.ramp and (self.fill_weight or self.orderings != 1):
+            raise ValueError(
+                "the ramp is built for the timetable without bubble fills and with one stage ordering "
+                f"(fill_weight={self.fill_weight}, orderings={self.orderings}); use ramp=0 there"
+            )
 
     # -- shape ---------------------------------------------------------------------------------
     @property
@@ -215,8 +242,14 @@ class OptccPlan:
         lane = (last_download + 1) % (self.q - 1)
         return last_download + self.q - lane + self.q - 1
 
+    def segment_weight(self, segment: int) -> int:
+        """Relative size of ``segment``'s sections, in units of :attr:`section_weight`."""
+        return min(self.ramp + 1, segment + 1, self.segments - segment)
+
     def chunk_sizes(self) -> tuple[int, ...]:
-        sections = (self.section_weight,) * (self.segments * self.q)
+        sections = tuple(
+            self.section_weight * self.segment_weight(chunk // self.q) for chunk in range(self.segments * self.q)
+        )
         return sections + (self.fill_weight,) * self.num_fills
 
     def section_chunk(self, window: int) -> int | None:
@@ -450,6 +483,7 @@ class OptccPlan:
             "segments": self.segments,
             "section_weight": self.section_weight,
             "fill_weight": self.fill_weight,
+            "ramp": self.ramp,
             "orderings": self.orderings,
         }
 
@@ -545,6 +579,15 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
     return degraded
 
 
+def default_ramp(segments: int) -> int:
+    """The ramp :func:`optcc_plan` gives a plan without fills: a third of the segments at each end
+    (k = 9: weights 1 2 3 4 4 4 3 2 1). Simulated at p = 4..16, l = 8/7, 2 and 4, k = 4..36 it is
+    within 0.5 % of the best ramp length (``profiling/optcc_ramp.py``). None below 4 segments: at
+    k = 3 a ramp of 1 (weights 1 2 1) gains up to 3.5 % at ``l >= 2`` but loses up to 10 % at
+    ``l = 8/7``."""
+    return segments // 3 if segments >= 4 else 0
+
+
 def optcc_plan(
     world_size: int,
     slowdowns: dict[int, float],
@@ -552,6 +595,7 @@ def optcc_plan(
     gpus_per_server: int = 1,
     orderings: int = 1,
     bubble_filling: bool = True,
+    ramp: int | None = None,
 ) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
@@ -577,7 +621,12 @@ def optcc_plan(
                 f"({world_size} ranks, {gpus_per_server} per server); use ring"
             )
         return optcc_plan(
-            world_size // gpus_per_server, servers, segments, orderings=orderings, bubble_filling=bubble_filling
+            world_size // gpus_per_server,
+            servers,
+            segments,
+            orderings=orderings,
+            bubble_filling=bubble_filling,
+            ramp=ramp,
         )
     q = world_size - len(degraded)
     if q < len(degraded):
@@ -594,6 +643,8 @@ def optcc_plan(
         )
     slowdown = degraded[straggler]
     fill = _fill_ratio(slowdown) if bubble_filling and not attached else Fraction(0)
+    if ramp is None:
+        ramp = default_ramp(segments) if fill == 0 and orderings == 1 else 0
     return OptccPlan(
         world_size=world_size,
         straggler=straggler,
@@ -604,6 +655,7 @@ def optcc_plan(
         fill_weight=fill.numerator,
         attached=attached,
         orderings=orderings,
+        ramp=ramp,
     )
 
 
@@ -614,6 +666,7 @@ def optcc(
     gpus_per_server: int = 1,
     orderings: int = 1,
     bubble_filling: bool = True,
+    ramp: int | None = None,
 ) -> Schedule:
     """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
 
@@ -621,14 +674,15 @@ def optcc(
     entries are treated as healthy); ``segments`` is the pipeline depth ``k``; ``orderings=2``
     alternates the two stage orderings per segment (one degraded rank or server only);
     ``bubble_filling=False`` keeps the ``l >= 2`` timetable for ``l < 2`` too (no fills; see
-    "When filling pays" above).
+    "When filling pays" above); ``ramp`` is the number of smaller segments at each end ("The
+    ramp" above; ``None``: :func:`default_ramp` for plans without fills and with one ordering, else 0).
 
     Example::
 
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling)
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling, ramp)
     if gpus_per_server == 1:
         return plan.lower()
     from stragglerkit.schedules.optcc_servers import lower_servers
