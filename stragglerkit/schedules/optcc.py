@@ -68,8 +68,9 @@ the owner with the global sum, which starts the S4 chain in the slot that starts
 of download window ``u - 1``, or ``u - 1 + q`` for a segment's first two sections, whose slots
 the previous segment's last two use), and sends it to S in window ``u`` (S2, replacing S's copy).
 The odd segments' S3 slots are the even segments' spare ones (two bodies earlier), so the
-straggler's downloads end one body sooner; the simulated time is within about 1% of one ordering
-(0.994-1.007, ``profiling/optcc_orderings.py``), so ``orderings=1`` stays the default.
+straggler's downloads end one body sooner; the simulated time is within 0.4 % of one ordering at
+``l < 2`` and 0.7-2.6 % above it at ``l >= 2``, where one ordering has the ramp below
+(``profiling/optcc_orderings.py``), so ``orderings=1`` stays the default.
 
 Bubble filling (l < 2, optcc.txt §4.2 and App. C). A window is 2 section-times long but a
 straggler flow of one section only ``l``: the straggler link idles ``(2-l)s`` per window. Each
