@@ -3,13 +3,14 @@
 # float32, the runtime's segment count (9), alternating launches (fills as the runtime decides,
 # then STRAGGLERKIT_OPTCC_BUBBLE_FILLING=off), RUNS times each (default 3), at each bandwidth given
 # (default 1Gbit 250Mbit). MESSAGE_BYTES=131072 sets STRAGGLERKIT_OPTCC_MESSAGE_BYTES (36 segments
-# instead of 9) and names the files with _k<segments>. Needs root. Writes
-#   profiling/results/bubble_filling/l8_7_<bandwidth>[_k<segments>]_{auto,off}_run<i>.json
-# and then the summary (python profiling/bubble_filling_summary.py profiling/results/bubble_filling).
+# instead of 9) and names the files with _k<segments>. FILLINGS="on off" compares fills forced on
+# with none (default "auto off"); OUT sets the folder. Needs root. Writes
+#   $OUT/l8_7_<bandwidth>[_k<segments>]_{auto,off}_run<i>.json   (OUT: profiling/results/bubble_filling)
+# and then the summary (python profiling/bubble_filling_summary.py $OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-OUT=profiling/results/bubble_filling
+OUT=${OUT:-profiling/results/bubble_filling}
 RUNS=${RUNS:-3}
 if [ $# -gt 0 ]; then BANDWIDTHS=("$@"); else BANDWIDTHS=(1Gbit 250Mbit); fi
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ if [ -n "${MESSAGE_BYTES:-}" ]; then
 fi
 for bandwidth in "${BANDWIDTHS[@]}"; do
   for i in $(seq 1 "$RUNS"); do
-    for filling in auto off; do
+    for filling in ${FILLINGS:-auto off}; do
       echo "== $bandwidth run $i/$RUNS: bubble filling $filling" >&2
       STRAGGLERKIT_OPTCC_BUBBLE_FILLING=$filling "$PY" -m stragglerkit.cli bench --world-size 8 \
         --bandwidth "$bandwidth" --sizes 32MiB --dtype float32 --iters 7 --warmup 2 --algorithms gloo,optcc \

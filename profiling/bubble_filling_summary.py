@@ -1,6 +1,6 @@
 """Summary of ``profiling/bench_bubble_filling.sh``: OptCC at l = 8/7 with the runtime's bubble-filling
-choice (``auto``) and without fills (``off``), per bandwidth and segment count (files named
-``l8_7_<bandwidth>[_k<segments>]_<auto|off>_run<i>.json``; without ``_k``: the runtime's count),
+choice (``auto``), with fills (``on``) and without (``off``), per bandwidth and segment count (files
+named ``l8_7_<bandwidth>[_k<segments>]_<auto|on|off>_run<i>.json``; without ``_k``: the runtime's count),
 as the excess over gloo on the fault-free cluster measured in the same launch; the median over the
 launches and each launch.
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _env import write_result
 from bench_acceptance_summary import _optcc_over_healthy, _rows  # the acceptance figure, defined once
 
-_NAME = re.compile(r"l8_7_(?P<bandwidth>[^_]+)(?:_k(?P<segments>\d+))?_(?P<filling>auto|off)_run(?P<run>\d+)\.json$")
+_NAME = re.compile(r"l8_7_(?P<bandwidth>[^_]+)(?:_k(?P<segments>\d+))?_(?P<filling>auto|on|off)_run(?P<run>\d+)\.json$")
 
 
 def main() -> int:
