@@ -114,8 +114,8 @@ without them (``bubble_filling=False``, the ``l >= 2`` timetable, which is corre
 with its ramp): k = 3: 1.003 at l = 1.97, 1.040 at l = 1.5, 1.061 at l = 8/7; k = 9: 1.055, 1.049,
 1.000; k = 36: 1.027, 1.013, 0.980; k = 64: 1.019, 1.006, 0.975; at p = 16 the fills pay less still
 (``profiling/optcc_bubble_filling.py`` → ``profiling/results/optcc_bubble_filling.json``). Against
-equal segments without fills they had gained up to 3 % (k = 36, l = 8/7); the ramp takes most of
-that gain, since it too shortens the head and tail. On real links the simulator is off both ways
+equal segments without fills they gained more (2.9 % at k = 36, l = 8/7, against 2.0 %): the ramp
+too shortens the head and tail. On real links the simulator is off both ways
 (emulated cluster, l = 8/7): at k = 9 the fills were 5 % slower than equal segments without them
 (their flows share the healthy ranks' links with the ring hops, which TCP shares less evenly than
 the simulator), at k = 36 they gained 3.7 % over the ramped plan where it says 1.9 %. The runtime
