@@ -5,7 +5,7 @@
 # (default 1Gbit 250Mbit). MESSAGE_BYTES=131072 sets STRAGGLERKIT_OPTCC_MESSAGE_BYTES (36 segments
 # instead of 9) and names the files with _k<segments>. FILLINGS="on off" compares fills forced on
 # with none (default "auto off"); OUT sets the folder. Needs root. Writes
-#   $OUT/l8_7_<bandwidth>[_k<segments>]_{auto,off}_run<i>.json   (OUT: profiling/results/bubble_filling)
+#   $OUT/l8_7_<bandwidth>[_k<segments>]_<filling>_run<i>.json   (OUT: profiling/results/bubble_filling)
 # and then the summary (python profiling/bubble_filling_summary.py $OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
