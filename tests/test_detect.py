@@ -288,6 +288,54 @@ def test_delay_below_the_critical_delay_is_not_acted_on() -> None:
     assert feed(Detector(), rows, 0, 2, critical=math.inf) == []
 
 
+def feed_with_gaps(detector: Detector, rows: list[list[float]], gaps: list[list[float]], critical: float) -> list:
+    findings = []
+    for i in range(0, len(rows), 2):
+        steps = [i, i + 1]
+        block, gap_block = np.array(rows[i : i + 2]), np.array(gaps[i : i + 2])
+        findings += [f for f in detector.update(steps, block, None, lambda rank: critical, gaps=gap_block)]
+    return findings
+
+
+def test_lateness_inherited_from_the_previous_allreduce_is_not_a_straggler() -> None:
+    """Rank 3 arrives 15 ms late every step (smallest span), but its gap from its previous
+    AllReduce's end to its hand-over is no longer than the others': it finished that AllReduce
+    late. Without gaps it is (wrongly) a straggler; with them no step counts for it."""
+    rng = random.Random(7)
+    rows = [straggler_stream(rng, 4, 3, 0.015, 0.001) for _ in range(60)]
+    gaps = [[0.006 + rng.uniform(0, 0.002) for _ in range(4)] for _ in range(60)]
+    assert [f.kind for f in feed_with_gaps(Detector(), rows, [[math.nan] * 4] * 60, 0.004)] == ["detected_straggler"]
+    det = Detector()
+    assert feed_with_gaps(det, rows, gaps, 0.004) == []
+    assert det.last_evidence["last_counts"][3] <= 6  # only where rank 3's gap happened to be the longest
+    assert det.last_evidence["inherited_steps"] >= 10
+
+
+def test_a_rank_that_computes_longer_is_a_straggler_with_the_smaller_of_the_two_delays() -> None:
+    rng = random.Random(8)
+    rows = [straggler_stream(rng, 4, 1, 0.020, 0.001) for _ in range(60)]
+    gaps = []
+    for _ in range(60):
+        gap = [0.006 + rng.uniform(0, 0.001) for _ in range(4)]
+        gap[1] += 0.012  # computes 12 ms longer; the remaining 8 ms of its lateness are inherited
+        gaps.append(gap)
+    found = feed_with_gaps(Detector(), rows, gaps, 0.004)
+    assert [(f.kind, sorted(f.ranks)) for f in found] == [("detected_straggler", [1])]
+    assert found[0].ranks[1] == pytest.approx(0.012, abs=0.0015)
+    assert found[0].evidence["inherited_steps"] == 0
+    gaps_seen = found[0].evidence["median_gaps_s"]
+    assert gaps_seen[1] == pytest.approx(0.0185, abs=0.001) and max(gaps_seen[:1] + gaps_seen[2:]) < 0.0075
+
+
+def test_steps_with_an_unknown_gap_count_by_their_spans_alone() -> None:
+    rng = random.Random(9)
+    rows = [straggler_stream(rng, 4, 2, 0.015, 0.001) for _ in range(40)]
+    gaps = [[0.006, 0.006, 0.006, math.nan]] * 40  # one rank's gap unknown in every step
+    assert [f.kind for f in feed_with_gaps(Detector(), rows, gaps, 0.004)] == ["detected_straggler"]
+    with pytest.raises(ValueError, match="gaps must have the shape"):
+        Detector().update([0], np.ones((1, 4)), None, lambda rank: 0.0, gaps=np.ones((1, 3)))
+
+
 def test_hysteresis_does_not_flap_around_the_threshold() -> None:
     """A straggler last in ~60% of the steps (between clear_fraction and fraction) changes nothing."""
     rng = random.Random(4)
@@ -461,6 +509,42 @@ def test_controller_switches_to_stragglar_with_the_straggler_last() -> None:
         switch["algorithm"] == "stragglar"
         and switch["evidence"]["predicted_after_s"] < switch["evidence"]["predicted_before_s"]
     )
+
+
+@pytest.mark.parametrize("cause", ["compute", "previous_allreduce"])
+def test_the_controller_tells_compute_from_inherited_lateness_with_each_ranks_own_clock(cause: str) -> None:
+    """Rank 3 arrives 30 ms late every step. Computing longer (its gap from its previous AllReduce's
+    end is 30 ms longer) it is a straggler; having finished that AllReduce 30 ms late it is not.
+    Clocks differ by 1000 s per rank (no offsets are needed), and the exchanges carry one step
+    each, so every gap spans two exchanges."""
+    n, late = 4, 3
+    rng = random.Random(11)
+    controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    clocks = np.arange(n) * 1000.0
+    for step in range(60):
+        stats = window(n, range(step, step + 1), late, 0.03, [8 << 20])
+        previous_end = np.full(n, 0.1 * step)
+        if cause == "previous_allreduce":
+            previous_end[late] += 0.03
+        arrival = previous_end + 0.05 + np.array([rng.uniform(0, 0.0005) for _ in range(n)])
+        if cause == "compute":
+            arrival[late] += 0.03
+        stats.arrival_wall = (arrival + clocks)[None, :]
+        finish = np.full(n, 0.1 * (step + 1)) + (0.03 * (np.arange(n) == late) if cause == "previous_allreduce" else 0)
+        stats.finish_wall = (finish + clocks)[None, :]
+        controller.model.samples.clear()
+        decision = controller.observe(stats, step + 4)
+        if decision is not None:
+            controller.apply(decision)
+    kinds = [e["kind"] for e in controller.events]
+    if cause == "compute":
+        assert controller.detector.straggler == late and kinds[:2] == ["detected_straggler", "switch"]
+    else:
+        assert controller.detector.straggler is None and "detected_straggler" not in kinds, kinds
+        # counted only where rank 3's gap happened to be the longest: about a quarter of the steps
+        evidence = controller.detector.last_evidence
+        assert evidence["inherited_steps"] >= 8 and evidence["last_counts"][late] <= 8, evidence
 
 
 def test_only_the_first_bucket_hides_the_delay() -> None:

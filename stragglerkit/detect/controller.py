@@ -336,6 +336,10 @@ class WindowStats:
     """[step]: the last rank's finish of the step's AllReduce (s on rank 0's wall clock, offsets
     applied; NaN where a rank's figure is missing). Consecutive ends give the step period, what a
     switch is verified with."""
+    arrival_wall: np.ndarray | None = None
+    """[step, rank]: when the step's first bucket was handed over (s, each rank's own wall clock)."""
+    finish_wall: np.ndarray | None = None
+    """[step, rank]: when the step's last bucket finished (s, each rank's own wall clock)."""
 
 
 class Controller:
@@ -349,6 +353,7 @@ class Controller:
         "_exchange_event",
         "_exchange_target",
         "_last_doubt",
+        "_last_finish",
         "_last_sizes",
         "_lateness",
         "_log_path",
@@ -421,6 +426,8 @@ class Controller:
         self._exchange_target = config.exchange_every  # rank 0: the interval it ships
         self._exchange_event: dict[str, Any] | None = None
         self._last_doubt = -1  # rank 0: the last step with a reason for short exchanges
+        self._last_finish: tuple[int, np.ndarray] | None = None
+        """rank 0: (step, each rank's own-clock finish) of the latest step the exchanges brought."""
 
     # -- every rank -----------------------------------------------------------------------------
     @property
@@ -445,6 +452,23 @@ class Controller:
                     log.write(json.dumps(event, sort_keys=True) + "\n")
 
     # -- rank 0 ---------------------------------------------------------------------------------
+    def _gaps(self, stats: WindowStats) -> np.ndarray | None:
+        """[step, rank]: seconds from the end of the rank's previous step's AllReduce to its first
+        hand-over of this one, both on its own clock (NaN where either is missing); ``None`` without
+        wall clocks. The previous step of the exchange's first is remembered from the last exchange.
+        """
+        if stats.arrival_wall is None or stats.finish_wall is None or not stats.steps:
+            return None
+        arrivals = np.asarray(stats.arrival_wall, dtype=np.float64)
+        finishes = np.asarray(stats.finish_wall, dtype=np.float64)
+        gaps = np.full(arrivals.shape, np.nan)
+        gaps[1:] = arrivals[1:] - finishes[:-1]
+        previous = self._last_finish
+        if previous is not None and previous[0] == stats.steps[0] - 1:
+            gaps[0] = arrivals[0] - previous[1]
+        self._last_finish = (stats.steps[-1], finishes[-1].copy())
+        return gaps
+
     def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
         """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
         cfg = self.config
@@ -500,7 +524,9 @@ class Controller:
         per_estimate = len(stats.steps)
         if cfg.baseline == "allreduce" and cfg.probe_every > 0:
             per_estimate = max(per_estimate, cfg.probe_every)
-        findings = self.detector.update(stats.steps, stats.totals, slowdowns, critical, per_estimate)
+        findings = self.detector.update(
+            stats.steps, stats.totals, slowdowns, critical, per_estimate, gaps=self._gaps(stats)
+        )
         if not np.isnan(slowdowns).all():
             self._readings.append((tuple(stats.steps), slowdowns))
         self._rescale_samples(findings)

@@ -11,6 +11,18 @@ What it decides and why.
   the straggler is late *every* step (the punctual ranks' pre-phase must be hidden in its delay),
   so a fraction rather than an average delay: random jitter spread over all ranks makes each rank
   last in about ``1/n`` of the steps and is never acted on.
+* **Late because of compute, not because of the previous AllReduce.** A rank that finished the
+  previous step's AllReduce late arrives late at this one even if it computes no longer than the
+  others: gloo's own AllReduce ended up to 40 ms apart over the ranks in
+  ``tests/test_detect_emulated.py`` (4 hosts at 800 Mbit/s, one at half speed), and a probe
+  step's ring ends in another order than the steps around it. So where the caller supplies each
+  rank's *gap* -- from the end of its previous AllReduce to this step's first hand-over, on its
+  own clock (no clock offsets needed) -- a step counts as the last arriver's only when that rank
+  also had the longest gap, and its delay is the smaller of the span delay and the gap delay
+  (longest minus second-longest gap). A step whose last arriver did not compute longest counts
+  for nobody (``inherited_steps`` in the evidence; ``median_gaps_s`` has each rank's median
+  gap). A rank that sleeps or computes longer before its hand-over has both the smallest span
+  and the longest gap, so a real straggler is unaffected.
 * **Degraded ranks.** ``l_i`` (:mod:`stragglerkit.detect.nic_health`) is estimated once per stats
   exchange that has a ring run's link figures (with the ``allreduce`` baseline: a probe
   step's). A rank is degraded when, over the
@@ -38,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,11 +111,33 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def _tally(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per step of ``rows`` (each ``[rank]`` spans) the last arriver and its delay, and per rank how
-    many steps it was last in."""
+def _tally(rows: list[np.ndarray], gap_rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per step of ``rows`` (each ``[rank]`` spans) the last arriver and its delay, per rank how many
+    steps it was last in, and how many steps' last arrivers were late only by inheritance.
+
+    ``gap_rows`` (same steps; all-NaN where unknown): a step whose gaps are all known counts for its
+    last arriver only if that rank also had the longest gap; the delay is then the smaller of the
+    span delay and the gap delay (see the module docstring).
+    """
     last, delays = last_arrivers(np.stack(rows))
-    return last, delays, np.bincount(last[last >= 0], minlength=rows[0].size)
+    gaps = np.stack(gap_rows)
+    known = ~np.isnan(gaps).any(axis=1) & (last >= 0)
+    inherited = 0
+    if known.any():
+        order = np.argsort(-gaps[known], axis=1, kind="stable")
+        longest = order[:, 0]
+        top_two = np.take_along_axis(gaps[known], order[:, :2], axis=1)
+        gap_delay = top_two[:, 0] - top_two[:, 1]
+        agrees = longest == last[known]
+        inherited = int((~agrees).sum())
+        known_last = last[known]
+        known_delay = delays[known]
+        known_last[~agrees] = -1
+        known_delay[~agrees] = np.nan
+        known_delay[agrees] = np.minimum(known_delay[agrees], gap_delay[agrees])
+        last[known] = known_last
+        delays[known] = known_delay
+    return last, delays, np.bincount(last[last >= 0], minlength=rows[0].size), inherited
 
 
 def _median_delay(last: np.ndarray, delays: np.ndarray, rank: int) -> float:
@@ -131,6 +166,7 @@ class Detector:
         "_degraded_enter",
         "_enter_count",
         "_enter_rank",
+        "_gap_rows",
         "_l_history",
         "_l_keep",
         "_last",
@@ -149,6 +185,7 @@ class Detector:
         """Confirmed degraded ranks -> l."""
         self._steps: deque[int] = deque(maxlen=self.config.window)
         self._span_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
+        self._gap_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
         self._l_history: deque[np.ndarray] = deque()
         self._l_keep = 1
         self._enter_rank = -1
@@ -178,7 +215,7 @@ class Detector:
         rows = list(self._span_rows)[-steps:] if steps else list(self._span_rows)
         if not rows:
             return None
-        last, delays, counts = _tally(rows)
+        last, delays, counts, _ = _tally(rows, list(self._gap_rows)[-len(rows) :])
         rank = int(np.argmax(counts))
         return rank, float(counts[rank]) / len(rows), _median_delay(last, delays, rank)
 
@@ -186,6 +223,7 @@ class Detector:
         """Forget the window (e.g. after a plan switch changed what the spans mean)."""
         self._steps.clear()
         self._span_rows.clear()
+        self._gap_rows.clear()
         self._enter_count = 0
         self._clear_count = 0
 
@@ -196,20 +234,28 @@ class Detector:
         slowdowns: np.ndarray | None,
         critical_delay: Callable[[int], float],
         steps_per_estimate: int | None = None,
+        gaps: np.ndarray | None = None,
     ) -> list[Finding]:
         """Add ``spans[i, rank]`` (total AllReduce seconds of ``steps[i]``) and one ``l`` estimate per rank.
 
         ``critical_delay(rank)``: the smallest delay (s) at which acting on a straggler at ``rank``
         pays (``math.inf``: never). ``steps_per_estimate``: how many steps one ``l`` estimate stands
         for (default ``len(steps)``; more when links are measured only on probe steps), so that the
-        degraded window covers ``W`` steps. Returns the findings of this evaluation (usually none).
+        degraded window covers ``W`` steps. ``gaps[i, rank]``: seconds from the end of the rank's
+        previous AllReduce to its first hand-over of ``steps[i]``, on its own clock (NaN: unknown;
+        ``None``: none known); it tells lateness from compute from lateness inherited from the
+        previous AllReduce (module docstring). Returns the findings of this evaluation (usually none).
         """
         table = np.asarray(spans, dtype=np.float64)
         if table.ndim != 2 or table.shape[0] != len(steps):
             raise ValueError(f"spans must have one row per step ({len(steps)}), got shape {table.shape}")
-        for step, row in zip(steps, table):
+        gap_table = np.full(table.shape, np.nan) if gaps is None else np.asarray(gaps, dtype=np.float64)
+        if gap_table.shape != table.shape:
+            raise ValueError(f"gaps must have the shape of spans {table.shape}, got {gap_table.shape}")
+        for step, row, gap_row in zip(steps, table, gap_table):
             self._steps.append(int(step))
             self._span_rows.append(row)
+            self._gap_rows.append(gap_row)
         findings = self._straggler(critical_delay)
         if slowdowns is not None:
             per_estimate = len(steps) if steps_per_estimate is None else steps_per_estimate
@@ -222,7 +268,7 @@ class Detector:
         if len(self._span_rows) < cfg.window:
             self._last = {"window_filled": len(self._span_rows), "window": cfg.window}
             return []
-        last, delays, counts = _tally(list(self._span_rows))
+        last, delays, counts, inherited = _tally(list(self._span_rows), list(self._gap_rows))
         candidate = int(np.argmax(counts))
         fraction = counts / cfg.window
 
@@ -239,7 +285,13 @@ class Detector:
             "median_delay_s": round(cand_delay, 6),
             "critical_delay_s": None if not math.isfinite(cand_critical) else round(cand_critical, 6),
             "delays_s": _rounded(delays[last == candidate]),
+            "inherited_steps": inherited,
         }
+        gaps = np.stack(list(self._gap_rows))
+        if not np.isnan(gaps).all():
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a rank with no known gap: NaN
+                evidence["median_gaps_s"] = _rounded(np.nanmedian(gaps, axis=0))
         self._last = evidence
         persistent = fraction[candidate] >= cfg.fraction and cand_delay >= cand_critical
         current = self.straggler

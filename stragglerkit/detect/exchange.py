@@ -226,6 +226,8 @@ class StatsExchange:
             lateness=wall_clock_lateness(arrival_wall[complete], self.offsets),
             tails=tails,
             ends=ends,
+            arrival_wall=arrival_wall.copy(),
+            finish_wall=finish_wall.copy(),
         )
 
     def _link_rates(self, fields: np.ndarray) -> np.ndarray:
