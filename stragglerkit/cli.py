@@ -274,7 +274,7 @@ def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) 
 def _print_simulation_table(rows: list[dict[str, Any]]) -> None:
     baseline = {row["world_size"]: row["time_s"] for row in rows if row["algorithm"] == "ring"}
     has_bound = any("lower_bound_s" in row for row in rows)
-    header = f"{'algorithm':<10} {'n':>5} {'size':>9} {'delay':>11} {'time':>12} {'from first':>12} {'vs ring':>8}"
+    header = f"{'algorithm':<13} {'n':>5} {'size':>9} {'delay':>11} {'time':>12} {'from first':>12} {'vs ring':>8}"
     if has_bound:
         header += f" {'lower bound':>12}"
     print(header)
@@ -282,7 +282,7 @@ def _print_simulation_table(rows: list[dict[str, Any]]) -> None:
         ring_time = baseline.get(row["world_size"])
         speedup = f"{ring_time / row['time_s']:.3f}x" if ring_time and row["time_s"] > 0 else "-"
         line = (
-            f"{row['algorithm']:<10} {row['world_size']:>5} {format_bytes(row['size_bytes']):>9} "
+            f"{row['algorithm']:<13} {row['world_size']:>5} {format_bytes(row['size_bytes']):>9} "
             f"{format_seconds(row['delay_s']):>11} {format_seconds(row['time_s']):>12} "
             f"{format_seconds(row['time_from_first_arrival_s']):>12} {speedup:>8}"
         )

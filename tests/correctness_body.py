@@ -27,7 +27,7 @@ def algorithms_for(n: int) -> list[tuple[str, dict[str, Any]]]:
         kwargs: dict[str, Any] = {}
         if name in ("stragglar", "direct"):
             kwargs["straggler"] = straggler
-        if name == "optcc":
+        if name in ("optcc", "balanced_ring"):
             kwargs["slowdowns"] = slowdowns
         out.append((name, kwargs))
     return out

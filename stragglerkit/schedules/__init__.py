@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stragglerkit.schedules.balanced_ring import balanced_ring
 from stragglerkit.schedules.check import CheckReport, check
 from stragglerkit.schedules.direct import direct
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
@@ -9,4 +10,16 @@ from stragglerkit.schedules.rhd import rhd
 from stragglerkit.schedules.ring import ring
 from stragglerkit.schedules.stragglar import stragglar
 
-__all__ = ["CheckReport", "Op", "OpKind", "Schedule", "ScheduleBuilder", "check", "direct", "rhd", "ring", "stragglar"]
+__all__ = [
+    "CheckReport",
+    "Op",
+    "OpKind",
+    "Schedule",
+    "ScheduleBuilder",
+    "balanced_ring",
+    "check",
+    "direct",
+    "rhd",
+    "ring",
+    "stragglar",
+]

@@ -78,6 +78,9 @@ ALGORITHMS: list[AlgorithmSpec] = [
     AlgorithmSpec("direct", "direct", _needs_two, "straggler-aware broadcast baseline (stragglar.txt §4.1)"),
     AlgorithmSpec("stragglar", "stragglar", _stragglar_applies, "StragglAR: pre-phase reduce-scatter + matching"),
     AlgorithmSpec("optcc", "optcc", _optcc_applies, "OptCC: four-stage pipeline around degraded NICs"),
+    AlgorithmSpec(
+        "balanced_ring", "balanced_ring", _needs_two, "ring whose chunks are sized so that slow NICs carry less"
+    ),
 ]
 _BY_NAME = {spec.name: spec for spec in ALGORITHMS}
 
@@ -130,6 +133,9 @@ def generate(algorithm: str, situation: Situation) -> Schedule:
             bubble_filling=situation.bubble_filling,
         )
         return sched
+    if spec.name == "balanced_ring":
+        ring_sched: Schedule = generator(n, dict(situation.slowdowns))
+        return ring_sched
     if spec.name in ("stragglar", "direct"):
         sched = generator(n)
         straggler = situation.straggler if situation.straggler is not None else n - 1
