@@ -4,7 +4,7 @@
 # under profiling/results/ and then the summary (profiling/results/bench_acceptance.json):
 #   straggler (delay auto): StragglAR vs gloo from the straggler's and from the first arrival
 #   one host at 1/2 (l = 2): OptCC vs gloo, and vs the lower bound l*S/B
-#   one host at 7/8 (l = 8/7): OptCC vs gloo on the fault-free cluster
+#   one host at 7/8 (l = 8/7): OptCC and the balanced ring vs gloo on the fault-free cluster
 #   no fault: our ring vs gloo
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,6 @@ COMMON=(--world-size 8 --bandwidth 1Gbit --sizes 32MiB --dtype float32 --iters 7
 "$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,ring,stragglar --straggler 7 --delay auto \
   --json "$OUT/bench_straggler.json"
 "$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc --degrade 3:2 --json "$OUT/bench_degraded_l2.json"
-"$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc --degrade 3:8/7 \
+"$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc,balanced_ring --degrade 3:8/7 \
   --json "$OUT/bench_degraded_l8_7.json"
 "$PY" profiling/bench_acceptance_summary.py "$OUT"

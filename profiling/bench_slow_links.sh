@@ -12,7 +12,7 @@ COMMON=(--world-size 8 --bandwidth 250Mbit --sizes 32MiB --dtype float32 --iters
   --json "$OUT/bench_250mbit_straggler.json"
 "$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc --degrade 3:2 \
   --json "$OUT/bench_250mbit_degraded_l2.json"
-"$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc,ring --degrade 3:8/7 \
+"$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc,ring,balanced_ring --degrade 3:8/7 \
   --json "$OUT/bench_250mbit_degraded_l8_7.json"
 # 36 segments instead of the 9 that 512 KiB messages give for 32 MiB on 8 ranks
 STRAGGLERKIT_OPTCC_MESSAGE_BYTES=131072 "$PY" -m stragglerkit.cli bench "${COMMON[@]}" --algorithms gloo,optcc \

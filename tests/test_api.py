@@ -14,6 +14,15 @@ def test_auto_rule() -> None:
     assert choose_algorithm("auto", Situation(world_size=8), 10_000) == ("ring", None)
     assert choose_algorithm("auto", Situation(world_size=8, straggler=3), 10_000) == ("stragglar", None)
     assert choose_algorithm("auto", Situation(world_size=8, slowdowns={2: 4.0}), 10_000) == ("optcc", None)
+    # a NIC near full rate: the balanced ring (simulated faster than OptCC's plan for 32 MiB)
+    eighth = Situation(world_size=8, slowdowns={2: 8 / 7})
+    assert choose_algorithm("auto", eighth, 8 * 2**20) == ("balanced_ring", None)
+    assert choose_algorithm("auto", Situation(world_size=8, slowdowns={2: 2.0}), 8 * 2**20) == ("optcc", None)
+    # OptCC does not apply with most ranks degraded: the balanced ring does
+    most = Situation(world_size=4, slowdowns={0: 1.5, 1: 1.5, 2: 1.2})
+    assert choose_algorithm("auto", most, 10_000) == ("balanced_ring", None)
+    # small buckets: the balanced ring's messages would be under 128 KiB, OptCC is kept
+    assert choose_algorithm("auto", eighth, 100_000) == ("optcc", None)
     assert choose_algorithm("auto", Situation(world_size=8), 5) == ("rhd", None)
     # odd world: StragglAR does not apply, auto goes on down the rule
     assert choose_algorithm("auto", Situation(world_size=7, straggler=3), 10_000) == ("ring", None)

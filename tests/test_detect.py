@@ -633,6 +633,21 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
     assert [e["kind"] for e in controller.events][:2] == ["detected_degraded", "switch"]
 
 
+def test_controller_chooses_the_balanced_ring_for_a_nic_near_full_rate() -> None:
+    """l = 8/7 (found with a detector threshold of 1.1; the default 1.5 leaves such a NIC alone):
+    the model predicts the balanced ring faster than OptCC's 9-segment pipeline on 32 MiB."""
+    detector = DetectorConfig(degraded_threshold=1.1, clear_degraded_threshold=1.05)
+    controller, _ = run_controller(8, [32 << 20], None, 0.0, slow={5: 8 / 7}, verify_steps=1000, detector=detector)
+    assert controller.plan.algorithm == "balanced_ring", controller.events
+    assert dict(controller.plan.slowdowns) == {5: pytest.approx(8 / 7, abs=1e-3)}
+    assert controller.plan.rank_map(8) == [0, 1, 2, 3, 4, 6, 7, 5] and controller.plan.runs_nic_plan
+    switch = next(e for e in controller.events if e["kind"] == "switch")
+    assert switch["evidence"]["predicted_after_s"] < switch["evidence"]["predicted_before_s"]
+    model = controller.model
+    optcc_time = model.predict("optcc", 32 << 20, slowdowns={5: 8 / 7})
+    assert model.predict("balanced_ring", 32 << 20, slowdowns={5: 8 / 7}) < optcc_time
+
+
 def run_under_optcc(controller: Controller, steps: range, slow: dict[int, float] | None) -> list[tuple[int, Decision]]:
     """Exchanges while the controller's plan runs (OptCC at first): a step is a probe when the
     interval in force (``controller.probe_every``, shipped by rank 0 with each decision) divides
@@ -642,9 +657,9 @@ def run_under_optcc(controller: Controller, steps: range, slow: dict[int, float]
     for start in range(steps.start, steps.stop, 2):
         stats = window(8, range(start, start + 2), None, 0.0, [16 << 20], slow=slow)
         every = controller.probe_every
-        probes = [s for s in stats.steps if controller.plan.runs_optcc and every and s % every == 0]
+        probes = [s for s in stats.steps if controller.plan.runs_nic_plan and every and s % every == 0]
         stats.algorithms = [["ring" if s in probes else controller.plan.algorithm_for(0)] for s in stats.steps]
-        if not probes and controller.plan.runs_optcc:
+        if not probes and controller.plan.runs_nic_plan:
             stats.link_rates = np.full((8, 8), np.nan)
         decision = controller.observe(stats, start + 4)
         if decision is not None:
@@ -702,7 +717,7 @@ def test_a_rebuild_that_did_not_pay_keeps_the_plan_it_replaced() -> None:
     controller._verify = None  # white-box: the first switch counts as verified
     controller.config.verify_steps = 4
     decisions = run_under_optcc(controller, range(60, 60 + controller.config.cooldown_steps), slow={5: 4.0})
-    assert all(d.plan.runs_optcc for _, d in decisions), decisions  # never the baseline
+    assert all(d.plan.runs_nic_plan for _, d in decisions), decisions  # never the baseline
     kinds = [e["kind"] for e in controller.events]
     assert kinds.count("switch") == 2 and kinds.count("rollback") == 1, kinds
     rollback = next(e for e in controller.events if e["kind"] == "rollback")
@@ -1096,8 +1111,8 @@ def test_probes_do_not_back_off_without_healthy_estimates() -> None:
     config = ControllerConfig(warmup_steps=4, verify_steps=1000)
     controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 80, tail=0.1, slow={5: 2.0})
-    assert controller.plan.runs_optcc and controller._probe_target == 8
-    assert all(d.probe_every == (config.plan_probe_every if d.plan.runs_optcc else 8) for d in decisions)
+    assert controller.plan.runs_nic_plan and controller._probe_target == 8
+    assert all(d.probe_every == (config.plan_probe_every if d.plan.runs_nic_plan else 8) for d in decisions)
     assert not [e for e in controller.events if e["kind"] == "probing"]
     # quiet_probe_every = 0: never back off (the exchanges do, once the window is full and the
     # links read healthy)

@@ -10,11 +10,12 @@ What it decides and why.
 * **The plan** names an algorithm per bucket (by DDP bucket index) plus who is late or slow. For
   a confirmed straggler ``s`` every bucket of at least ``min_bucket_bytes`` gets StragglAR if the
   model, given that bucket's measured delay, predicts it at least ``min_gain`` faster than the
-  baseline; for degraded ranks OptCC likewise, given their ``l``. Only algorithms whose
-  predicate accepts the situation are considered (StragglAR: even n >= 4; OptCC: n >= 3 with
-  more healthy than degraded ranks), so the plan never names one that does not apply.
-* **Remapping.** StragglAR is built with the straggler as logical rank n-1 and OptCC with the
-  degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
+  baseline; for degraded ranks OptCC or the balanced ring likewise (the faster in the model),
+  given their ``l``. Only algorithms whose predicate accepts the situation are considered
+  (StragglAR: even n >= 4; OptCC: n >= 3 with more healthy than degraded ranks), so the plan
+  never names one that does not apply.
+* **Remapping.** StragglAR is built with the straggler as logical rank n-1, OptCC and the
+  balanced ring with the degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
   schedule (and its cache entry) is the same whoever is late.
 * **Verification.** ``settle_steps`` after a switch the controller measures ``verify_steps``
   steps by the *step period*: from the last rank's finish of one step's AllReduce to the last
@@ -53,7 +54,7 @@ import numpy as np
 from stragglerkit.detect.detector import Detector, DetectorConfig, Finding
 from stragglerkit.detect.model import BASELINES, OnlineModel
 from stragglerkit.detect.nic_health import server_slowdowns, slowdowns_from_links, slowdowns_from_speeds
-from stragglerkit.schedules.registry import Situation, why_not
+from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, why_not
 from stragglerkit.sim.cost_model import CostModel
 
 __all__ = [
@@ -70,7 +71,7 @@ __all__ = [
     "log_path_for",
 ]
 
-ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc")
+ALGORITHM_CODES = ("allreduce", "ring", "rhd", "direct", "stragglar", "optcc", "balanced_ring")
 """Algorithms as numbers for the stats exchange (``allreduce``: the process group's own)."""
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
@@ -139,18 +140,18 @@ class ControllerConfig:
     back off. A quiet probe that reads a slow link brings back ``probe_every``; if the next probe
     reads the links healthy, the probes back off again at once (the reading was noise)."""
     plan_probe_every: int = 64
-    """While a plan of OptCC runs: every ``plan_probe_every``-th step the largest bucket runs
-    stragglerkit's ring instead of OptCC (after the switch's settle and verification steps), so
+    """While a plan for degraded NICs runs (OptCC, the balanced ring): every ``plan_probe_every``-th
+    step the largest bucket runs stragglerkit's ring instead (after the switch's settle and verification steps), so
     that ``l`` is measured again: a NIC that recovers is cleared by the detector (median ``l``
     below ``detector.clear_degraded_threshold``) and the plan returns to the baseline. Each probe
-    costs what the ring loses to OptCC on that bucket, once per this many steps. 0: no probes
-    while OptCC runs (a NIC that recovers is then never noticed). A probe that reads a planned
+    costs what the ring loses to the plan on that bucket, once per this many steps. 0: no probes
+    while such a plan runs (a NIC that recovers is then never noticed). A probe that reads a planned
     rank's ``l`` off the plan's (by ``replan_ratio``, or below ``detector.degraded_threshold``)
     brings the probes to ``probe_every`` until the readings settle: a recovered NIC is cleared,
     and one that changed gets a plan for its new ``l``, within a few short intervals instead of
     a few long ones."""
     replan_ratio: float = 1.25
-    """While OptCC runs: the plan is rebuilt for the ranks' current ``l`` when every estimate in the
+    """While a plan for degraded NICs runs: it is rebuilt for the ranks' current ``l`` when every estimate in the
     detector's window reads a planned rank's ``l`` more than this factor above or below the
     plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
     about 15 % (docs/detection.md), so a smaller factor would rebuild on noise."""
@@ -265,21 +266,23 @@ class Plan:
         return self.buckets[bucket] if 0 <= bucket < len(self.buckets) else self.default
 
     @property
-    def runs_optcc(self) -> bool:
-        """Does any bucket run OptCC (whose runs are not measured: the links need probes)?"""
-        return self.default == "optcc" or "optcc" in self.buckets
+    def runs_nic_plan(self) -> bool:
+        """Does any bucket run a plan for degraded NICs (OptCC or the balanced ring)? Their runs do
+        not measure the links as a ring of equal chunks does: the links need probes."""
+        return self.default in NIC_ALGORITHMS or any(a in NIC_ALGORITHMS for a in self.buckets)
 
     @property
     def algorithm(self) -> str:
         """The plan's headline: its straggler-aware algorithm if any bucket runs one, else the default."""
-        special = [a for a in self.buckets if a in ("stragglar", "optcc")]
+        special = [a for a in self.buckets if a == "stragglar" or a in NIC_ALGORITHMS]
         return special[0] if special else self.default
 
     def rank_map(self, world_size: int) -> list[int] | None:
-        """Logical -> group rank: the straggler (StragglAR) or the degraded ranks (OptCC) last."""
+        """Logical -> group rank: the straggler (StragglAR) or the degraded ranks (OptCC, the
+        balanced ring: next to each other, where they share the ring's larger chunks) last."""
         if self.algorithm == "stragglar" and self.straggler is not None:
             late = [self.straggler]
-        elif self.algorithm == "optcc" and self.slowdowns:
+        elif self.algorithm in NIC_ALGORITHMS and self.slowdowns:
             late = sorted(rank for rank, _ in self.slowdowns)
         else:
             return None
@@ -559,9 +562,9 @@ class Controller:
         still believed degraded more than ``replan_ratio`` off the plan's ``l`` (see
         ``ControllerConfig.replan_ratio``)? Not while a rebuild for these ranks was rolled back
         (``cooldown_steps``): the plan in use is then the best one verified."""
-        if not self.plan.runs_optcc or not self.plan.slowdowns:
+        if not self.plan.runs_nic_plan or not self.plan.slowdowns:
             return False
-        if self._is_blocked("optcc", None, dict(self.plan.slowdowns), step):
+        if self._is_blocked(self.plan.algorithm, None, dict(self.plan.slowdowns), step):
             return False
         window = self.detector.l_window
         if window is None:
@@ -597,22 +600,22 @@ class Controller:
             self._plan_checking = True
             self._probe_event = {
                 "every": cfg.probe_every,
-                "under": "optcc",
-                "reason": f"a probe under OptCC read {readings}: probing every {cfg.probe_every} steps until "
-                "the readings settle",
+                "under": self.plan.algorithm,
+                "reason": f"a probe under {self.plan.algorithm} read {readings}: probing every "
+                f"{cfg.probe_every} steps until the readings settle",
             }
         elif not off and self._plan_checking:
             self._plan_checking = False
             self._probe_event = {
                 "every": cfg.plan_probe_every,
-                "under": "optcc",
+                "under": self.plan.algorithm,
                 "reason": "the check probe read the degraded ranks as planned: the reading before was noise",
             }
 
     def _probe_interval(self, plan: Plan) -> int:
         """The probe interval shipped with a decision for ``plan`` (every rank adopts it)."""
         cfg = self.config
-        if plan.runs_optcc:
+        if plan.runs_nic_plan:
             return cfg.probe_every if self._plan_checking else cfg.plan_probe_every
         return self._probe_target
 
@@ -717,7 +720,7 @@ class Controller:
         """
         cfg = self.config
         quiet, busy = cfg.quiet_probe_every, cfg.probe_every
-        if self.plan.runs_optcc:  # the plan's own interval; the baseline's resumes busy after it
+        if self.plan.runs_nic_plan:  # the plan's own interval; the baseline's resumes busy after it
             self._plan_probing(slowdowns)
             self._probe_target, self._checking = busy, False
             self._probe_maxima.clear()
@@ -818,8 +821,8 @@ class Controller:
         situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=slow)
         if straggler is not None and why_not("stragglar", situation) is None:
             candidates.append("stragglar")
-        if slow and why_not("optcc", situation) is None:
-            candidates.append("optcc")
+        if slow:
+            candidates += [name for name in NIC_ALGORITHMS if why_not(name, situation) is None]
         delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
         chosen = []
         for b, nbytes in enumerate(bucket_bytes[: cfg.max_buckets]):
@@ -848,7 +851,7 @@ class Controller:
             cfg.baseline,
             tuple(chosen),
             straggler if "stragglar" in used else None,
-            tuple(slow.items()) if "optcc" in used else (),
+            tuple(slow.items()) if used & set(NIC_ALGORITHMS) else (),
         )
 
     def _predicted_total(self, plan: Plan, bucket_bytes: list[int]) -> float:
@@ -874,7 +877,7 @@ class Controller:
 
     def _is_blocked(self, algorithm: str, straggler: int | None, slow: dict[int, float], step: int) -> bool:
         late = straggler if algorithm == "stragglar" else None
-        key = (algorithm, late, tuple(sorted(slow)) if algorithm == "optcc" else ())
+        key = (algorithm, late, tuple(sorted(slow)) if algorithm in NIC_ALGORITHMS else ())
         return self._blocked.get(key, -1) > step
 
     def _recent_time(self, since: int, until: int, measure: str = ALLREDUCE_PART) -> tuple[float, int]:

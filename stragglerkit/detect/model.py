@@ -55,7 +55,7 @@ import numpy as np
 
 from stragglerkit.runtime.api import optcc_situation
 from stragglerkit.schedules.ir import Schedule
-from stragglerkit.schedules.registry import Situation, generate
+from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
 from stragglerkit.sim.simulator import Network, simulate_graph
@@ -250,7 +250,7 @@ class OnlineModel:
             return cached
         uses_straggler = algorithm in ("stragglar", "direct")
         late = built_for if uses_straggler else None
-        schedule = self.schedule(algorithm, late, planned if algorithm == "optcc" else (), nbytes)
+        schedule = self.schedule(algorithm, late, planned if algorithm in NIC_ALGORITHMS else (), nbytes)
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay

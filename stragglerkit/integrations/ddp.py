@@ -72,6 +72,7 @@ from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
 from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.runtime.api import RunRecord, Runtime
+from stragglerkit.schedules.registry import NIC_ALGORITHMS
 
 __all__ = ["DDPState", "ddp_hook"]
 
@@ -298,15 +299,16 @@ class DDPState:
         rank: the step number, DDP's buckets and the adopted plan and interval are.
 
         The probes come every ``controller.probe_every`` steps: rank 0 ships the interval with
-        each decision, for the baseline (``allreduce`` only) and for an OptCC plan alike. Under
-        OptCC not before the switch's settle and verification steps are over: the probe would
-        lengthen a step that the verification measures."""
+        each decision, for the baseline (``allreduce`` only) and for a plan for degraded NICs
+        (OptCC, the balanced ring) alike. Under such a plan not before the switch's settle and
+        verification steps are over: the probe would lengthen a step that the verification
+        measures."""
         cfg = self.config
         controller = self.controller
         plan = controller.plan
         if self.world_size < 3 or self.step < max(cfg.warmup_steps, 1):
             return -1
-        if plan.runs_optcc:
+        if plan.runs_nic_plan:
             if self.step < controller.plan_start + cfg.settle_steps + cfg.verify_steps:
                 return -1
         elif cfg.baseline != "allreduce":
@@ -410,11 +412,11 @@ def _hand_off(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[
         return _plain(state, tensor, timing)
     plan = state.controller.plan
     algorithm = plan.algorithm_for(index)
-    if index == state._probe_bucket and algorithm in ("allreduce", "optcc"):
+    if index == state._probe_bucket and (algorithm == "allreduce" or algorithm in NIC_ALGORITHMS):
         algorithm = "ring"  # a probe: its links' timings re-measure each rank's NIC
     elif algorithm == "allreduce":
         return _plain(state, tensor, timing)
-    slowdowns = dict(plan.slowdowns) if algorithm == "optcc" else None
+    slowdowns = dict(plan.slowdowns) if algorithm in NIC_ALGORITHMS else None
     straggler = plan.straggler if algorithm == "stragglar" else None
     handle = state.runtime.all_reduce_async(tensor, algorithm, "avg", straggler, slowdowns)
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -78,6 +78,7 @@ __all__ = [
     "optcc_segments",
     "optcc_situation",
     "runtime_for",
+    "slow_nic_algorithm",
 ]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -109,8 +110,12 @@ class RunRecord:
         return [(labels[label_of[t.op]], t) for t in self.timings.records()]
 
 
-def choose_algorithm(requested: str, situation: Situation, numel: int) -> tuple[str, str | None]:
+def choose_algorithm(requested: str, situation: Situation, numel: int, element_size: int = 4) -> tuple[str, str | None]:
     """Return ``(algorithm, why_fallback)``; ``why_fallback`` is ``None`` when ``requested`` runs.
+
+    ``auto``: StragglAR for a straggler (where it applies), for degraded NICs the faster of OptCC
+    and the balanced ring (:func:`slow_nic_algorithm`), rhd for tensors of fewer elements than
+    ranks, else ring.
 
     Example::
 
@@ -118,13 +123,13 @@ def choose_algorithm(requested: str, situation: Situation, numel: int) -> tuple[
         # -> ("ring", "stragglar does not apply: it needs an even world size ...; running ring instead")
     """
     if requested == "auto":
-        return _auto(situation, numel), None
+        return _auto(situation, numel, element_size), None
     if requested not in names():
         raise ValueError(f"unknown algorithm {requested!r}; choose 'auto' or one of {', '.join(names())}")
     reason = why_not(requested, situation)
     if reason is None:
         return requested, None
-    fallback = _auto(situation, numel)
+    fallback = _auto(situation, numel, element_size)
     return fallback, f"{requested} does not apply: it {reason}; running {fallback} instead"
 
 
@@ -237,6 +242,55 @@ def _bubble_filling_pays(
     return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled.time_from_last_arrival)
 
 
+def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
+    """For degraded NICs: ``optcc`` or ``balanced_ring``, whichever the flow-level simulator (no
+    per-message cost) finds faster for the plans the runtime would run on a bucket of ``nbytes``.
+
+    The balanced ring wins where ``l`` is near 1 (p = 8: below about 1.3; schedules/balanced_ring.py):
+    it loses only what the slow links must carry, while OptCC pays its pipeline's head and tail.
+    Not simulated (OptCC, the paper's algorithm, is kept): buckets whose balanced ring would send
+    messages under :data:`OPTCC_SMALLEST_MESSAGE_BYTES` (the per-message cost the comparison
+    leaves out would decide), several GPUs per server, and plans above
+    :data:`BUBBLE_FILLING_SIMULATED_MAX` (``p²k``), where the simulation would stall the first
+    call for seconds. Cached per world size, degraded ranks and OptCC's segment count.
+
+    Example::
+
+        slow_nic_algorithm(Situation(world_size=8, slowdowns={3: 8 / 7}), 32 * 2**20)  # 'balanced_ring'
+        slow_nic_algorithm(Situation(world_size=8, slowdowns={3: 2.0}), 32 * 2**20)    # 'optcc'
+    """
+    from stragglerkit.schedules.balanced_ring import balanced_shares, default_slices
+
+    degraded = tuple(sorted((rank, float(slow)) for rank, slow in situation.slowdowns.items() if slow > 1.0))
+    if why_not("optcc", situation) is not None:
+        return "balanced_ring"
+    shares = balanced_shares([situation.slowdowns.get(r, 1.0) for r in range(situation.world_size)])
+    if nbytes * min(shares) / default_slices(shares) < OPTCC_SMALLEST_MESSAGE_BYTES:
+        return "optcc"  # the per-message cost, which the comparison leaves out, would decide
+    optcc_plan = optcc_situation(situation, nbytes)
+    return _faster_for_slow_nics(
+        situation.world_size, degraded, optcc_plan.segments, optcc_plan.bubble_filling, situation.gpus_per_server
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _faster_for_slow_nics(
+    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, bubble_filling: bool, gpus_per_server: int
+) -> str:
+    if gpus_per_server != 1 or world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
+        return "optcc"
+    from stragglerkit.schedules.balanced_ring import balanced_ring
+    from stragglerkit.schedules.optcc import optcc
+    from stragglerkit.sim.simulator import Network, simulate
+
+    slowdowns = dict(degraded)
+    network = Network.uniform(world_size, alpha=0.0, bandwidth=1e9, slowdowns=slowdowns)
+    size = 1e9  # any: without a per-message cost the ratio does not depend on it
+    pipeline = simulate(optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling), size, network)
+    ring = simulate(balanced_ring(world_size, slowdowns), size, network)
+    return "balanced_ring" if ring.time_from_last_arrival < pipeline.time_from_last_arrival else "optcc"
+
+
 def optcc_situation(situation: Situation, nbytes: int) -> Situation:
     """``situation`` with the OptCC segments and bubble filling the runtime uses for a bucket of
     ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`); the cost model and the bench
@@ -263,11 +317,11 @@ def _optcc_message_bytes() -> int:
     return size
 
 
-def _auto(situation: Situation, numel: int) -> str:
+def _auto(situation: Situation, numel: int, element_size: int) -> str:
     if situation.straggler is not None and why_not("stragglar", situation) is None:
         return "stragglar"
-    if situation.slowdowns and why_not("optcc", situation) is None:
-        return "optcc"
+    if any(slow > 1.0 for slow in situation.slowdowns.values()) and situation.world_size >= 3:
+        return slow_nic_algorithm(situation, numel * element_size)
     if numel < situation.world_size:
         return "rhd"
     return "ring"
@@ -478,7 +532,7 @@ class Runtime:
         try:
             _validate_tensor(tensor, op)
             situation = self._situation(straggler, slowdowns)
-            chosen, why = choose_algorithm(algorithm, situation, tensor.numel())
+            chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:
             device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
             if self.group.size() > 1:

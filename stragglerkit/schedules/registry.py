@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Schedule
 
-__all__ = ["ALGORITHMS", "AlgorithmSpec", "Situation", "applicable", "generate", "names", "why_not"]
+__all__ = ["ALGORITHMS", "NIC_ALGORITHMS", "AlgorithmSpec", "Situation", "applicable", "generate", "names", "why_not"]
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -83,6 +83,9 @@ ALGORITHMS: list[AlgorithmSpec] = [
     ),
 ]
 _BY_NAME = {spec.name: spec for spec in ALGORITHMS}
+
+NIC_ALGORITHMS = ("optcc", "balanced_ring")
+"""The algorithms built for degraded NICs: they take the ``slowdowns`` (the others ignore them)."""
 
 
 def names() -> list[str]:
