@@ -20,14 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from stragglerkit.runtime.api import slow_nic_algorithm  # noqa: E402
-from stragglerkit.schedules.balanced_ring import balanced_ring  # noqa: E402
-from stragglerkit.schedules.optcc import optcc  # noqa: E402
-from stragglerkit.schedules.registry import Situation  # noqa: E402
-from stragglerkit.schedules.ring import ring  # noqa: E402
-from stragglerkit.sim.simulator import Network, simulate  # noqa: E402
+from stragglerkit.runtime.api import slow_nic_algorithm
+from stragglerkit.schedules.balanced_ring import balanced_ring
+from stragglerkit.schedules.optcc import optcc
+from stragglerkit.schedules.registry import Situation
+from stragglerkit.schedules.ring import ring
+from stragglerkit.sim.simulator import Network, simulate
 
 SIZE = 32 * 2**20
 BANDWIDTH = 125e6
