@@ -15,8 +15,8 @@ What it decides and why.
   (StragglAR: even n >= 4; OptCC: n >= 3 with more healthy than degraded ranks), so the plan
   never names one that does not apply.
 * **Remapping.** StragglAR is built with the straggler as logical rank n-1, OptCC and the
-  balanced ring with the degraded ranks last: the plan's rank map says which group rank plays each logical rank, so the
-  schedule (and its cache entry) is the same whoever is late.
+  balanced ring with the degraded ranks last: the plan's rank map says which group rank plays
+  each logical rank, so the schedule (and its cache entry) is the same whoever is late.
 * **Verification.** ``settle_steps`` after a switch the controller measures ``verify_steps``
   steps by the *step period*: from the last rank's finish of one step's AllReduce to the last
   rank's finish of the next (wall clocks made comparable by the start-up offsets). That is the
@@ -140,20 +140,20 @@ class ControllerConfig:
     back off. A quiet probe that reads a slow link brings back ``probe_every``; if the next probe
     reads the links healthy, the probes back off again at once (the reading was noise)."""
     plan_probe_every: int = 64
-    """While a plan for degraded NICs runs (OptCC, the balanced ring): every ``plan_probe_every``-th
-    step the largest bucket runs stragglerkit's ring instead (after the switch's settle and verification steps), so
-    that ``l`` is measured again: a NIC that recovers is cleared by the detector (median ``l``
-    below ``detector.clear_degraded_threshold``) and the plan returns to the baseline. Each probe
-    costs what the ring loses to the plan on that bucket, once per this many steps. 0: no probes
-    while such a plan runs (a NIC that recovers is then never noticed). A probe that reads a planned
-    rank's ``l`` off the plan's (by ``replan_ratio``, or below ``detector.degraded_threshold``)
-    brings the probes to ``probe_every`` until the readings settle: a recovered NIC is cleared,
-    and one that changed gets a plan for its new ``l``, within a few short intervals instead of
-    a few long ones."""
+    """While a plan for degraded NICs runs (OptCC, the balanced ring): every
+    ``plan_probe_every``-th step the largest bucket runs stragglerkit's ring instead (after the
+    switch's settle and verification steps), so that ``l`` is measured again: a NIC that recovers
+    is cleared by the detector (median ``l`` below ``detector.clear_degraded_threshold``) and the
+    plan returns to the baseline. Each probe costs what the ring loses to the plan on that bucket,
+    once per this many steps. 0: no probes while such a plan runs (a NIC that recovers is then
+    never noticed). A probe that reads a planned rank's ``l`` off the plan's (by
+    ``replan_ratio``, or below ``detector.degraded_threshold``) brings the probes to
+    ``probe_every`` until the readings settle: a recovered NIC is cleared, and one that changed
+    gets a plan for its new ``l``, within a few short intervals instead of a few long ones."""
     replan_ratio: float = 1.25
-    """While a plan for degraded NICs runs: it is rebuilt for the ranks' current ``l`` when every estimate in the
-    detector's window reads a planned rank's ``l`` more than this factor above or below the
-    plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
+    """While a plan for degraded NICs runs: it is rebuilt for the ranks' current ``l`` when every
+    estimate in the detector's window reads a planned rank's ``l`` more than this factor above or
+    below the plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
     about 15 % (docs/detection.md), so a smaller factor would rebuild on noise."""
     clock_sync_every: int = 256
     """Steps between re-measurements of the clock offsets to rank 0 (the start-up ping-pong again,
