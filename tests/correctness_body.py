@@ -13,12 +13,14 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 SIZES = (0, 1, 7, 1000, (1 << 20) + 3)
 
 
-def algorithms_for(n: int) -> list[tuple[str, dict[str, Any]]]:
-    """Every registry algorithm that applies at world size n (present in this checkout), with its arguments."""
+def algorithms_for(n: int, slowdowns: dict[int, float] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """Every registry algorithm that applies at world size n (present in this checkout), with its
+    arguments; ``slowdowns`` (default: rank 1 at l = 3 from 3 ranks on) for those built for them."""
     from stragglerkit.schedules.registry import Situation, applicable
 
     straggler = n // 2
-    slowdowns = {1: 3.0} if n >= 3 else {}
+    if slowdowns is None:
+        slowdowns = {1: 3.0} if n >= 3 else {}
     situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
     out: list[tuple[str, dict[str, Any]]] = []
     for name in applicable(situation):
@@ -43,6 +45,7 @@ def sweep(
     sizes: tuple[int, ...] = SIZES,
     dtypes: tuple[torch.dtype, ...] = DTYPES,
     only: tuple[str, ...] = (),
+    slowdowns: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Run every (algorithm, size, dtype) (the algorithms in ``only``, if given); return digests
     and the worst error / tolerance ratio."""
@@ -50,7 +53,7 @@ def sweep(
 
     digests: dict[str, str] = {}
     worst: dict[str, float] = {}
-    algorithms = [(name, kwargs) for name, kwargs in algorithms_for(n) if not only or name in only]
+    algorithms = [(name, kwargs) for name, kwargs in algorithms_for(n, slowdowns) if not only or name in only]
     for algorithm, kwargs in algorithms:
         for numel in sizes:
             for dtype in dtypes:

@@ -85,6 +85,16 @@ def test_passes_the_checker(n: int, slowdowns: dict[int, float]) -> None:
         assert sched.num_chunks == n * k and report.num_messages == n * 2 * (n - 1) * k
 
 
+@pytest.mark.parametrize("n", [*range(2, 17), 24, 31, 32, 63, 64])
+def test_passes_the_checker_at_every_world_size(n: int) -> None:
+    """The checker's world sizes (tests/test_checker.py), one rank at l = 8/7 and, from 4 ranks
+    on, a second one at 1.3 two ranks further."""
+    slowdowns = {n // 2: 8 / 7} if n < 4 else {n // 2: 8 / 7, (n // 2 + 2) % n: 1.3}
+    sched = balanced_ring(n, slowdowns)
+    report = check(sched)
+    assert report.num_messages == n * 2 * (n - 1) * sched.params["slices"]
+
+
 @pytest.mark.parametrize("n", [5, 8, 16])
 @pytest.mark.parametrize("slowdown", [1.05, 8 / 7, 1.25])
 def test_the_default_slices_reach_the_bound_and_beat_the_ring(n: int, slowdown: float) -> None:

@@ -69,6 +69,15 @@ def test_optcc_with_a_ramp(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(case.startswith("optcc/") for case in results[0]["digests"])
 
 
+@pytest.mark.parametrize(("n", "slowdowns"), [(5, {2: 8 / 7}), (8, {3: 8 / 7, 6: 1.25})])
+def test_balanced_ring_near_full_rate(n: int, slowdowns: dict[int, float]) -> None:
+    """The balanced ring as the runtime runs it for a NIC near full rate: unequal chunks in 2-5
+    slices, a large odd size and a small one, sum and avg."""
+    results = run_group(n, sweep, ((1 << 20) + 3, 1001), (torch.float32, torch.float16), ("balanced_ring",), slowdowns)
+    check_results(n, results)
+    assert {case.split("/")[0] for case in results[0]["digests"]} == {"balanced_ring"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [6, 7])
 def test_small_sizes_slow(n: int) -> None:
