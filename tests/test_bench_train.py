@@ -49,6 +49,8 @@ FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_
         ({"jitter": -1.0}, "--jitter"),
         ({"model_bytes": 100}, "--model-size"),
         ({"hook_warmup": -1}, "--hook-warmup"),
+        ({"degraded_threshold": 1.0}, "--degraded-threshold"),
+        ({"degraded_threshold": float("nan")}, "--degraded-threshold"),
         ({"reshape_at": 50}, "give --degrade"),
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 10}, "after --from-step"),
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 500}, "before --steps"),
@@ -68,6 +70,8 @@ def test_config_round_trips_and_knows_the_late_rank() -> None:
     assert TrainConfig.from_json(config.to_json()) == config
     reshaped = TrainConfig(degrade={3: 2.0}, from_step=10, reshape_at=60, reshape_to={3: 4.0}, mode="emulated")
     assert TrainConfig.from_json(reshaped.to_json()) == reshaped
+    near_full_rate = TrainConfig(degrade={3: 8 / 7}, from_step=10, degraded_threshold=1.1, mode="emulated")
+    assert TrainConfig.from_json(near_full_rate.to_json()) == near_full_rate
     assert [config.late_rank(s) for s in (0, 9, 10, 39, 40, 79, 80, 119)] == [None, None, 3, 3, 1, 1, 5, 5]
     assert config.scenario == "straggler"
     assert TrainConfig(jitter=0.01).scenario == "jitter"

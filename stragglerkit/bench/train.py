@@ -54,6 +54,7 @@ TRAIN_ONLY = (
     "--model-size",
     "--batch",
     "--hook-warmup",
+    "--degraded-threshold",
     "--steps-per-block",
     "--gradient-as-bucket-view",
     "--no-gradient-as-bucket-view",
@@ -127,6 +128,13 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     group.add_argument("--batch", type=int, help="samples per rank and step (default 16)")
     group.add_argument("--hook-warmup", type=int, metavar="STEPS", help="the hook's warm-up steps (default 10)")
     group.add_argument(
+        "--degraded-threshold",
+        type=float,
+        metavar="L",
+        help="the hook acts on a NIC read at this slowdown or more (default 1.5; e.g. 1.1 for NICs near full "
+        "rate, which get the balanced ring)",
+    )
+    group.add_argument(
         "--steps-per-block",
         type=int,
         metavar="N",
@@ -189,6 +197,7 @@ def cmd_train(
         "model_bytes": args.model_size,
         "batch": args.batch,
         "hook_warmup": args.hook_warmup,
+        "degraded_threshold": args.degraded_threshold,
         "steps_per_block": args.steps_per_block,
         "gradient_as_bucket_view": args.gradient_as_bucket_view,
     }

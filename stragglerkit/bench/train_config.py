@@ -97,6 +97,10 @@ class TrainConfig:
     """Samples per rank and step."""
     hook_warmup: int | None = None
     """The hook's warm-up steps (ControllerConfig.warmup_steps); None = its default."""
+    degraded_threshold: float | None = None
+    """The hook's NIC-health threshold (DetectorConfig.degraded_threshold; its clear threshold
+    becomes the midpoint between 1 and it); None = the default 1.5. Below 1.5 the detector also
+    acts on a NIC near full rate, where the balanced ring is the plan."""
     lr: float = 0.01
     """SGD learning rate of both models."""
     gradient_as_bucket_view: bool = True
@@ -137,6 +141,8 @@ class TrainConfig:
             raise ValueError(f"--batch must be >= 1, got {self.batch}")
         if self.hook_warmup is not None and self.hook_warmup < 0:
             raise ValueError(f"--hook-warmup must be >= 0 steps, got {self.hook_warmup}")
+        if self.degraded_threshold is not None and not (1.0 < self.degraded_threshold < math.inf):
+            raise ValueError(f"--degraded-threshold must be a slowdown l above 1, got {self.degraded_threshold}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         self._validate_faults()

@@ -33,6 +33,7 @@ environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) and writes rank 0's rec
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -123,6 +124,7 @@ class _TrainRank:
     def __init__(self, config: TrainConfig, device: torch.device, control: Path | None) -> None:
         import stragglerkit
         from stragglerkit.detect.controller import ControllerConfig
+        from stragglerkit.detect.detector import DetectorConfig
 
         self.config = config
         self.device = device
@@ -132,7 +134,11 @@ class _TrainRank:
         self.reporter = self.rank == 0
         hook_config = ControllerConfig()
         if config.hook_warmup is not None:
-            hook_config = ControllerConfig(warmup_steps=config.hook_warmup)
+            hook_config = dataclasses.replace(hook_config, warmup_steps=config.hook_warmup)
+        if config.degraded_threshold is not None:
+            threshold = config.degraded_threshold
+            detector = DetectorConfig(degraded_threshold=threshold, clear_degraded_threshold=(1.0 + threshold) / 2)
+            hook_config = dataclasses.replace(hook_config, detector=detector)
         self.hook_config = hook_config
         views = config.gradient_as_bucket_view
         self.plain = _Run("plain", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
