@@ -121,23 +121,15 @@ def _tally(rows: list[np.ndarray], gap_rows: list[np.ndarray]) -> tuple[np.ndarr
     """
     last, delays = last_arrivers(np.stack(rows))
     gaps = np.stack(gap_rows)
-    known = ~np.isnan(gaps).any(axis=1) & (last >= 0)
-    inherited = 0
-    if known.any():
-        order = np.argsort(-gaps[known], axis=1, kind="stable")
-        longest = order[:, 0]
-        top_two = np.take_along_axis(gaps[known], order[:, :2], axis=1)
-        gap_delay = top_two[:, 0] - top_two[:, 1]
-        agrees = longest == last[known]
-        inherited = int((~agrees).sum())
-        known_last = last[known]
-        known_delay = delays[known]
-        known_last[~agrees] = -1
-        known_delay[~agrees] = np.nan
-        known_delay[agrees] = np.minimum(known_delay[agrees], gap_delay[agrees])
-        last[known] = known_last
-        delays[known] = known_delay
-    return last, delays, np.bincount(last[last >= 0], minlength=rows[0].size), inherited
+    known = np.flatnonzero(~np.isnan(gaps).any(axis=1) & (last >= 0))
+    order = np.argsort(-gaps[known], axis=1, kind="stable")
+    top_two = np.take_along_axis(gaps[known], order[:, :2], axis=1)
+    agrees = order[:, 0] == last[known]
+    inherited, counted = known[~agrees], known[agrees]
+    last[inherited] = -1
+    delays[inherited] = np.nan
+    delays[counted] = np.minimum(delays[counted], top_two[agrees, 0] - top_two[agrees, 1])
+    return last, delays, np.bincount(last[last >= 0], minlength=rows[0].size), int(inherited.size)
 
 
 def _median_delay(last: np.ndarray, delays: np.ndarray, rank: int) -> float:

@@ -232,14 +232,20 @@ def _bubble_filling_pays(
         # simulated, no plan gains the margin (at most 0.98 %, at k = 64; optcc_bubble_filling.json)
         return False
     from stragglerkit.schedules.optcc import optcc
-    from stragglerkit.sim.simulator import Network, simulate
 
     slowdowns = dict(degraded)
-    network = Network.uniform(world_size, alpha=0.0, bandwidth=1e9, slowdowns=slowdowns)
-    size = 1e9  # any: without a per-message cost the ratio does not depend on it
-    filled = simulate(optcc(world_size, slowdowns, segments), size, network).time_from_last_arrival
-    unfilled = simulate(optcc(world_size, slowdowns, segments, bubble_filling=False), size, network)
-    return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled.time_from_last_arrival)
+    filled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments), slowdowns)
+    unfilled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, bubble_filling=False), slowdowns)
+    return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled)
+
+
+def _bandwidth_only_seconds(schedule: Schedule, slowdowns: Mapping[int, float]) -> float:
+    """Simulated time from the last arrival without a per-message cost, for comparing two plans:
+    the ratio of two such times does not depend on the size or the bandwidth."""
+    from stragglerkit.sim.simulator import Network, simulate
+
+    network = Network.uniform(schedule.world_size, alpha=0.0, bandwidth=1e9, slowdowns=dict(slowdowns))
+    return simulate(schedule, 1e9, network).time_from_last_arrival
 
 
 def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
@@ -281,14 +287,11 @@ def _faster_for_slow_nics(
         return "optcc"
     from stragglerkit.schedules.balanced_ring import balanced_ring
     from stragglerkit.schedules.optcc import optcc
-    from stragglerkit.sim.simulator import Network, simulate
 
     slowdowns = dict(degraded)
-    network = Network.uniform(world_size, alpha=0.0, bandwidth=1e9, slowdowns=slowdowns)
-    size = 1e9  # any: without a per-message cost the ratio does not depend on it
-    pipeline = simulate(optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling), size, network)
-    ring = simulate(balanced_ring(world_size, slowdowns), size, network)
-    return "balanced_ring" if ring.time_from_last_arrival < pipeline.time_from_last_arrival else "optcc"
+    pipeline = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling), slowdowns)
+    ring = _bandwidth_only_seconds(balanced_ring(world_size, slowdowns), slowdowns)
+    return "balanced_ring" if ring < pipeline else "optcc"
 
 
 def optcc_situation(situation: Situation, nbytes: int) -> Situation:
