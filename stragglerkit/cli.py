@@ -403,6 +403,8 @@ def _add_bench_parser(sub: Any) -> None:
 
     bench = sub.add_parser(
         "bench",
+        # whole option names only: --degrade is also the start of --degraded-threshold (train mode)
+        allow_abbrev=False,
         help="measure AllReduce algorithms against gloo on real ranks",
         description="Measure the algorithms on real ranks, nccl-tests style, against the process group's own "
         "all_reduce (gloo), with an optional persistent straggler or degraded NICs. Runs under torchrun when "

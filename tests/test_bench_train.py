@@ -100,11 +100,13 @@ def test_option_parsers() -> None:
     assert parse_jitter("5ms") == pytest.approx(0.005)
     with pytest.raises(ValueError, match="--jitter"):
         parse_jitter("lots")
-    assert given_options(["--steps", "5", "--siz=1MiB", "--from-step"], ["--sizes", "--steps", "--from-step"]) == [
+    assert given_options(["--steps", "5", "--sizes=1MiB", "--from-step"], ["--sizes", "--steps", "--from-step"]) == [
         "--steps",
         "--sizes",
         "--from-step",
     ]
+    # --degrade (both modes) is not --degraded-threshold (train only); the parser takes no abbreviations
+    assert given_options(["--degrade", "3:2", "--steps-per-block", "4"], ["--degraded-threshold", "--steps"]) == []
     for size in (2**20, 8 * 2**20, 32 * 2**20):
         width = hidden_width(size)
         numel = width * width + 274 * width + 16
@@ -116,6 +118,12 @@ def test_cli_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> 
     assert "--sizes: only for the AllReduce bench" in capsys.readouterr().err
     assert main(["bench", "--loopback", "--steps", "10"]) == 2
     assert "--steps: only for --mode train" in capsys.readouterr().err
+    # --degrade belongs to both modes: only the train option is named, not --degraded-threshold
+    assert main(["bench", "--loopback", "--degrade", "1:2", "--steps", "10"]) == 2
+    assert "error: --steps: only for --mode train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no abbreviations
+        main(["bench", "--loopback", "--degr", "1:2"])
+    assert "unrecognized arguments: --degr" in capsys.readouterr().err
     assert main(["bench", "--mode", "train", "--loopback", "--degrade", "1:2"]) == 2
     assert "emulated cluster" in capsys.readouterr().err
     assert main(["bench", "--mode", "train", "--loopback", "--move-straggler-at", "50", "1"]) == 2

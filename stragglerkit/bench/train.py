@@ -151,15 +151,18 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
 
 
 def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
-    """Which of ``options`` appear in ``argv`` (also abbreviated or as ``--opt=value``, as argparse allows)."""
+    """Which of ``options`` appear in ``argv``, as ``--opt`` or ``--opt=value``.
+
+    Whole names only: the bench parser takes no abbreviations (``--degrade`` is an option of its own
+    and also the start of ``--degraded-threshold``).
+    """
     found = []
     for token in argv:
-        if not token.startswith("--") or token == "--":
-            continue
+        if token == "--":
+            break
         name = token.split("=", 1)[0]
-        # an exact name is that option even where it begins a longer one (--steps, --steps-per-block)
-        matches = [name] if name in options else [option for option in options if option.startswith(name)]
-        found += [option for option in matches if option not in found]
+        if name in options and name not in found:
+            found.append(name)
     return found
 
 
