@@ -69,6 +69,23 @@ def test_optcc_with_a_ramp(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(case.startswith("optcc/") for case in results[0]["digests"])
 
 
+@pytest.mark.parametrize(("n", "slowdowns"), [(5, {2: 8 / 7}), (8, {3: 1.5}), (7, {1: 1.25, 4: 2.5})])
+def test_optcc_with_lp_sizes(n: int, slowdowns: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """OptCC with the chunk sizes of the LP (schedules/chunk_sizing.py): unequal chunks, down to
+    empty ones in the small buffers; fills at l < 2; sum and avg."""
+    from stragglerkit.runtime.api import optcc_situation
+    from stragglerkit.schedules.registry import Situation, generate
+
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "lp")  # every case, also where auto keeps the closed form
+    numel = (1 << 20) + 3
+    situation = optcc_situation(Situation(world_size=n, slowdowns=slowdowns), 4 * numel)
+    schedule = generate("optcc", situation)
+    assert schedule.params["sizing"] == "lp" and len(set(schedule.chunk_weights())) > 1, schedule.params
+    results = run_group(n, sweep, (0, 1, 7, 1001, numel), (torch.float32, torch.float16), ("optcc",), slowdowns)
+    check_results(n, results)
+    assert {case.split("/")[0] for case in results[0]["digests"]} == {"optcc"}
+
+
 @pytest.mark.parametrize(("n", "slowdowns"), [(5, {2: 8 / 7}), (8, {3: 8 / 7, 6: 1.25})])
 def test_balanced_ring_near_full_rate(n: int, slowdowns: dict[int, float]) -> None:
     """The balanced ring as the runtime runs it for a NIC near full rate: unequal chunks in 2-5

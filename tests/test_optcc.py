@@ -282,19 +282,22 @@ def test_without_bubble_filling_the_l_below_2_plan_has_no_fills_and_is_correct(p
     assert built.num_chunks == k * q
 
 
-def test_the_runtime_fills_only_where_the_simulator_says_it_pays() -> None:
+def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     from stragglerkit.runtime.api import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
     from stragglerkit.sim.simulator import Network, simulate
 
     # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
     assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
-    # no gain against the ramped plan (measured before the ramp, the fills cost 5 % there): no fills
-    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
-    # against the plan without fills and with its ramp: 0.7 % at k = 18 (below the margin), 1.9 %
-    # at k = 36, far below l = 2
-    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=18)
+    # far below l = 2, both plans with their LP sizes: the fills gain 2.6 % at k = 9, 4.3 % at k = 18
+    # (the closed-form sizes gave them nothing at k = 9, 0.7 % at k = 18), 2.0 % at k = 36
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=18)
     assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
+    # with the closed-form sizes they do not pay at k = 9
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+    monkeypatch.delenv("STRAGGLERKIT_OPTCC_SIZING")
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
     assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)
@@ -360,8 +363,9 @@ def test_the_ramp_makes_the_end_segments_smaller() -> None:
     # plans with fills or the second ordering keep equal segments
     assert optcc_plan(8, {3: 1.5}, segments=9).ramp == 0
     assert optcc_plan(8, {3: 2.0}, segments=9, orderings=2).ramp == 0
-    assert optcc_plan(8, {3: 1.5}, segments=9, bubble_filling=False).ramp == 3
-    assert optcc_plan(8, {1: 2.0, 5: 1.5}, segments=9).ramp == 3  # the attached rank has no fills either
+    closed = {"sizing": "closed_form"}  # auto may take the LP's sizes (test_chunk_sizing.py)
+    assert optcc_plan(8, {3: 1.5}, segments=9, bubble_filling=False, **closed).ramp == 3
+    assert optcc_plan(8, {1: 2.0, 5: 1.5}, segments=9, **closed).ramp == 3  # the attached rank has no fills either
 
 
 @pytest.mark.parametrize(
@@ -377,7 +381,7 @@ def test_the_ramp_makes_the_end_segments_smaller() -> None:
     ],
 )
 def test_plans_with_a_ramp_pass_the_checker(p: int, slowdowns: dict[int, float], k: int, g: int) -> None:
-    sched = optcc(p, slowdowns, segments=k, gpus_per_server=g, bubble_filling=False)
+    sched = optcc(p, slowdowns, segments=k, gpus_per_server=g, bubble_filling=False, sizing="closed_form")
     assert sched.params["ramp"] == k // 3
     assert len(set(sched.chunk_sizes)) > 1
     check(sched)
@@ -388,7 +392,7 @@ def test_a_ramp_shortens_the_simulated_head_and_tail() -> None:
 
     network = Network.uniform(8, 0.0, 1.0, {3: 2.0})
     flat = simulate(optcc(8, {3: 2.0}, segments=9, ramp=0), 1.0, network).makespan
-    ramped = simulate(optcc(8, {3: 2.0}, segments=9), 1.0, network).makespan
+    ramped = simulate(optcc(8, {3: 2.0}, segments=9, sizing="closed_form"), 1.0, network).makespan
     # over the lower bound l·n = 2: 12.7 % with equal segments, 7.1 % with the ramp (optcc_ramp.json)
     assert flat / 2 - 1 == pytest.approx(0.127, abs=0.002)
     assert ramped / 2 - 1 == pytest.approx(0.071, abs=0.002)

@@ -38,6 +38,7 @@ import functools
 import os
 import threading
 import warnings
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ __all__ = [
     "optcc_bubble_filling",
     "optcc_segments",
     "optcc_situation",
+    "optcc_sizing",
     "runtime_for",
     "slow_nic_algorithm",
 ]
@@ -203,7 +205,7 @@ def optcc_bubble_filling(
     if setting != "auto":
         return setting == "on"
     degraded = tuple(sorted((rank, float(slowdown)) for rank, slowdown in slowdowns.items() if slowdown > 1.0))
-    return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server)
+    return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server, optcc_sizing())
 
 
 def _optcc_bubble_filling_setting() -> str:
@@ -223,7 +225,7 @@ def _optcc_bubble_filling_setting() -> str:
 
 @functools.lru_cache(maxsize=256)
 def _bubble_filling_pays(
-    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, gpus_per_server: int
+    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, gpus_per_server: int, sizing: str
 ) -> bool:
     if len(degraded) != 1 or gpus_per_server != 1 or degraded[0][1] >= 2.0:
         return True
@@ -234,8 +236,10 @@ def _bubble_filling_pays(
     from stragglerkit.schedules.optcc import optcc
 
     slowdowns = dict(degraded)
-    filled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments), slowdowns)
-    unfilled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, bubble_filling=False), slowdowns)
+    filled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, sizing=sizing), slowdowns)
+    unfilled = _bandwidth_only_seconds(
+        optcc(world_size, slowdowns, segments, bubble_filling=False, sizing=sizing), slowdowns
+    )
     return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled)
 
 
@@ -275,13 +279,23 @@ def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
         return "optcc"  # the per-message cost, which the comparison leaves out, would decide
     optcc_plan = optcc_situation(situation, nbytes)
     return _faster_for_slow_nics(
-        situation.world_size, degraded, optcc_plan.segments, optcc_plan.bubble_filling, situation.gpus_per_server
+        situation.world_size,
+        degraded,
+        optcc_plan.segments,
+        optcc_plan.bubble_filling,
+        situation.gpus_per_server,
+        optcc_plan.optcc_sizing,
     )
 
 
 @functools.lru_cache(maxsize=256)
 def _faster_for_slow_nics(
-    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, bubble_filling: bool, gpus_per_server: int
+    world_size: int,
+    degraded: tuple[tuple[int, float], ...],
+    segments: int,
+    bubble_filling: bool,
+    gpus_per_server: int,
+    sizing: str,
 ) -> str:
     if gpus_per_server != 1 or world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
         return "optcc"
@@ -289,18 +303,35 @@ def _faster_for_slow_nics(
     from stragglerkit.schedules.optcc import optcc
 
     slowdowns = dict(degraded)
-    pipeline = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling), slowdowns)
+    pipeline = _bandwidth_only_seconds(
+        optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling, sizing=sizing), slowdowns
+    )
     ring = _bandwidth_only_seconds(balanced_ring(world_size, slowdowns), slowdowns)
     return "balanced_ring" if ring < pipeline else "optcc"
 
 
 def optcc_situation(situation: Situation, nbytes: int) -> Situation:
-    """``situation`` with the OptCC segments and bubble filling the runtime uses for a bucket of
-    ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`); the cost model and the bench
-    build their predictions from the same."""
+    """``situation`` with the OptCC segments, bubble filling and chunk sizing the runtime uses for a
+    bucket of ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`, :func:`optcc_sizing`);
+    the cost model and the bench build their predictions from the same."""
     segments = optcc_segments(nbytes, situation.world_size)
     filling = optcc_bubble_filling(situation.world_size, situation.slowdowns, segments, situation.gpus_per_server)
-    return dataclasses.replace(situation, segments=segments, bubble_filling=filling)
+    return dataclasses.replace(situation, segments=segments, bubble_filling=filling, optcc_sizing=optcc_sizing())
+
+
+def optcc_sizing() -> str:
+    """``STRAGGLERKIT_OPTCC_SIZING``: how OptCC sizes its chunks (schedules/optcc.py, "Sizes by linear
+    programming"): ``auto`` (unset; by LP where the plan is small enough), ``lp`` or ``closed_form``
+    (equal sections, or the ramp). The same on every rank."""
+    from stragglerkit.schedules.optcc import SIZINGS
+
+    text = os.environ.get("STRAGGLERKIT_OPTCC_SIZING", "").strip().lower() or "auto"
+    if text not in SIZINGS:
+        raise StragglerKitError(
+            f"STRAGGLERKIT_OPTCC_SIZING={text!r} is not one of {', '.join(SIZINGS)} "
+            "(how OptCC sizes its chunks; unset: auto)"
+        )
+    return text
 
 
 def _optcc_message_bytes() -> int:
@@ -580,6 +611,7 @@ class Runtime:
             slowdowns,
             situation.segments,
             situation.bubble_filling,
+            situation.optcc_sizing,
             op,
         )
         cached = self._cache.get(key)
@@ -598,9 +630,11 @@ class Runtime:
             ranks=[logical_rank],
             divide_by=divide_by,
         )
+        # the chunk sizes too: ranks whose LP solvers disagreed must not exchange bytes
+        sizes = zlib.crc32(repr(schedule.chunk_sizes).encode())
         ident = (
             f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}"
-            f"|{situation.segments}|{situation.bubble_filling}|{op}"
+            f"|{situation.segments}|{situation.bubble_filling}|{situation.optcc_sizing}|{sizes}|{op}"
         )
         cached = _CachedPlan(plan, plan_id(ident))
         self._cache[key] = cached
@@ -617,6 +651,7 @@ class Runtime:
             tuple(sorted(situation.slowdowns.items())),
             situation.segments,
             situation.bubble_filling,
+            situation.optcc_sizing,
         )
         schedule = self._schedules.get(key)
         if schedule is None:

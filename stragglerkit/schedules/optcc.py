@@ -156,6 +156,7 @@ batch, ``b`` body; chunk ``σ·q + x`` is section ``x`` of segment ``σ``, chunk
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -163,11 +164,33 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules.chunk_sizing import MAX_FLOWS, makespan, optimal_chunk_weights
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
-__all__ = ["ADDING_STAGES", "Flow", "OptccPlan", "default_ramp", "optcc", "optcc_plan", "timetable_text"]
+__all__ = [
+    "ADDING_STAGES",
+    "LP_MIN_GAIN",
+    "SIZINGS",
+    "Flow",
+    "OptccPlan",
+    "default_ramp",
+    "lp_sized",
+    "optcc",
+    "optcc_plan",
+    "timetable_text",
+]
 
 _MAX_WEIGHT_DENOMINATOR = 64
+
+LP_MIN_GAIN = 0.02
+"""``sizing="auto"`` takes the LP's sizes where they shorten the modelled time by at least this
+fraction; elsewhere (l >= 2, where the ramp is within 0.5 % of them) it keeps the closed form."""
+
+SIZINGS = ("auto", "lp", "closed_form")
+"""``sizing`` values: ``lp`` solves for the chunk sizes, ``closed_form`` keeps the timetable's own
+(equal sections, or the ramp), ``auto`` is ``lp`` up to :data:`~stragglerkit.schedules.chunk_sizing.MAX_FLOWS`
+flows where that gains :data:`LP_MIN_GAIN`, else ``closed_form``; always ``closed_form`` for several
+GPUs per server and where a ``ramp`` is given."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -216,12 +239,20 @@ class OptccPlan:
     ramp: int = 0
     """Segments at each end of the pipeline that are smaller than the rest ("The ramp" above):
     segment ``σ`` weighs ``min(ramp + 1, σ + 1, k - σ)`` (0: all segments equal)."""
+    weights: tuple[int, ...] = ()
+    """Explicit chunk weights (sections, then fills) that replace the closed-form sizes: what
+    ``sizing="lp"`` computes ("Sizes by linear programming" above). Empty: the closed form."""
 
     def __post_init__(self) -> None:
         if self.q == 0:
             object.__setattr__(self, "q", len(self.healthy))
         if self.ramp < 0:
             raise ValueError(f"ramp must be >= 0 (segments at each end that grow), got {self.ramp}")
+        if self.weights and (len(self.weights) != self.num_chunks or min(self.weights) < 1):
+            raise ValueError(
+                f"weights must give each of the plan's {self.num_chunks} chunks a positive integer weight, "
+                f"got {len(self.weights)} weights"
+            )
         if self.ramp and (self.fill_weight or self.orderings != 1):
             raise ValueError(
                 "the ramp is built for the timetable without bubble fills and with one stage ordering "
@@ -249,6 +280,8 @@ class OptccPlan:
         return min(self.ramp + 1, segment + 1, self.segments - segment)
 
     def chunk_sizes(self) -> tuple[int, ...]:
+        if self.weights:
+            return self.weights
         sections = tuple(
             self.section_weight * self.segment_weight(chunk // self.q) for chunk in range(self.segments * self.q)
         )
@@ -487,6 +520,7 @@ class OptccPlan:
             "fill_weight": self.fill_weight,
             "ramp": self.ramp,
             "orderings": self.orderings,
+            "sizing": "lp" if self.weights else "closed_form",
         }
 
     def lower(self) -> Schedule:
@@ -598,6 +632,7 @@ def optcc_plan(
     orderings: int = 1,
     bubble_filling: bool = True,
     ramp: int | None = None,
+    sizing: str = "auto",
 ) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
 
@@ -611,6 +646,12 @@ def optcc_plan(
         assert plan.fill_weight * 3 == plan.section_weight   # (2 - 1.5) / 1.5 = 1/3
     """
     degraded = _validate(world_size, slowdowns, segments, gpus_per_server)
+    if sizing not in SIZINGS:
+        raise ValueError(f"sizing must be one of {', '.join(SIZINGS)}, got {sizing!r}")
+    if ramp is not None and sizing == "lp":
+        raise ValueError("a ramp is a closed-form size; sizing='lp' computes its own sizes (leave ramp=None)")
+    if ramp is not None:  # the caller asked for a particular closed-form shape
+        sizing = "closed_form"
     if orderings not in (1, 2):
         raise ValueError(f"orderings must be 1 (S1→S2→S3→S4 only) or 2 (alternate with S3→S1→S4→S2), got {orderings}")
     if gpus_per_server > 1:  # plan on the servers: a server is degraded if any of its GPUs is (PXN pools NICs)
@@ -622,6 +663,11 @@ def optcc_plan(
                 f"optcc needs at least 3 servers, got {world_size // gpus_per_server} "
                 f"({world_size} ranks, {gpus_per_server} per server); use ring"
             )
+        if sizing == "lp":
+            raise NotApplicableError(
+                "sizing='lp' models one GPU per server (its flows share no NVLink); use sizing='closed_form' "
+                "or 'auto' with gpus_per_server > 1"
+            )
         return optcc_plan(
             world_size // gpus_per_server,
             servers,
@@ -629,6 +675,7 @@ def optcc_plan(
             orderings=orderings,
             bubble_filling=bubble_filling,
             ramp=ramp,
+            sizing="closed_form",
         )
     q = world_size - len(degraded)
     if q < len(degraded):
@@ -647,7 +694,7 @@ def optcc_plan(
     fill = _fill_ratio(slowdown) if bubble_filling and not attached else Fraction(0)
     if ramp is None:
         ramp = default_ramp(segments) if fill == 0 and orderings == 1 else 0
-    return OptccPlan(
+    plan = OptccPlan(
         world_size=world_size,
         straggler=straggler,
         healthy=tuple(r for r in range(world_size) if r not in degraded),
@@ -659,6 +706,26 @@ def optcc_plan(
         orderings=orderings,
         ramp=ramp,
     )
+    if sizing == "closed_form" or (sizing == "auto" and _estimated_flows(plan) > MAX_FLOWS):
+        return plan
+    sized = lp_sized(plan, degraded)
+    if sizing == "lp":
+        return sized
+    # auto: the LP's sizes only where the model says they gain (the closed form is the measured default)
+    closed_time, sized_time = (makespan(p.lower(), degraded) for p in (plan, sized))
+    return sized if sized_time < (1.0 - LP_MIN_GAIN) * closed_time else plan
+
+
+def _estimated_flows(plan: OptccPlan) -> int:
+    """About how many flows the lowered plan has (each section crosses ~2q links), without lowering it."""
+    return plan.num_chunks * 2 * (plan.q + len(plan.attached) + 1)
+
+
+def lp_sized(plan: OptccPlan, slowdowns: dict[int, float]) -> OptccPlan:
+    """``plan`` with the chunk sizes of :func:`~stragglerkit.schedules.chunk_sizing.optimal_shares`
+    for its own op order and the NICs ``slowdowns`` ("Sizes by linear programming" above)."""
+    equal = dataclasses.replace(plan, ramp=0, weights=())
+    return dataclasses.replace(equal, weights=optimal_chunk_weights(equal.lower(), slowdowns))
 
 
 def optcc(
@@ -669,6 +736,7 @@ def optcc(
     orderings: int = 1,
     bubble_filling: bool = True,
     ramp: int | None = None,
+    sizing: str = "auto",
 ) -> Schedule:
     """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
 
@@ -677,14 +745,15 @@ def optcc(
     alternates the two stage orderings per segment (one degraded rank or server only);
     ``bubble_filling=False`` keeps the ``l >= 2`` timetable for ``l < 2`` too (no fills; see
     "When filling pays" above); ``ramp`` is the number of smaller segments at each end ("The
-    ramp" above; ``None``: :func:`default_ramp` for plans without fills and with one ordering, else 0).
+    ramp" above; ``None``: :func:`default_ramp` for plans without fills and with one ordering, else 0);
+    ``sizing`` picks the chunk sizes (:data:`SIZINGS`; "Sizes by linear programming" above).
 
     Example::
 
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling, ramp)
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling, ramp, sizing)
     if gpus_per_server == 1:
         return plan.lower()
     from stragglerkit.schedules.optcc_servers import lower_servers

@@ -34,6 +34,8 @@ class Situation:
     """OptCC fills the straggler's idle link time when ``l < 2`` (``optcc(bubble_filling=...)``)."""
     gpus_per_server: int = 1
     """Ranks that share one server's NICs (OptCC appendix E)."""
+    optcc_sizing: str = "auto"
+    """How OptCC sizes its chunks (``optcc(sizing=...)``: ``auto``, ``lp`` or ``closed_form``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,6 +136,7 @@ def generate(algorithm: str, situation: Situation) -> Schedule:
             segments=situation.segments,
             gpus_per_server=situation.gpus_per_server,
             bubble_filling=situation.bubble_filling,
+            sizing=situation.optcc_sizing,
         )
         return sched
     if spec.name == "balanced_ring":
