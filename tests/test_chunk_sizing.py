@@ -118,7 +118,10 @@ def test_auto_takes_the_lp_only_where_it_gains() -> None:
     # several GPUs per server, a ramp asked for, and big plans: the closed form
     assert optcc(12, {5: 1.5}, segments=4, gpus_per_server=2).params["sizing"] == "closed_form"
     assert optcc(8, {7: 8 / 7}, segments=9, bubble_filling=False, ramp=2).params["sizing"] == "closed_form"
-    assert optcc_plan(64, {7: 8 / 7}, segments=64).weights == ()
+    assert optcc_plan(64, {7: 8 / 7}, segments=64, sizing="auto").weights == ()  # above MAX_FLOWS
+    # the plan alone stays closed-form and O(p) unless asked
+    assert optcc_plan(8, {7: 8 / 7}, segments=9).weights == ()
+    assert optcc_plan(8, {7: 8 / 7}, segments=9, sizing="auto").weights != ()
 
 
 def test_sizing_arguments_are_checked() -> None:

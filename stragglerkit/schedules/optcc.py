@@ -106,6 +106,23 @@ p = 16, l = 2, k = 9: 12.6 % → 6.2 %; with a second (attached) degraded rank, 
 fills' timetable and the second ordering keep equal segments (their fill sizes and early S3 slots
 are sized for them; ramps simulated slower there), and so do plans below 4 segments.
 
+Sizes by linear programming (our construction; ``sizing``). The ramp is one guess at the sizes;
+the best ones follow from the timetable itself. Each rank's sends and receives are chained, so in
+the bandwidth model no two flows share a link, a flow takes its chunk's size times the slower end's
+``l``, and the makespan is the longest path through the flows: linear in the chunk sizes along
+every path. :mod:`stragglerkit.schedules.chunk_sizing` minimises it by an LP over the sizes (every
+chunk at least a quarter of the mean). At ``l < 2`` this removes most of the head the text above
+describes: the LP gives the first segment's sections and the first fills small sizes, so S's link
+starts sending after a short chain, and sizes the fills to the bubbles segment by segment.
+Simulated, over the fault-free ring (p = 8, k = 9): l = 8/7 11.4 % → 5.6 % (the paper's
+``(k+l-1)/k`` form gives 4.9 %), l = 1.5 19.9 % → 10.7 %; at k = 18, l = 8/7 8.6 % → 4.6 %; at
+``l >= 2`` the ramp is within 0.5 % of the LP (p = 8, l = 2, k = 9: 7.1 % against 6.6 % over
+``l·n``). ``sizing="auto"`` (the default of :func:`optcc` and the runtime) takes the LP's sizes
+where they shorten the modelled time by :data:`LP_MIN_GAIN` and the plan has at most
+:data:`~stragglerkit.schedules.chunk_sizing.MAX_FLOWS` flows, else keeps the closed form; with
+them the fills pay at k = 9 too (2.6 % over the plan without fills, both LP-sized).
+``profiling/optcc_lp_sizes.py`` → ``profiling/results/optcc_lp_sizes.json`` has the table.
+
 When filling pays (our measurement; the paper's evaluation uses deep pipelines). The fills add a
 body of fill uploads before the first section and a fill download after the last, and that head and
 tail costs more than the filled bubbles save unless the pipeline is deep and ``l`` well below 2.
@@ -632,9 +649,14 @@ def optcc_plan(
     orderings: int = 1,
     bubble_filling: bool = True,
     ramp: int | None = None,
-    sizing: str = "auto",
+    sizing: str = "closed_form",
 ) -> OptccPlan:
     """The closed-form pipeline (``O(p)``); see :func:`optcc` for the arguments.
+
+    ``sizing`` defaults to ``closed_form`` here, so that generating a plan stays ``O(p)`` (the
+    100 ms budget of an online re-plan); ``auto`` or ``lp`` lower the plan and solve an LP on top
+    (0.1 s at p = 8, k = 9; up to ~1 s at :data:`~stragglerkit.schedules.chunk_sizing.MAX_FLOWS`).
+    :func:`optcc`, which lowers the plan anyway, and so the runtime, default to ``auto``.
 
     With ``gpus_per_server > 1`` the plan is built on the servers (its ranks are servers; a server
     is degraded if any of its GPUs is, with the largest ``l`` named); :func:`optcc` lowers it to the
