@@ -223,6 +223,21 @@ def test_emulated_bench_end_to_end(tmp_path: Path) -> None:
     assert _our_namespaces() == []
 
 
+def test_the_main_jobs_degraded_command_runs(tmp_path: Path) -> None:
+    """The demo's OptCC line through the CLI (``--degrade`` once collided with a train-only option)."""
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    json_path = tmp_path / "degraded.json"
+    argv = ["bench", "--world-size", "4", "--bandwidth", "1Gbit", "--sizes", "1MiB", "--iters", "2"]
+    argv += ["--warmup", "1", "--algorithms", "gloo,optcc", "--degrade", "3:2", "--no-fault-free-baseline"]
+    assert main([*argv, "--json", str(json_path)]) == 0
+    rows = json.loads(json_path.read_text())["rows"]
+    assert {(row["algorithm"], row["scenario"]) for row in rows} == {("gloo", "degraded"), ("optcc", "degraded")}
+    assert all(row["wrong"] == 0 for row in rows)
+    assert _our_namespaces() == []
+
+
 def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
     from stragglerkit.runtime.api import optcc_segments
 
