@@ -203,7 +203,7 @@ class OnlineModel:
         situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns))
         if algorithm == "optcc":
             situation = optcc_situation(situation, nbytes)
-        key = (algorithm, straggler, slowdowns, situation.segments, situation.bubble_filling)
+        key = (algorithm, straggler, slowdowns, situation.segments, situation.bubble_filling, situation.optcc_sizing)
         schedule = self._schedules.get(key)
         if schedule is None:
             schedule = generate(algorithm, situation)

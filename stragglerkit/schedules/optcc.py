@@ -174,6 +174,7 @@ batch, ``b`` body; chunk ``σ·q + x`` is section ``x`` of segment ``σ``, chunk
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -747,7 +748,14 @@ def lp_sized(plan: OptccPlan, slowdowns: dict[int, float]) -> OptccPlan:
     """``plan`` with the chunk sizes of :func:`~stragglerkit.schedules.chunk_sizing.optimal_shares`
     for its own op order and the NICs ``slowdowns`` ("Sizes by linear programming" above)."""
     equal = dataclasses.replace(plan, ramp=0, weights=())
-    return dataclasses.replace(equal, weights=optimal_chunk_weights(equal.lower(), slowdowns))
+    return dataclasses.replace(equal, weights=_lp_weights(equal, tuple(sorted(slowdowns.items()))))
+
+
+@functools.lru_cache(maxsize=64)
+def _lp_weights(equal: OptccPlan, slowdowns: tuple[tuple[int, float], ...]) -> tuple[int, ...]:
+    """The LP's weights, cached: the runtime asks for the same plan from several places (the fill
+    choice, the choice between OptCC and the balanced ring, the cost model, the plan it runs)."""
+    return optimal_chunk_weights(equal.lower(), dict(slowdowns))
 
 
 def optcc(
