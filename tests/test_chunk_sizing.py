@@ -107,17 +107,19 @@ def test_lp_sizes_against_the_papers_closed_form() -> None:
 
 
 def test_auto_takes_the_lp_only_where_it_gains() -> None:
+    assert optcc(8, {7: 8 / 7}, segments=9).params["sizing"] == "closed_form"  # the default
     # l = 8/7: 11.4 % -> 5.6 % over the fault-free ring
-    assert optcc(8, {7: 8 / 7}, segments=9).params["sizing"] == "lp"
+    assert optcc(8, {7: 8 / 7}, segments=9, sizing="auto").params["sizing"] == "lp"
     # l = 2: the ramp is within 0.5 % of the LP, under LP_MIN_GAIN
-    plan = optcc_plan(8, {3: 2.0}, segments=9)
+    plan = optcc_plan(8, {3: 2.0}, segments=9, sizing="auto")
     assert not plan.weights and plan.ramp == 3
     lp = optcc(8, {3: 2.0}, segments=9, sizing="lp")
     closed = optcc(8, {3: 2.0}, segments=9, sizing="closed_form")
     assert makespan(lp, {3: 2.0}) > (1 - LP_MIN_GAIN) * makespan(closed, {3: 2.0})
     # several GPUs per server, a ramp asked for, and big plans: the closed form
-    assert optcc(12, {5: 1.5}, segments=4, gpus_per_server=2).params["sizing"] == "closed_form"
-    assert optcc(8, {7: 8 / 7}, segments=9, bubble_filling=False, ramp=2).params["sizing"] == "closed_form"
+    auto = {"sizing": "auto"}
+    assert optcc(12, {5: 1.5}, segments=4, gpus_per_server=2, **auto).params["sizing"] == "closed_form"
+    assert optcc(8, {7: 8 / 7}, segments=9, bubble_filling=False, ramp=2, **auto).params["sizing"] == "closed_form"
     assert optcc_plan(64, {7: 8 / 7}, segments=64, sizing="auto").weights == ()  # above MAX_FLOWS
     # the plan alone stays closed-form and O(p) unless asked
     assert optcc_plan(8, {7: 8 / 7}, segments=9).weights == ()

@@ -289,14 +289,15 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
     # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
     assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
-    # far below l = 2, both plans with their LP sizes: the fills gain 2.6 % at k = 9, 4.3 % at k = 18
-    # (the closed-form sizes gave them nothing at k = 9, 0.7 % at k = 18), 2.0 % at k = 36
-    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
-    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=18)
-    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
-    # with the closed-form sizes they do not pay at k = 9
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")
+    # no gain against the ramped plan (measured before the ramp, the fills cost 5 % there): no fills
     assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+    # against the plan without fills and with its ramp: 0.7 % at k = 18 (below the margin), 1.9 %
+    # at k = 36, far below l = 2
+    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=18)
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
+    # with LP sizes on both plans (STRAGGLERKIT_OPTCC_SIZING=auto) they gain 2.6 % at k = 9
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "auto")
+    assert optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
     monkeypatch.delenv("STRAGGLERKIT_OPTCC_SIZING")
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)

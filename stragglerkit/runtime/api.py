@@ -321,15 +321,17 @@ def optcc_situation(situation: Situation, nbytes: int) -> Situation:
 
 def optcc_sizing() -> str:
     """``STRAGGLERKIT_OPTCC_SIZING``: how OptCC sizes its chunks (schedules/optcc.py, "Sizes by linear
-    programming"): ``auto`` (unset; by LP where the plan is small enough), ``lp`` or ``closed_form``
-    (equal sections, or the ramp). The same on every rank."""
+    programming"): ``closed_form`` (unset: equal sections, or the ramp), ``auto`` (the LP's sizes where
+    the model says they gain) or ``lp``. The same on every rank. The LP halves OptCC's modelled
+    overhead at l = 8/7 but measured the same as the closed form side by side on the emulated
+    cluster (docs/bench.md), so it is not the default."""
     from stragglerkit.schedules.optcc import SIZINGS
 
-    text = os.environ.get("STRAGGLERKIT_OPTCC_SIZING", "").strip().lower() or "auto"
+    text = os.environ.get("STRAGGLERKIT_OPTCC_SIZING", "").strip().lower() or "closed_form"
     if text not in SIZINGS:
         raise StragglerKitError(
             f"STRAGGLERKIT_OPTCC_SIZING={text!r} is not one of {', '.join(SIZINGS)} "
-            "(how OptCC sizes its chunks; unset: auto)"
+            "(how OptCC sizes its chunks; unset: closed_form)"
         )
     return text
 

@@ -34,8 +34,8 @@ class Situation:
     """OptCC fills the straggler's idle link time when ``l < 2`` (``optcc(bubble_filling=...)``)."""
     gpus_per_server: int = 1
     """Ranks that share one server's NICs (OptCC appendix E)."""
-    optcc_sizing: str = "auto"
-    """How OptCC sizes its chunks (``optcc(sizing=...)``: ``auto``, ``lp`` or ``closed_form``)."""
+    optcc_sizing: str = "closed_form"
+    """How OptCC sizes its chunks (``optcc(sizing=...)``: ``closed_form``, ``auto`` or ``lp``)."""
 
 
 @dataclass(slots=True, frozen=True)
