@@ -31,6 +31,9 @@ What it gives OptCC (p = 8, 9 segments, over the fault-free ring; optcc.py "Size
 programming" has the table): l = 8/7 11.4 % → 5.6 % (the paper's closed form for k = 9:
 4.9 %), l = 1.5 19.9 % → 10.6 %, l = 2 7.1 % → 6.6 % over the bound ``l·n``. The sizes come out
 as a smooth ramp: small sections where the pipeline fills and drains, large ones in its body.
+Measured on the emulated cluster the gain did not appear (the real run overlaps a rank's messages
+in its socket buffer, which the model does not), so OptCC uses these sizes only when asked
+(``sizing="auto"`` or ``"lp"``; optcc.py, "Sizes by linear programming").
 
 Cost. One LP with ``num_chunks + flows + 1`` variables (HiGHS through scipy): p = 8, k = 9, 1008
 flows, about 0.1 s. :data:`MAX_FLOWS` bounds what the generators size this way; larger plans keep
