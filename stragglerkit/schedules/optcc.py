@@ -188,7 +188,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from stragglerkit.errors import NotApplicableError
-from stragglerkit.schedules.chunk_sizing import MAX_FLOWS, makespan, optimal_chunk_weights
+from stragglerkit.schedules.chunk_sizing import MAX_FLOWS, flow_graph, makespan, optimal_chunk_weights
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 
 __all__ = [
@@ -740,8 +740,12 @@ def optcc_plan(
     sized = lp_sized(plan, degraded)
     if sizing == "lp":
         return sized
-    # auto: the LP's sizes only where the model says they gain (the closed form is the measured default)
-    closed_time, sized_time = (makespan(p.lower(), degraded) for p in (plan, sized))
+    # auto: the LP's sizes only where the model says they gain (the closed form is the measured default);
+    # the two plans differ only in their sizes, so one lowering and one flow graph time both
+    schedule = sized.lower()
+    graph = flow_graph(schedule)
+    sized_time = makespan(schedule, degraded, graph)
+    closed_time = makespan(dataclasses.replace(schedule, chunk_sizes=plan.chunk_sizes()), degraded, graph)
     return sized if sized_time < (1.0 - LP_MIN_GAIN) * closed_time else plan
 
 
