@@ -205,7 +205,7 @@ def main() -> None:
         parser.error(f"--skip ({args.skip}) must be below --steps ({args.steps})")
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
-    from _meta import provenance
+    from _meta import write_record
 
     from stragglerkit.testbed import EmulatedCluster
 
@@ -248,7 +248,6 @@ def main() -> None:
             )
     if args.json:
         record = {
-            **provenance(),
             "world_size": args.world_size,
             "bandwidth_Bps": args.bandwidth,
             "model_bytes": args.model_bytes,
@@ -258,8 +257,7 @@ def main() -> None:
             "rows": summary if args.runs > 1 else runs[0]["rows"],
             "per_run": runs,
         }
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
 
 
 def _run_once(args: argparse.Namespace, copies: str) -> tuple[dict[str, list[float]], dict[str, Any]]:

@@ -14,14 +14,13 @@ passes the symbolic checker first.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _meta import provenance
+from _meta import write_record
 
 from stragglerkit.runtime.api import optcc_bubble_filling
 from stragglerkit.schedules import ring
@@ -75,9 +74,7 @@ def main() -> None:
                 )
     if args.json:
         units = f"seconds for {args.bytes:.0f} bytes at {args.bandwidth:.3g} B/s per NIC, alpha {args.alpha} s"
-        record = {**provenance(), "units": units, "rows": rows}
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, {"units": units, "rows": rows})
 
 
 if __name__ == "__main__":

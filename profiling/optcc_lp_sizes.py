@@ -13,7 +13,6 @@ form (optcc.txt eq. (1)/(2)). ``auto`` is what ``optcc(sizing="auto")`` (the run
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _meta import provenance
+from _meta import write_record
 
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.optcc import optcc
@@ -86,9 +85,7 @@ def main() -> None:
                         flush=True,
                     )
     if args.json:
-        record = {**provenance(), "units": "n = buffer / healthy bandwidth; alpha = 0", "rows": rows}
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, {"units": "n = buffer / healthy bandwidth; alpha = 0", "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ Every schedule passes the symbolic checker first.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _meta import provenance
+from _meta import write_record
 
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.optcc import optcc
@@ -79,9 +78,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.json:
-        record = {**provenance(), "units": "n = buffer / healthy bandwidth; alpha = 0", "rows": rows}
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, {"units": "n = buffer / healthy bandwidth; alpha = 0", "rows": rows})
 
 
 if __name__ == "__main__":
