@@ -14,11 +14,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _meta import write_record
 
 from stragglerkit.runtime.api import slow_nic_algorithm
 from stragglerkit.schedules.balanced_ring import balanced_ring
@@ -73,15 +75,11 @@ def main() -> int:
             )
     if args.json:
         record = {
-            "command": "python " + " ".join(sys.argv),
-            "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "seconds": round(time.perf_counter() - started, 1),
             "note": "times relative to the fault-free ring; alpha = 0; 32 MiB at 1 Gbit/s (ratios do not depend on it)",
             "rows": rows,
         }
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_record(Path(args.json), record)
     return 0
 
 
