@@ -379,6 +379,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         mode=mode,
         alpha=args.alpha,
         tcp_send_buffer=args.tcp_send_buffer,
+        tcp_congestion_control=args.tcp_congestion_control,
         fault_free_baseline=not args.no_fault_free_baseline,
         timeout=args.timeout,
     )
@@ -462,6 +463,12 @@ def _add_bench_parser(sub: Any) -> None:
         metavar="SIZE",
         help="emulated cluster: every host's largest TCP send buffer (net.ipv4.tcp_wmem in its namespace; default: "
         "the kernel's, 4MiB). A send completes once its data is in that buffer (docs/bench.md)",
+    )
+    bench.add_argument(
+        "--tcp-congestion-control",
+        metavar="NAME",
+        help="emulated cluster: every host's TCP congestion control, e.g. cubic or bbr (default: what this "
+        "machine's new namespaces inherit; the JSON header records which ran)",
     )
     bench.add_argument(
         "--no-fault-free-baseline",

@@ -34,7 +34,7 @@ from stragglerkit.testbed.inject import (
     parse_delay,
     sleep_precisely,
 )
-from stragglerkit.testbed.netns import EmulatedCluster, ShapingError, TestbedError
+from stragglerkit.testbed.netns import EmulatedCluster, ShapingError, TestbedError, available_congestion_controls
 from stragglerkit.testbed.signals import SignalGuard
 from stragglerkit.units import parse_bandwidth
 
@@ -94,6 +94,7 @@ def test_config_rejects_addresses_outside_the_benchmark_range() -> None:
         ({"interface": "much-too-long-name"}, "interface must be"),
         ({"latency": -1.0}, "latency must be >= 0"),
         ({"tcp_send_buffer": 100}, "tcp_send_buffer must be a number of bytes >= 8192"),
+        ({"tcp_congestion_control": "no-such-control"}, "'no-such-control' is not available to the hosts' namespaces"),
     ],
 )
 def test_config_errors_say_what_is_wrong(config: dict[str, Any], message: str) -> None:
@@ -366,6 +367,24 @@ def test_tcp_send_buffer_is_set_in_every_host_namespace_only(make_cluster: Calla
             assert inside.stdout.split() == ["4096", "16384", str(256 * 1024)]
         assert cluster.describe()["tcp_send_buffer"] == 256 * 1024
         assert largest_send_buffer([]) == outside  # this machine's own setting is untouched
+
+
+@needs_netns
+def test_congestion_control_is_set_in_every_namespace_only(make_cluster: Callable[..., EmulatedCluster]) -> None:
+    path = "/proc/sys/net/ipv4/tcp_congestion_control"
+    with open(path, encoding="ascii") as current:
+        outside = current.read().strip()
+    choices = [name for name in available_congestion_controls() if name != outside]
+    if not choices:
+        pytest.skip(f"this kernel offers no TCP congestion control besides {outside!r} to set")
+    chosen = choices[0]
+    with make_cluster(hosts=2, verify=False, tcp_congestion_control=chosen) as cluster:
+        for namespace in [cluster.namespace(0), cluster.namespace(1), cluster.bridge_namespace]:
+            inside = subprocess.run(["ip", "netns", "exec", namespace, "cat", path], capture_output=True, text=True)
+            assert inside.stdout.strip() == chosen, namespace
+        assert cluster.describe()["tcp_congestion_control"] == chosen
+    with open(path, encoding="ascii") as current:
+        assert current.read().strip() == outside  # this machine's own setting is untouched
 
 
 @needs_netns

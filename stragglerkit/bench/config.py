@@ -133,6 +133,9 @@ class BenchConfig:
     tcp_send_buffer: int | None = None
     """Emulated cluster: every host's largest TCP send buffer in bytes (EmulatedCluster.Config);
     None keeps the kernel's."""
+    tcp_congestion_control: str | None = None
+    """Emulated cluster: every host's TCP congestion control (EmulatedCluster.Config); None keeps
+    what new namespaces inherit from this machine."""
     fault_free_baseline: bool = True
     """With --degrade on the emulated cluster, also run gloo with every NIC healthy."""
     timeout: float = 600.0
@@ -186,6 +189,11 @@ class BenchConfig:
                 )
             if self.tcp_send_buffer < 8192:
                 raise ValueError(f"--tcp-send-buffer must be at least 8KiB, got {self.tcp_send_buffer} bytes")
+        if self.tcp_congestion_control is not None and self.mode != "emulated":
+            raise ValueError(
+                "--tcp-congestion-control sets the emulated hosts' TCP congestion control; it needs the emulated "
+                f"cluster (root and iproute2), not {self.mode}"
+            )
         if self.alpha is not None and not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0 seconds, got {self.alpha!r}")
 

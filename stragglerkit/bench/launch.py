@@ -189,7 +189,10 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
 
     assert config.bandwidth is not None
     cluster_config = EmulatedCluster.Config(
-        hosts=config.world_size, bandwidth=config.bandwidth, tcp_send_buffer=config.tcp_send_buffer
+        hosts=config.world_size,
+        bandwidth=config.bandwidth,
+        tcp_send_buffer=config.tcp_send_buffer,
+        tcp_congestion_control=config.tcp_congestion_control,
     )
     cases: list[dict[str, Any]] = []
     with EmulatedCluster(cluster_config) as cluster:

@@ -68,6 +68,7 @@ ALLREDUCE_ONLY = (
     "--algorithms",
     "--alpha",
     "--tcp-send-buffer",
+    "--tcp-congestion-control",
     "--no-fault-free-baseline",
     "--plot",
 )

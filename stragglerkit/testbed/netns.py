@@ -91,6 +91,7 @@ __all__ = [
     "ShapingError",
     "ShapingReport",
     "TestbedError",
+    "available_congestion_controls",
     "find_leftovers",
     "list_namespaces",
     "remove_leftovers",
@@ -100,6 +101,21 @@ BENCHMARK_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 
 _BRIDGE = "skbr"
 _MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping errors persist
+
+
+def available_congestion_controls() -> list[str]:
+    """The TCP congestion controls a new network namespace may use: this kernel's
+    ``net.ipv4.tcp_allowed_congestion_control`` (a namespace other than the machine's own may only
+    pick one of those, though ``tcp_available_congestion_control`` may list more)."""
+    return _sysctl_words("tcp_allowed_congestion_control")
+
+
+def _sysctl_words(name: str) -> list[str]:
+    try:
+        with open(f"/proc/sys/net/ipv4/{name}", encoding="ascii") as listing:
+            return listing.read().split()
+    except OSError:
+        return []
 
 
 class EmulatedCluster:
@@ -142,6 +158,11 @@ class EmulatedCluster:
         its namespace); None keeps the kernel's (4 MiB by default). A send completes once its last
         byte is in the socket buffer, so with a large buffer a rank's next message starts while
         the previous one is still on its link, and TCP shares the link between the two."""
+        tcp_congestion_control: str | None = None
+        """TCP congestion control of every host (``net.ipv4.tcp_congestion_control`` in its
+        namespace), e.g. ``cubic`` (Linux's default) or ``bbr``; None keeps what a new namespace
+        inherits from this machine. It must be one of this kernel's
+        ``net.ipv4.tcp_available_congestion_control``."""
         verify: bool = True
         """Measure every shaped link at start and raise ShapingError if one is off."""
         tolerance: float = 0.15
@@ -222,6 +243,17 @@ class EmulatedCluster:
             raise ValueError(f"tolerance must be in (0, 1), got {c.tolerance}")
         if c.tcp_send_buffer is not None and not (isinstance(c.tcp_send_buffer, int) and c.tcp_send_buffer >= 8192):
             raise ValueError(f"tcp_send_buffer must be a number of bytes >= 8192 (8KiB), got {c.tcp_send_buffer!r}")
+        if c.tcp_congestion_control is not None:
+            allowed, name = available_congestion_controls(), c.tcp_congestion_control
+            if name not in allowed:
+                if name in _sysctl_words("tcp_available_congestion_control"):
+                    how = (
+                        f"this kernel has it but lets namespaces use only {' '.join(allowed) or 'none'}: as root, "
+                        f"sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}'"
+                    )
+                else:
+                    how = f"this kernel has only {' '.join(allowed) or 'none'}; load it with modprobe tcp_{name}"
+                raise ValueError(f"tcp_congestion_control {name!r} is not available to the hosts' namespaces: {how}")
 
     def _check_host(self, host: int) -> None:
         if not isinstance(host, int) or not 0 <= host < self.config.hosts:
@@ -391,6 +423,9 @@ class EmulatedCluster:
     def _add_namespace(self, namespace: str, own_address: str) -> None:
         self._created.append(namespace)  # first, so that a half-made namespace is cleaned up too
         command(["ip", "netns", "add", namespace])
+        if self.config.tcp_congestion_control is not None:  # the probe end's too: it sends in the probes
+            setting = f"net.ipv4.tcp_congestion_control={self.config.tcp_congestion_control}"
+            command(["ip", "netns", "exec", namespace, "sysctl", "-q", "-w", setting])
         names = {address: f"skh{h}" for h, address in enumerate(self._addresses)}
         write_name_service(namespace, {**names, self._probe_address: "skprobe"}, own_address)
 
