@@ -5,7 +5,10 @@
 //   run at once; a send or receive is *posted* (non-blocking pg->send / pg->recv) as soon as it is
 //   ready, its predecessor on the same (peer, direction) channel has been posted -- messages of one
 //   pair match in program order -- and the peer's header has been validated (below). Everything
-//   that can be in flight is in flight.
+//   that can be in flight is in flight. A dependency that the lowering marked as met on posting
+//   (a child stored as -(b + 1): the next message of the same connection where nothing but their
+//   order links them, runtime/plan.py) counts once its predecessor is posted: the connection
+//   keeps their order, and the waiters observe a channel's completions in posting order.
 // * Completion is observed by blocking on works in `wait_order`: a global, deadlock-free order of
 //   the messages computed by plan.py (a simulated run in which a known straggler arrives last).
 //   Gloo works cannot be polled, so one blocking order is needed; because every rank waits in the
@@ -93,6 +96,7 @@ class Run {
     if (plan_.ops.defined()) {
       ops_ = plan_.ops.data_ptr<int64_t>();
       num_ops_ = plan_.ops.size(0);
+      post_ahead_ = !buffer_.is_cuda();
     }
     element_size_ = buffer_.element_size();
     physical_rank_ = group_->getRank();
@@ -206,6 +210,7 @@ class Run {
       const int64_t op = order[position];
       const int64_t peer = col(op, kColPeer);
       validate_header(peer);
+      drain();  // what posting the deferred receives made ready
       if (!works_[op]) {
         throw ExecFailure(context() + ": internal error: " + describe_op(op) +
                               " is not posted when its turn to complete came; the plan's wait order is broken",
@@ -258,6 +263,7 @@ class Run {
       }
       if (done.op < 0) {
         check_header(done.peer);
+        drain();  // what posting the deferred receives made ready
         continue;
       }
       const int64_t op = done.op;
@@ -298,8 +304,10 @@ class Run {
     const int64_t* child_idx = plan_.child_idx.data_ptr<int64_t>();
     for (int64_t k = child_ptr[op]; k < child_ptr[op + 1]; ++k) {
       const int64_t child = child_idx[k];
-      if (--pending_[child] == 0) {
-        worklist_.push_back(child);
+      if (child < 0 && post_ahead_) continue;  // met when this op was posted (post())
+      const int64_t waiting = child < 0 ? -child - 1 : child;
+      if (--pending_[waiting] == 0) {
+        worklist_.push_back(waiting);
       }
     }
   }
@@ -369,6 +377,16 @@ class Run {
     }
     if (waiters_) {
       waiters_->enqueue(col(op, kColPeer), kind == kSend, works_[op], op);
+    }
+    // Dependents stored as -(b + 1) only need this message posted: the next message of the same
+    // connection where nothing but their order links them (runtime/plan.py: _after_post_edges).
+    const int64_t* child_ptr = plan_.child_ptr.data_ptr<int64_t>();
+    const int64_t* child_idx = plan_.child_idx.data_ptr<int64_t>();
+    for (int64_t k = child_ptr[op]; post_ahead_ && k < child_ptr[op + 1]; ++k) {
+      const int64_t child = child_idx[k];
+      if (child < 0 && --pending_[-child - 1] == 0) {
+        worklist_.push_back(-child - 1);
+      }
     }
   }
 
@@ -668,6 +686,10 @@ class Run {
   const std::function<void(int64_t, bool)>& range_callback_;
   const int64_t* ops_ = nullptr;
   int64_t num_ops_ = 0;
+  // Whether dependents marked -(b + 1) count as met at posting (CPU/gloo). Not on CUDA: NCCL runs a
+  // pair's sends and receives on one stream in posting order, so a receive posted ahead could
+  // block a send to the same peer that the old order put first.
+  bool post_ahead_ = true;
   int64_t element_size_ = 1;
   int physical_rank_ = 0;
   int64_t call_ = 0;

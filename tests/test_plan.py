@@ -312,3 +312,59 @@ def test_lower_rejects_negative_numel() -> None:
     with pytest.raises(ValueError):
         lower(ring(2), -1, 4)
     assert torch.equal(lower(ring(2), 0, 4)[0].wait_order, torch.empty(0, dtype=torch.int64))
+
+
+def _after_post(plan: object) -> list[tuple[int, int]]:
+    """(a, b) for every dependent ``b`` that the lowered ``plan`` marks as met when ``a`` is posted."""
+    ptr, idx = plan.child_ptr.tolist(), plan.child_idx.tolist()  # type: ignore[attr-defined]
+    return [(a, -idx[k] - 1) for a in range(len(ptr) - 1) for k in range(ptr[a], ptr[a + 1]) if idx[k] < 0]
+
+
+def test_post_ahead_links_only_consecutive_messages_of_one_connection_over_disjoint_ranges() -> None:
+    """OptCC's healthy ranks chain their receives (and sends) for one flow per NIC direction; where
+    two chained messages share a connection and nothing else, the later one may be posted once
+    the earlier one is."""
+    situation = Situation(world_size=8, slowdowns={3: 8 / 7}, segments=9)
+    plans = lower(generate("optcc", situation), 1 << 20, 4)
+    healthy = _after_post(plans[0])
+    assert len(healthy) > plans[0].num_messages() // 2
+    for plan in plans:
+        ops = plan.ops.tolist()
+        for a, b in _after_post(plan):
+            assert ops[b][6] == a  # b's predecessor on its channel
+            assert (ops[a][0], ops[a][1]) == (ops[b][0], ops[b][1]) or {ops[a][0], ops[b][0]} <= {
+                int(LoweredKind.RECV),
+                int(LoweredKind.RECV_REDUCE),
+            }
+            both_sends = ops[a][0] == ops[b][0] == int(LoweredKind.SEND)
+            disjoint = ops[a][2] + ops[a][3] <= ops[b][2] or ops[b][2] + ops[b][3] <= ops[a][2]
+            assert both_sends or disjoint
+    # the edge is a dependency of b either way: counted once
+    for plan in plans:
+        assert sum(plan.dep_count.tolist()) == plan.child_idx.numel()
+
+
+def test_post_ahead_keeps_waiting_where_ranges_overlap() -> None:
+    """Two receives from one peer into the same chunk (a reduction, then the final value): the
+    second must wait for the first's completion, whose reduction writes that chunk."""
+    builder = ScheduleBuilder(2, 1)
+    builder.send(0, 1, (0, 1))
+    builder.recv_reduce(1, 0, (0, 1))  # rank 1 holds the sum
+    builder.send(1, 0, (0, 1))
+    builder.recv(0, 1, (0, 1))  # rank 0 too
+    builder.send(0, 1, (0, 1))
+    builder.recv(1, 0, (0, 1))  # and rank 1 gets it again over the same connection, into the same chunk
+    schedule = builder.build("overlap")
+    check(schedule)
+    plan = lower(schedule, 64, 4, pieces=1)[1]
+    assert plan.ops.tolist()[2][6] == 0  # the second receive's channel predecessor is the first
+    assert _after_post(plan) == []
+
+
+def test_post_ahead_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    situation = Situation(world_size=5, slowdowns={2: 8 / 7}, segments=3)
+    monkeypatch.setenv("STRAGGLERKIT_POST_AHEAD", "off")
+    assert all(_after_post(plan) == [] for plan in lower(generate("optcc", situation), 4096, 4))
+    monkeypatch.setenv("STRAGGLERKIT_POST_AHEAD", "sometimes")
+    with pytest.raises(ValueError, match="STRAGGLERKIT_POST_AHEAD='sometimes': give on or off"):
+        lower(generate("optcc", situation), 4096, 4)

@@ -71,7 +71,8 @@ def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
     parents: list[list[int]] = [[] for _ in kinds]
     for op in range(len(kinds)):
         for k in range(child_ptr[op], child_ptr[op + 1]):
-            parents[child_idx[k]].append(op)
+            if child_idx[k] >= 0:  # -(b + 1): b waits only for this op's posting (runtime/plan.py)
+                parents[child_idx[k]].append(op)
     resolved: dict[int, set[int]] = {}
 
     def through_local(op: int) -> set[int]:

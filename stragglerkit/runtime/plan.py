@@ -19,7 +19,10 @@ Steps (all in Python, once per cache key; the executor only interprets the resul
    and records the global order of messages. Every rank waits on its messages in that order; see
    csrc/executor.cpp for why this is deadlock-free for any checked schedule.
 4. **Tables.** One rank's ops become an int64 table (``OP_COLUMNS``) with element offsets, scratch
-   offsets, channel links and labels, plus dependency counts and a CSR list of dependents.
+   offsets, channel links and labels, plus dependency counts and a CSR list of dependents. A
+   dependent stored as ``-(b + 1)`` counts its dependency as met when the op is *posted*, not
+   completed: only between consecutive messages of one connection that nothing but their order
+   links (:func:`_after_post_edges`; ``STRAGGLERKIT_POST_AHEAD=off`` turns it off).
 
 Averaging: with ``divide_by = n`` the reductions after which a chunk holds all ``n`` contributions
 (:func:`~stragglerkit.schedules.check.completing_reductions`) also divide by ``n``, so an averaging
@@ -34,6 +37,7 @@ most about one bucket per rank for the algorithms here; it is allocated once per
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -48,6 +52,7 @@ from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 
 __all__ = [
     "OP_COLUMNS",
+    "POST_AHEAD_ENV",
     "LoweredKind",
     "RankPlan",
     "choose_pieces",
@@ -55,6 +60,7 @@ __all__ = [
     "lower",
     "message_order",
     "plan_id",
+    "post_ahead_enabled",
     "refine",
 ]
 
@@ -403,6 +409,52 @@ def lower(
     return plans
 
 
+POST_AHEAD_ENV = "STRAGGLERKIT_POST_AHEAD"
+"""``on`` (the default) or ``off``: whether a message may be posted once the message before it on
+its connection is posted, rather than completed, where nothing but that order links them."""
+
+
+def post_ahead_enabled() -> bool:
+    """``STRAGGLERKIT_POST_AHEAD`` (unset: on); ValueError names a bad value."""
+    text = os.environ.get(POST_AHEAD_ENV, "on").strip().lower()
+    if text in ("on", "1", "true", "yes", ""):
+        return True
+    if text in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"{POST_AHEAD_ENV}={text!r}: give on or off")
+
+
+def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[int, int]]:
+    """Dependencies ``(a, b)`` that the executor may count as met once ``a`` is *posted*.
+
+    ``a`` must be ``b``'s predecessor on its channel (the same peer and direction: one connection,
+    which carries and matches its messages in posting order), neither may use a scratch slot, and
+    their ranges may not overlap unless both are sends (which only read). Then the dependency only
+    orders the two messages, and the connection keeps that order anyway: ``b``'s bytes move after
+    ``a``'s, and the executor observes ``a``'s completion (and does its reduction) before
+    ``b``'s, so whatever waits for ``b`` still sees ``a`` done. What changes is that ``b``'s
+    receive is posted before ``a`` completes, so the receiver's ready notice for ``b`` travels
+    while ``a``'s bytes do, instead of after them: one round trip and two thread wake-ups less
+    per message on a chain of messages over one connection (OptCC's healthy ring: each rank's
+    receives, and each rank's sends, are chained so that a NIC carries one flow per direction).
+    """
+    found: set[tuple[int, int]] = set()
+    comm = (int(LoweredKind.SEND), int(LoweredKind.RECV), int(LoweredKind.RECV_REDUCE))
+    for index, op in enumerate(ops):
+        row = table[index]
+        prev = row[6]
+        if prev < 0 or row[0] not in comm or prev not in op.depends:
+            continue
+        before = table[prev]
+        if any(r[4] >= 0 and r[0] != int(LoweredKind.RECV_REDUCE) for r in (row, before)):
+            continue  # a scratch slot, shared with other ops (a recv_reduce's scratch is its own)
+        both_read = row[0] == before[0] == int(LoweredKind.SEND)
+        overlap = row[2] < before[2] + before[3] and before[2] < row[2] + row[3]
+        if both_read or not overlap:
+            found.add((prev, index))
+    return found
+
+
 def _lower_rank(
     original: Schedule,
     refined: Schedule,
@@ -455,10 +507,11 @@ def _lower_rank(
         table.append(row)
 
     dep_count = [len(set(op.depends)) for op in ops]
+    after_post = _after_post_edges(ops, table) if post_ahead_enabled() else set()
     children: list[list[int]] = [[] for _ in ops]
     for index, op in enumerate(ops):
         for dep in sorted(set(op.depends)):
-            children[dep].append(index)
+            children[dep].append(-(index + 1) if (dep, index) in after_post else index)
     child_ptr = [0]
     child_idx: list[int] = []
     for kids in children:
