@@ -124,10 +124,10 @@ flows, else keeps the closed form; ``sizing="lp"`` always solves. Neither is the
 emulated cluster (8 ranks, l = 8/7, 32 MiB, k = 9), side by side, the LP-sized plan measured the
 same as the closed form (1 Gbit/s: 15.4 % against 16.1 % over fault-free gloo, three launches each;
 250 Mbit/s: 12.3 and 12.8 % against 12.3 and 13.1 %), while the model gave it 6 % against 12 %.
-The LP balances many paths to the same length, and the real run, where a rank's next message
-overlaps the previous one in the socket buffer (which the model does not have), loses that
-balance. ``profiling/optcc_lp_sizes.py`` → ``profiling/results/optcc_lp_sizes.json`` has the
-simulated table, ``profiling/results/optcc_lp_sizes_ab/`` the launches.
+The LP balances many paths to the same length, and the real run's cost per message (about
+0.4 ms on the emulated cluster, which the model does not have) lands on all of them.
+``profiling/optcc_lp_sizes.py`` → ``profiling/results/optcc_lp_sizes.json`` has the simulated table,
+``profiling/results/optcc_lp_sizes_ab/`` the launches.
 
 When filling pays (our measurement; the paper's evaluation uses deep pipelines). The fills add a
 body of fill uploads before the first section and a fill download after the last, and that head and
