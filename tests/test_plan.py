@@ -321,24 +321,20 @@ def _after_post(plan: object) -> list[tuple[int, int]]:
 
 
 def test_post_ahead_links_only_consecutive_messages_of_one_connection_over_disjoint_ranges() -> None:
-    """OptCC's healthy ranks chain their receives (and sends) for one flow per NIC direction; where
-    two chained messages share a connection and nothing else, the later one may be posted once
-    the earlier one is."""
+    """OptCC's healthy ranks chain their receives for one flow per NIC direction; where two
+    chained receives share a connection and nothing else, the later one may be posted once the
+    earlier one is."""
     situation = Situation(world_size=8, slowdowns={3: 8 / 7}, segments=9)
     plans = lower(generate("optcc", situation), 1 << 20, 4)
     healthy = _after_post(plans[0])
-    assert len(healthy) > plans[0].num_messages() // 2
+    assert len(healthy) > plans[0].num_messages() // 4
     for plan in plans:
         ops = plan.ops.tolist()
+        receives = {int(LoweredKind.RECV), int(LoweredKind.RECV_REDUCE)}
         for a, b in _after_post(plan):
-            assert ops[b][6] == a  # b's predecessor on its channel
-            assert (ops[a][0], ops[a][1]) == (ops[b][0], ops[b][1]) or {ops[a][0], ops[b][0]} <= {
-                int(LoweredKind.RECV),
-                int(LoweredKind.RECV_REDUCE),
-            }
-            both_sends = ops[a][0] == ops[b][0] == int(LoweredKind.SEND)
-            disjoint = ops[a][2] + ops[a][3] <= ops[b][2] or ops[b][2] + ops[b][3] <= ops[a][2]
-            assert both_sends or disjoint
+            assert ops[b][6] == a  # b's predecessor on its channel: the same peer
+            assert ops[a][0] in receives and ops[b][0] in receives  # sends stay chained
+            assert ops[a][2] + ops[a][3] <= ops[b][2] or ops[b][2] + ops[b][3] <= ops[a][2]
     # the edge is a dependency of b either way: counted once
     for plan in plans:
         assert sum(plan.dep_count.tolist()) == plan.child_idx.numel()
