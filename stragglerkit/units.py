@@ -1,4 +1,5 @@
-"""Parsing of human units on the command line: sizes (1GiB), times (3us) and bandwidths (450GB/s).
+"""Parsing of human units on the command line: sizes (1GiB), times (3us) and bandwidths (450GB/s),
+and the on/off switches of ``STRAGGLERKIT_*`` settings.
 
 Conventions follow nccl-tests: GB = 1e9 bytes, GiB = 2^30 bytes; bandwidth in bytes per second,
 ``Gbit``/``Gbps`` in bits per second (divided by 8).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "format_seconds", "parse_bandwidth", "parse_size", "parse_time"]
+__all__ = ["format_bytes", "format_seconds", "parse_bandwidth", "parse_size", "parse_switch", "parse_time"]
 
 _SIZE_UNITS = {
     "": 1,
@@ -24,6 +25,10 @@ _SIZE_UNITS = {
     "k": 2**10,
     "m": 2**20,
     "g": 2**30,
+}
+_SWITCH_WORDS = {
+    **dict.fromkeys(("on", "1", "true", "yes"), True),
+    **dict.fromkeys(("off", "0", "false", "no"), False),
 }
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _BYTE_RATE_UNITS = {
@@ -100,6 +105,17 @@ def parse_bandwidth(text: str) -> float:
     if rate <= 0:
         raise ValueError(f"bandwidth must be positive, got {text!r}")
     return rate
+
+
+def parse_switch(text: str) -> bool | None:
+    """``on``/``1``/``true``/``yes`` -> True, ``off``/``0``/``false``/``no`` -> False (any case,
+    surrounding blanks ignored), anything else -> None: the caller names the setting in its error.
+
+    Example::
+
+        parse_switch(" Off ")  # False
+    """
+    return _SWITCH_WORDS.get(text.strip().lower())
 
 
 def format_bytes(size: float) -> str:

@@ -34,7 +34,7 @@ from stragglerkit.testbed.inject import (
     parse_delay,
     sleep_precisely,
 )
-from stragglerkit.testbed.netns import EmulatedCluster, ShapingError, TestbedError, available_congestion_controls
+from stragglerkit.testbed.netns import EmulatedCluster, ShapingError, TestbedError, allowed_congestion_controls
 from stragglerkit.testbed.signals import SignalGuard
 from stragglerkit.units import parse_bandwidth
 
@@ -374,7 +374,7 @@ def test_congestion_control_is_set_in_every_namespace_only(make_cluster: Callabl
     path = "/proc/sys/net/ipv4/tcp_congestion_control"
     with open(path, encoding="ascii") as current:
         outside = current.read().strip()
-    choices = [name for name in available_congestion_controls() if name != outside]
+    choices = [name for name in allowed_congestion_controls() if name != outside]
     if not choices:
         pytest.skip(f"this kernel offers no TCP congestion control besides {outside!r} to set")
     chosen = choices[0]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stragglerkit.units import parse_bandwidth, parse_size, parse_time
+from stragglerkit.units import parse_bandwidth, parse_size, parse_switch, parse_time
 
 
 def test_sizes() -> None:
@@ -36,3 +36,16 @@ def test_times_and_bandwidths() -> None:
 def test_bad_units(parser, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         parser(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("on", True), (" YES ", True), ("1", True), ("true", True), ("Off", False), ("0", False), ("no", False)],
+)
+def test_parse_switch(text: str, expected: bool) -> None:
+    assert parse_switch(text) is expected
+
+
+@pytest.mark.parametrize("text", ["", "auto", "sometimes", "2"])
+def test_parse_switch_leaves_other_words_to_the_caller(text: str) -> None:
+    assert parse_switch(text) is None

@@ -63,7 +63,7 @@ from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import new_group_with_send_buffer, send_buffer_from_env
 from stragglerkit.schedules import Schedule, check
 from stragglerkit.schedules.registry import Situation, generate, names, why_not
-from stragglerkit.units import parse_size
+from stragglerkit.units import parse_size, parse_switch
 
 __all__ = [
     "OPS",
@@ -213,10 +213,9 @@ def _optcc_bubble_filling_setting() -> str:
     text = os.environ.get("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "").strip().lower()
     if text in ("", "auto"):
         return "auto"
-    if text in ("on", "1", "true", "yes"):
-        return "on"
-    if text in ("off", "0", "false", "no"):
-        return "off"
+    switch = parse_switch(text)
+    if switch is not None:
+        return "on" if switch else "off"
     raise StragglerKitError(
         f"STRAGGLERKIT_OPTCC_BUBBLE_FILLING={text!r} is not auto, on or off "
         "(whether OptCC fills the slow rank's idle time with a point-to-point AllReduce; unset: auto)"

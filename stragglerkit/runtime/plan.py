@@ -49,6 +49,7 @@ import torch
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.units import parse_switch
 
 __all__ = [
     "OP_COLUMNS",
@@ -416,12 +417,11 @@ its connection is posted, rather than completed, where nothing but that order li
 
 def post_ahead_enabled() -> bool:
     """``STRAGGLERKIT_POST_AHEAD`` (unset: on); ValueError names a bad value."""
-    text = os.environ.get(POST_AHEAD_ENV, "on").strip().lower()
-    if text in ("on", "1", "true", "yes", ""):
-        return True
-    if text in ("off", "0", "false", "no"):
-        return False
-    raise ValueError(f"{POST_AHEAD_ENV}={text!r}: give on or off")
+    text = os.environ.get(POST_AHEAD_ENV, "").strip().lower()
+    switch = parse_switch(text) if text else True
+    if switch is None:
+        raise ValueError(f"{POST_AHEAD_ENV}={text!r}: give on or off")
+    return switch
 
 
 def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[int, int]]:

@@ -91,7 +91,7 @@ __all__ = [
     "ShapingError",
     "ShapingReport",
     "TestbedError",
-    "available_congestion_controls",
+    "allowed_congestion_controls",
     "find_leftovers",
     "list_namespaces",
     "remove_leftovers",
@@ -103,7 +103,7 @@ _BRIDGE = "skbr"
 _MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping errors persist
 
 
-def available_congestion_controls() -> list[str]:
+def allowed_congestion_controls() -> list[str]:
     """The TCP congestion controls a new network namespace may use: this kernel's
     ``net.ipv4.tcp_allowed_congestion_control`` (a namespace other than the machine's own may only
     pick one of those, though ``tcp_available_congestion_control`` may list more)."""
@@ -162,7 +162,7 @@ class EmulatedCluster:
         """TCP congestion control of every host (``net.ipv4.tcp_congestion_control`` in its
         namespace), e.g. ``cubic`` (Linux's default) or ``bbr``; None keeps what a new namespace
         inherits from this machine. It must be one of this kernel's
-        ``net.ipv4.tcp_available_congestion_control``."""
+        ``net.ipv4.tcp_allowed_congestion_control`` (:func:`allowed_congestion_controls`)."""
         verify: bool = True
         """Measure every shaped link at start and raise ShapingError if one is off."""
         tolerance: float = 0.15
@@ -244,7 +244,7 @@ class EmulatedCluster:
         if c.tcp_send_buffer is not None and not (isinstance(c.tcp_send_buffer, int) and c.tcp_send_buffer >= 8192):
             raise ValueError(f"tcp_send_buffer must be a number of bytes >= 8192 (8KiB), got {c.tcp_send_buffer!r}")
         if c.tcp_congestion_control is not None:
-            allowed, name = available_congestion_controls(), c.tcp_congestion_control
+            allowed, name = allowed_congestion_controls(), c.tcp_congestion_control
             if name not in allowed:
                 if name in _sysctl_words("tcp_available_congestion_control"):
                     how = (
@@ -252,7 +252,8 @@ class EmulatedCluster:
                         f"sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}'"
                     )
                 else:
-                    how = f"this kernel has only {' '.join(allowed) or 'none'}; load it with modprobe tcp_{name}"
+                    available = " ".join(_sysctl_words("tcp_available_congestion_control")) or "none"
+                    how = f"this kernel has only {available}; load it with modprobe tcp_{name}"
                 raise ValueError(f"tcp_congestion_control {name!r} is not available to the hosts' namespaces: {how}")
 
     def _check_host(self, host: int) -> None:
