@@ -44,6 +44,13 @@ def one_rank_bad_arguments(rank: int, n: int) -> str:
     return _call(x, algorithm="ring")
 
 
+def one_rank_bad_switch(rank: int, n: int, variable: str) -> str:
+    _call(torch.ones(24), algorithm="ring")  # warm: every rank's abort listener is up
+    if rank == 1:
+        os.environ[variable] = "maybe"
+    return _call(torch.ones(24), algorithm="ring")
+
+
 def size_mismatch(rank: int, n: int) -> dict[str, Any]:
     import stragglerkit.runtime.api as api
 

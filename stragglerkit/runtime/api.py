@@ -56,9 +56,10 @@ from stragglerkit.runtime.executor import (
     is_default_gloo_group,
     notify_local_failure,
     run_plan,
+    waiters_complete_enabled,
 )
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import RankPlan, lower, plan_id
+from stragglerkit.runtime.plan import RankPlan, lower, plan_id, post_ahead_enabled
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import new_group_with_send_buffer, send_buffer_from_env
 from stragglerkit.schedules import Schedule, check
@@ -566,6 +567,8 @@ class Runtime:
     ) -> RunRecord:
         try:
             _validate_tensor(tensor, op)
+            post_ahead_enabled()  # a bad STRAGGLERKIT_* switch fails here, where every rank hears of it
+            waiters_complete = waiters_complete_enabled()
             situation = self._situation(straggler, slowdowns)
             chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:
@@ -594,6 +597,7 @@ class Runtime:
                 self.timeout,
                 self.reverse_group,
                 concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
+                waiters_complete,
             )
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
