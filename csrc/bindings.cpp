@@ -33,14 +33,13 @@ torch::Tensor execute(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch
                       torch::Tensor child_idx, torch::Tensor wait_order, torch::Tensor peers, torch::Tensor rank_map,
                       std::vector<std::string> labels, std::string algorithm, int64_t logical_rank, int64_t plan_id,
                       double timeout_seconds, const py::object& range_callback, const py::object& reverse_group,
-                      bool concurrent_waits, bool waiters_complete) {
+                      bool concurrent_waits) {
   stragglerkit::PlanTables plan{ops,    dep_count, child_ptr,         child_idx, wait_order, peers, rank_map,
                                 labels, algorithm, logical_rank, plan_id};
   if (!reverse_group.is_none()) {
     plan.reverse_group = reverse_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
   }
   plan.concurrent_waits = concurrent_waits;
-  plan.waiters_complete = waiters_complete;
   auto callback = range_callback_from(range_callback);
   py::gil_scoped_release no_gil;
   auto timings = stragglerkit::execute_plan(group, std::move(buffer), std::move(scratch), plan, timeout_seconds,
@@ -68,7 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dep_count"), py::arg("child_ptr"), py::arg("child_idx"), py::arg("wait_order"), py::arg("peers"),
         py::arg("rank_map"), py::arg("labels"), py::arg("algorithm"), py::arg("logical_rank"), py::arg("plan_id"),
         py::arg("timeout_seconds"), py::arg("range_callback"), py::arg("reverse_group") = py::none(),
-        py::arg("concurrent_waits") = false, py::arg("waiters_complete") = false,
+        py::arg("concurrent_waits") = false,
         "Run one rank's lowered plan in place over a c10d ProcessGroup; returns the per-op timings.");
   m.def(
       "notify_local_failure",

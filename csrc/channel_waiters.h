@@ -10,13 +10,8 @@
 // ChannelWaiters gives every channel -- one (peer, direction) pair of a rank -- its own thread. A
 // channel's messages match in program order (the transport pairs them in posting order), so each
 // thread waits on its channel's works in the order they were posted and hands each completion
-// (or error) on. Two ways (executor.h: PlanTables::waiters_complete):
-// * through one queue to the interpreter's thread, which does all the bookkeeping, reductions and
-//   posting on its own thread, the waiter threads only block (next());
-// * to a handler that the waiter thread calls itself (set_handler()): the executor's handler takes
-//   the run's lock and does the interpreter's work for that completion on the waiter's thread.
-//   A completion then costs one thread wake-up fewer (gloo's I/O thread wakes the waiter, which
-//   reduces and posts at once), which is on the critical path once per message.
+// (or error) to the interpreter's thread through one queue. The interpreter does all the
+// bookkeeping, reductions and posting on its own thread; the waiter threads only block.
 //
 // Works being waited on are registered in the group's `blocked` list, so that an abort note from
 // another rank (group_state.cpp) wakes them. stop() aborts what is still being waited on and joins
@@ -28,7 +23,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,20 +54,10 @@ class ChannelWaiters {
   ChannelWaiters& operator=(const ChannelWaiters&) = delete;
   ~ChannelWaiters() { stop(); }
 
-  using Handler = std::function<void(Completion&&)>;
-
-  // Every completion, also a failed one, goes to `handler` on the waiter's thread instead of the
-  // queue that next() reads. Set before the first enqueue(). The handler must not call stop().
-  void set_handler(Handler handler) { handler_ = std::move(handler); }
-
   // Queues `work` behind the earlier works of channel (peer, is_send); starts that channel's thread
   // on first use.
   void enqueue(int64_t peer, bool is_send, c10::intrusive_ptr<c10d::Work> work, int64_t op) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) {  // posted while the run was ending: nobody waits on it any more
-      abandoned_.push_back(std::move(work));
-      return;
-    }
     auto& channel = channels_[{peer, is_send}];
     if (!channel) {
       channel = std::make_unique<Channel>();
@@ -167,19 +151,10 @@ class ChannelWaiters {
                           std::chrono::steady_clock::now().time_since_epoch())
                           .count();
       state_->unblock(item.work);
-      const bool failed = !result.ok;
-      if (handler_) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          channel->current.reset();
-        }
-        handler_(std::move(result));
-        if (failed) return;  // later messages of this channel cannot complete in order
-        continue;
-      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         channel->current.reset();
+        const bool failed = !result.ok;
         done_.push_back(std::move(result));
         done_cv_.notify_one();
         if (failed) return;  // later messages of this channel cannot complete in order
@@ -197,7 +172,6 @@ class ChannelWaiters {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable done_cv_;
-  Handler handler_;
   std::deque<Completion> done_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Channel>> channels_;
   std::vector<c10::intrusive_ptr<c10d::Work>> abandoned_;

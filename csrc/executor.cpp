@@ -16,12 +16,6 @@
 //   have waited through messages 1..k-1 (induction on k). Transfers still progress in the
 //   background in any order. A recv_reduce adds the received scratch into the buffer right after
 //   its wait(), on the current stream (CUDA: the stream that wait() synchronised).
-// * Or concurrently (CPU buffers on gloo; the policy is in runtime/executor.py): one waiter thread
-//   per (peer, direction) channel blocks on that channel's works in posting order
-//   (channel_waiters.h). By default each waiter handles what it observed itself -- timing row,
-//   reduction, completion, posting what became ready -- under the run's lock (run_mu_), and this
-//   thread only waits for the end or the first failure; otherwise the waiters queue their
-//   completions for this thread. Either way one completion is handled at a time.
 // * Nothing involves the whole group: a rank only ever talks to the peers in its plan, so with
 //   StragglAR the punctual ranks run their pre-phase while the straggler is still away.
 //
@@ -51,9 +45,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
-#include <exception>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -174,39 +165,22 @@ class Run {
   // ---- main loop -----------------------------------------------------------------------------
   void execute() {
     check_not_aborted(-1);
-    const bool waiters_complete = plan_.concurrent_waits && plan_.waiters_complete && !range_callback_;
     if (plan_.concurrent_waits) {
       waiters_ = std::make_unique<ChannelWaiters>(state_, call_, timeout_);
-      if (waiters_complete) {
-        waiters_->set_handler([this](Completion&& done) { handle_on_waiter(std::move(done)); });
+    }
+    post_headers();
+    pending_.assign(plan_.dep_count.data_ptr<int64_t>(), plan_.dep_count.data_ptr<int64_t>() + num_ops_);
+    ready_.assign(num_ops_, false);
+    done_.assign(num_ops_, false);
+    works_.assign(num_ops_, c10::intrusive_ptr<c10d::Work>());
+    start_ns_.assign(num_ops_, 0);
+    for (int64_t op = 0; op < num_ops_; ++op) {
+      if (pending_[op] == 0) {
+        worklist_.push_back(op);
       }
     }
-    {
-      // A waiter that handles completions itself starts with the first header receive: it waits
-      // for this lock until everything below is set up and the first ops are posted.
-      std::lock_guard<std::mutex> lock(run_mu_);
-      try {
-        post_headers();
-        pending_.assign(plan_.dep_count.data_ptr<int64_t>(), plan_.dep_count.data_ptr<int64_t>() + num_ops_);
-        ready_.assign(num_ops_, false);
-        done_.assign(num_ops_, false);
-        works_.assign(num_ops_, c10::intrusive_ptr<c10d::Work>());
-        start_ns_.assign(num_ops_, 0);
-        outstanding_ = plan_.wait_order.numel() + static_cast<int64_t>(header_recvs_.size());
-        for (int64_t op = 0; op < num_ops_; ++op) {
-          if (pending_[op] == 0) {
-            worklist_.push_back(op);
-          }
-        }
-        drain();
-      } catch (...) {
-        finished_ = true;  // the waiters drop what completes from now on
-        throw;
-      }
-    }
-    if (waiters_complete) {
-      await_waiters();
-    } else if (waiters_) {
+    drain();
+    if (waiters_) {
       observe_concurrently();
     } else {
       observe_in_wait_order();
@@ -264,91 +238,55 @@ class Run {
   // One waiter thread per channel reports completions as they happen (channel_waiters.h); this
   // thread reduces, completes and posts in the order the completions arrive.
   void observe_concurrently() {
-    while (outstanding_ > 0) {
+    int64_t outstanding = plan_.wait_order.numel() + static_cast<int64_t>(header_recvs_.size());
+    const int64_t num_waited = plan_.wait_order.numel();
+    auto* timing = timings_.data_ptr<int64_t>();
+    int64_t position = 0;
+    while (outstanding > 0) {
       Completion done = waiters_->next();
-      --outstanding_;
-      handle(done);
+      --outstanding;
+      if (!done.ok) {
+        check_not_aborted(done.op);
+        if (done.peer < 0) {
+          throw ExecFailure(context() + ": " + done.error, kReasonOther, -1);
+        }
+        ExecFailure failure = wait_failure(done.op, done.peer, done.error);
+        if (failure.reason == kReasonTimeout) {
+          // Several channels time out at about the same time when one peer stalls; the message
+          // posted first and still incomplete is the head of the chain of waits: blame its peer.
+          const int64_t oldest = oldest_in_flight();
+          if (oldest >= 0 && oldest != done.op) {
+            failure = wait_failure(oldest, col(oldest, kColPeer), done.error);
+          }
+        }
+        throw failure;
+      }
+      if (done.op < 0) {
+        check_header(done.peer);
+        drain();  // what posting the deferred receives made ready
+        continue;
+      }
+      const int64_t op = done.op;
+      if (position >= num_waited) {
+        throw ExecFailure(context() + ": internal error: more completions than messages", kReasonOther, -1);
+      }
+      enter_range(col(op, kColLabel));
+      int64_t* row = timing + position * 6;
+      ++position;
+      row[0] = op;
+      row[1] = physical(done.peer);
+      row[2] = col(op, kColCount) * element_size_;
+      row[3] = col(op, kColKind);
+      row[4] = start_ns_[op];
+      row[5] = done.end_ns;
+      if (col(op, kColKind) == kRecvReduce) {
+        reduce_into_buffer(op);
+      }
+      works_[op].reset();
+      complete(op);
+      drain();
     }
     waiters_->stop();
-  }
-
-  // The waiter threads handle the completions themselves (handle_on_waiter); this thread waits
-  // until all are handled or one failed, then stops the waiters and raises the failure.
-  void await_waiters() {
-    {
-      std::unique_lock<std::mutex> lock(run_mu_);
-      const auto limit = timeout_ + std::chrono::seconds(5);
-      if (!progress_.wait_for(lock, limit, [this] { return finished_ || outstanding_ == 0; })) {
-        finished_ = true;
-        failure_ = std::make_exception_ptr(ExecFailure(
-            context() + ": internal error: no message completed or failed within the timeout", kReasonOther, -1));
-      }
-    }
-    waiters_->stop();  // joins the threads: no handler runs after this
-    if (failure_) std::rethrow_exception(failure_);
-  }
-
-  // Called on a waiter's thread for each completion it observed.
-  void handle_on_waiter(Completion&& done) {
-    std::lock_guard<std::mutex> lock(run_mu_);
-    if (finished_) return;  // a failure was handled first, or the run is over
-    try {
-      --outstanding_;
-      handle(done);
-    } catch (...) {
-      failure_ = std::current_exception();
-      finished_ = true;
-      progress_.notify_one();
-      return;
-    }
-    if (outstanding_ == 0) {
-      finished_ = true;
-      progress_.notify_one();
-    }
-  }
-
-  // Reduces, completes and posts what one observed completion allows; raises for a failed one.
-  void handle(const Completion& done) {
-    if (!done.ok) {
-      check_not_aborted(done.op);
-      if (done.peer < 0) {
-        throw ExecFailure(context() + ": " + done.error, kReasonOther, -1);
-      }
-      ExecFailure failure = wait_failure(done.op, done.peer, done.error);
-      if (failure.reason == kReasonTimeout) {
-        // Several channels time out at about the same time when one peer stalls; the message
-        // posted first and still incomplete is the head of the chain of waits: blame its peer.
-        const int64_t oldest = oldest_in_flight();
-        if (oldest >= 0 && oldest != done.op) {
-          failure = wait_failure(oldest, col(oldest, kColPeer), done.error);
-        }
-      }
-      throw failure;
-    }
-    if (done.op < 0) {
-      check_header(done.peer);
-      drain();  // what posting the deferred receives made ready
-      return;
-    }
-    const int64_t op = done.op;
-    if (position_ >= plan_.wait_order.numel()) {
-      throw ExecFailure(context() + ": internal error: more completions than messages", kReasonOther, -1);
-    }
-    enter_range(col(op, kColLabel));
-    int64_t* row = timings_.data_ptr<int64_t>() + position_ * 6;
-    ++position_;
-    row[0] = op;
-    row[1] = physical(done.peer);
-    row[2] = col(op, kColCount) * element_size_;
-    row[3] = col(op, kColKind);
-    row[4] = start_ns_[op];
-    row[5] = done.end_ns;
-    if (col(op, kColKind) == kRecvReduce) {
-      reduce_into_buffer(op);
-    }
-    works_[op].reset();
-    complete(op);
-    drain();
   }
 
   // The posted, incomplete message that was posted first (-1: none).
@@ -391,11 +329,7 @@ class Run {
           complete(op);
           break;
         case kCopy:
-          if (buffer_.is_cuda()) {
-            buffer_span(op).copy_(scratch_span(op));
-          } else {  // a plain copy: no intra-op thread pool on a waiter's thread
-            std::memcpy(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount) * element_size_);
-          }
+          buffer_span(op).copy_(scratch_span(op));
           complete(op);
           break;
         default:
@@ -774,13 +708,6 @@ class Run {
   std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Work>>> header_sends_;
   std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> header_recvs_;
   std::unique_ptr<ChannelWaiters> waiters_;  // concurrent mode only
-  // Guards everything above while waiter threads handle completions (handle_on_waiter).
-  std::mutex run_mu_;
-  std::condition_variable progress_;  // signalled when finished_ becomes true
-  bool finished_ = false;             // all completions handled, or a failure
-  std::exception_ptr failure_;        // the first failure a waiter's handler raised
-  int64_t outstanding_ = 0;           // completions (messages and header receives) still to handle
-  int64_t position_ = 0;              // the next row of timings_
 };
 
 }  // namespace

@@ -64,11 +64,6 @@ struct PlanTables {
   // (channel_waiters.h), instead of blocking in `wait_order`. For CPU tensors on gloo; the policy
   // (which buckets) lives in Python (runtime/api.py).
   bool concurrent_waits = false;
-  // With concurrent waits: each waiter thread handles the completions it observes itself (reduces,
-  // completes, posts dependents, under the run's lock) instead of handing them to the interpreter's
-  // thread, which saves one thread wake-up per message. Off, or with a range callback (NVTX ranges
-  // are per thread), completions go through the interpreter's thread.
-  bool waiters_complete = false;
 };
 
 // Runs the plan in place on `buffer` (1-D contiguous) with `scratch` (same dtype and device).

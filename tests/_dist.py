@@ -12,21 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["WAIT_MODES", "run_group", "use_wait_mode"]
-
-WAIT_MODES = ["ordered", "concurrent", "concurrent-via-interpreter"]
-"""The executor's ways of observing completions (csrc/channel_waiters.h): in the plan's global
-order; one waiter thread per channel that handles its completions itself (the default for large
-buffers); the same waiters handing every completion to the interpreter's thread."""
-
-
-def use_wait_mode(monkeypatch: Any, wait_mode: str) -> None:
-    """Makes the ranks that the test spawns (they inherit the environment) observe completions
-    the ``wait_mode`` way, one of :data:`WAIT_MODES`."""
-    if wait_mode not in WAIT_MODES:
-        raise ValueError(f"wait mode {wait_mode!r}: one of {WAIT_MODES}")
-    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "ordered" if wait_mode == "ordered" else "concurrent")
-    monkeypatch.setenv("STRAGGLERKIT_WAITERS_COMPLETE", "off" if wait_mode == "concurrent-via-interpreter" else "on")
+__all__ = ["run_group"]
 
 
 def _entry(

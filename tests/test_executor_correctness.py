@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _dist import run_group, use_wait_mode
+from _dist import run_group
 from correctness_body import SIZES, sweep
 
 SMALL_SIZES = tuple(s for s in SIZES if s < (1 << 20))
@@ -42,14 +42,6 @@ def test_small_sizes_with_concurrent_waits(n: int, monkeypatch: pytest.MonkeyPat
     """Buffers under 64 KiB normally use the ordered wait; force one waiter thread per channel."""
     monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "concurrent")  # inherited by the spawned ranks
     check_results(n, run_group(n, sweep, SMALL_SIZES))
-
-
-@pytest.mark.parametrize("n", [4, 5])
-def test_concurrent_waits_through_the_interpreter_thread(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Waiter threads that hand every completion to the interpreter's thread instead of handling
-    it themselves (STRAGGLERKIT_WAITERS_COMPLETE=off): small sizes and a large odd one."""
-    use_wait_mode(monkeypatch, "concurrent-via-interpreter")  # inherited by the spawned ranks
-    check_results(n, run_group(n, sweep, (*SMALL_SIZES, (1 << 20) + 3), (torch.float32, torch.float16)))
 
 
 @pytest.mark.parametrize("n", [3, 4])

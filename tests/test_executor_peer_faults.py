@@ -12,7 +12,10 @@ import fault_bodies
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import WAIT_MODES, run_group, use_wait_mode
+from _dist import run_group
+
+WAIT_MODES = ["ordered", "concurrent"]
+"""The executor's two ways of observing completions (csrc/channel_waiters.h)."""
 
 
 def _dies_entry(rank: int, n: int, store_path: str, queue: Any) -> None:
@@ -26,7 +29,7 @@ def _dies_entry(rank: int, n: int, store_path: str, queue: Any) -> None:
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
 def test_dead_peer_raises_naming_it(wait_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_wait_mode(monkeypatch, wait_mode)
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", wait_mode)  # inherited by the spawned ranks
     n = 3
     ctx = mp.get_context("spawn")
     queue: multiprocessing.Queue[Any] = ctx.Queue()
@@ -50,7 +53,7 @@ def test_dead_peer_raises_naming_it(wait_mode: str, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
 def test_stalled_peer_times_out_naming_it(wait_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_wait_mode(monkeypatch, wait_mode)
+    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", wait_mode)  # inherited by the spawned ranks
     results = run_group(4, fault_bodies.peer_stalls)
     # ranks 1 and 3 talk to the stalled rank 2: each either times out itself, or is stopped first by
     # the other's abort note -- and then reports that root cause. Either way the error names rank 2.

@@ -56,7 +56,6 @@ from stragglerkit.runtime.executor import (
     is_default_gloo_group,
     notify_local_failure,
     run_plan,
-    waiters_complete_enabled,
 )
 from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.runtime.plan import RankPlan, lower, plan_id, post_ahead_enabled
@@ -567,8 +566,7 @@ class Runtime:
     ) -> RunRecord:
         try:
             _validate_tensor(tensor, op)
-            post_ahead_enabled()  # a bad STRAGGLERKIT_* switch fails here, where every rank hears of it
-            waiters_complete = waiters_complete_enabled()
+            post_ahead_enabled()  # a bad STRAGGLERKIT_POST_AHEAD fails here, where every rank hears of it
             situation = self._situation(straggler, slowdowns)
             chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:
@@ -597,7 +595,6 @@ class Runtime:
                 self.timeout,
                 self.reverse_group,
                 concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
-                waiters_complete,
             )
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)

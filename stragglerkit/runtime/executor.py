@@ -20,7 +20,6 @@ from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
 from stragglerkit.runtime.remap import RankMap
-from stragglerkit.units import parse_switch
 
 __all__ = [
     "CONCURRENT_WAIT_MIN_BYTES",
@@ -32,7 +31,6 @@ __all__ = [
     "native",
     "notify_local_failure",
     "run_plan",
-    "waiters_complete_enabled",
 ]
 
 CONCURRENT_WAIT_MIN_BYTES = 64 * 1024
@@ -137,7 +135,6 @@ def run_plan(
     timeout_seconds: float,
     reverse_group: dist.ProcessGroup | None = None,
     concurrent: bool = False,
-    waiters_complete: bool = True,
 ) -> OpTimings:
     """Run ``plan`` in place on the 1-D contiguous ``buffer``; return the per-op timings.
 
@@ -145,8 +142,6 @@ def run_plan(
     so that each direction of a pair has its own connection (see :func:`duplex_group`).
     ``concurrent``: observe completions with one waiter thread per (peer, direction) channel
     instead of in the plan's global wait order (see :func:`concurrent_waits`).
-    ``waiters_complete``: with ``concurrent``, the waiter threads handle the completions they
-    observe themselves (see :func:`waiters_complete_enabled`).
     """
     c = native()
     try:
@@ -169,29 +164,10 @@ def run_plan(
             _range_callback(plan.labels),
             reverse_group,
             concurrent,
-            concurrent and waiters_complete,
         )
     except RuntimeError as err:
         raise StragglerKitError(str(err).split("\nException raised from")[0]) from None
     return OpTimings(table)
-
-
-WAITERS_COMPLETE_ENV = "STRAGGLERKIT_WAITERS_COMPLETE"
-
-
-def waiters_complete_enabled() -> bool:
-    """``STRAGGLERKIT_WAITERS_COMPLETE`` (unset: on); ValueError names a bad value.
-
-    With concurrent waits, each waiter thread handles the completions it observes (reduces, marks
-    them complete, posts what they made ready, under the run's lock) instead of handing them to
-    the interpreter's thread: one thread wake-up less per message on the critical path
-    (csrc/channel_waiters.h). Off: every completion goes through the interpreter's thread.
-    """
-    text = os.environ.get(WAITERS_COMPLETE_ENV, "").strip().lower()
-    switch = parse_switch(text) if text else True
-    if switch is None:
-        raise ValueError(f"{WAITERS_COMPLETE_ENV}={text!r}: give on or off")
-    return switch
 
 
 def concurrent_waits(
