@@ -339,9 +339,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from stragglerkit.bench import BenchConfig, detect_mode, run
     from stragglerkit.errors import StragglerKitError
-    from stragglerkit.runtime.send_buffer import send_buffer_from_env
+    from stragglerkit.runtime import settings
 
-    send_buffer_from_env()  # a bad STRAGGLERKIT_TCP_SEND_BUFFER stops here, not in every rank
+    settings.check_local()  # a bad STRAGGLERKIT_* value stops here, not in every rank
     mode, why = detect_mode(args.loopback)
     if mode == "torchrun" and args.world_size is not None:
         import os

@@ -44,11 +44,19 @@ def one_rank_bad_arguments(rank: int, n: int) -> str:
     return _call(x, algorithm="ring")
 
 
-def one_rank_bad_switch(rank: int, n: int, variable: str) -> str:
+def one_rank_bad_setting(rank: int, n: int, variable: str) -> str:
     _call(torch.ones(24), algorithm="ring")  # warm: every rank's abort listener is up
     if rank == 1:
         os.environ[variable] = "maybe"
     return _call(torch.ones(24), algorithm="ring")
+
+
+def one_rank_setting_at_creation(rank: int, n: int, variable: str, value: str) -> str:
+    """Rank 1 alone sets ``variable`` before the group's runtime exists (the first call creates it)."""
+    if rank == 1:
+        os.environ[variable] = value
+    first = _call(torch.ones(24), algorithm="ring")
+    return first
 
 
 def size_mismatch(rank: int, n: int) -> dict[str, Any]:

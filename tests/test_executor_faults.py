@@ -33,15 +33,42 @@ def test_one_rank_with_bad_arguments_stops_the_others() -> None:
         assert f"on rank {rank}" in results[rank]
 
 
-def test_one_rank_with_a_bad_switch_stops_the_others() -> None:
-    """STRAGGLERKIT_POST_AHEAD with a bad value on one rank: a ValueError there that names the
-    variable and what to give, and an error naming that rank on the others, not a hang."""
-    results = run_group(3, fault_bodies.one_rank_bad_switch, "STRAGGLERKIT_POST_AHEAD")
-    assert results[1].startswith("ValueError") and "STRAGGLERKIT_POST_AHEAD='maybe'" in results[1], results[1]
-    assert "give on or off" in results[1]
+@pytest.mark.parametrize(
+    ("variable", "hint"),
+    [
+        ("STRAGGLERKIT_POST_AHEAD", "give on or off"),
+        ("STRAGGLERKIT_WAIT_MODE", "give auto, ordered or concurrent"),
+        ("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "is not a positive size"),
+        ("STRAGGLERKIT_NVTX", "give on or off"),
+    ],
+)
+def test_one_rank_with_a_bad_setting_stops_the_others(variable: str, hint: str) -> None:
+    """A STRAGGLERKIT_* setting with a bad value on one rank, set after the runtime exists: a
+    ValueError there that names the variable and what to give, and an error naming that rank on
+    the others, not a wait for the timeout."""
+    results = run_group(3, fault_bodies.one_rank_bad_setting, variable)
+    assert results[1].startswith("ValueError") and f"{variable}='maybe'" in results[1], results[1]
+    assert hint in results[1], results[1]
     for rank in (0, 2):
         assert results[rank].startswith("StragglerKitError"), results[rank]
         assert "rank 1 failed (invalid arguments" in results[rank], results[rank]
+
+
+def test_a_setting_that_differs_at_the_runtime_s_creation_is_named_on_every_rank() -> None:
+    """STRAGGLERKIT_TCP_SEND_BUFFER=off on rank 1 only: the others would create the runtime's own
+    groups (collectively) without it. Every rank raises, naming the variable and the ranks."""
+    results = run_group(3, fault_bodies.one_rank_setting_at_creation, "STRAGGLERKIT_TCP_SEND_BUFFER", "off")
+    for rank, out in results.items():
+        assert out.startswith("ValueError") and "STRAGGLERKIT_TCP_SEND_BUFFER differs between ranks" in out, (rank, out)
+        assert "'off' on rank(s) 1" in out and "unset on rank(s) 0, 2" in out, out
+        assert "same value on every rank" in out
+
+
+def test_a_bad_setting_at_the_runtime_s_creation_is_named_on_every_rank() -> None:
+    results = run_group(3, fault_bodies.one_rank_setting_at_creation, "STRAGGLERKIT_DUPLEX", "sideways")
+    for rank, out in results.items():
+        assert out.startswith("ValueError") and "on rank 1: STRAGGLERKIT_DUPLEX='sideways'" in out, (rank, out)
+        assert "STRAGGLERKIT_DUPLEX differs between ranks" in out, (rank, out)
 
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)

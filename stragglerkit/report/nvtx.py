@@ -23,7 +23,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["PROFILER_ENV_VARS", "backend", "enabled", "pop", "push", "range", "refresh"]
+from stragglerkit.units import parse_switch
+
+__all__ = ["PROFILER_ENV_VARS", "backend", "enabled", "forced_setting", "pop", "push", "range", "refresh"]
 
 PROFILER_ENV_VARS = ("NSYS_PROFILING_SESSION_ID", "NVTX_INJECTION64_PATH")
 DOMAIN = "stragglerkit"
@@ -33,10 +35,25 @@ _pop: Callable[[], Any] | None = None
 _backend = "none"
 
 
+def forced_setting() -> bool | None:
+    """``STRAGGLERKIT_NVTX``: True (on), False (off) or None (unset: ranges when a profiler is
+    attached); ValueError names a bad value."""
+    text = os.environ.get("STRAGGLERKIT_NVTX", "").strip()
+    if not text:
+        return None
+    switch = parse_switch(text)
+    if switch is None:
+        raise ValueError(f"STRAGGLERKIT_NVTX={text!r}: give on or off (1 or 0), or leave it unset")
+    return switch
+
+
 def _profiler_present() -> bool:
-    forced = os.environ.get("STRAGGLERKIT_NVTX")
+    try:
+        forced = forced_setting()
+    except ValueError:  # reported by the runtime's settings check (runtime/settings.py) at the first call
+        forced = None
     if forced is not None:
-        return forced not in ("", "0", "false", "off")
+        return forced
     return any(os.environ.get(name) for name in PROFILER_ENV_VARS)
 
 

@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.report import nvtx
+from stragglerkit.runtime import settings
 from stragglerkit.runtime.executor import (
     OpTiming,
     OpTimings,
@@ -58,7 +59,7 @@ from stragglerkit.runtime.executor import (
     run_plan,
 )
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import RankPlan, lower, plan_id, post_ahead_enabled
+from stragglerkit.runtime.plan import RankPlan, lower, plan_id
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import new_group_with_send_buffer, send_buffer_from_env
 from stragglerkit.schedules import Schedule, check
@@ -159,7 +160,7 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64) -> int:
         optcc_segments(32 * 2**20, 8)   # 9
         optcc_segments(7 * 2**20, 8)    # 3
     """
-    message_bytes = _optcc_message_bytes()
+    message_bytes = optcc_message_bytes()
     per_segment = (world_size - 1) * max(message_bytes, 1)
     floor = min(OPTCC_MIN_SEGMENTS, nbytes // ((world_size - 1) * OPTCC_SMALLEST_MESSAGE_BYTES))
     return max(1, min(most, max(nbytes // per_segment, floor)))
@@ -201,14 +202,14 @@ def optcc_bubble_filling(
         optcc_bubble_filling(8, {3: 8 / 7}, segments=18)  # False: they gain 0.7 %, below the 1 % asked
         optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # True: they gain 1.9 %
     """
-    setting = _optcc_bubble_filling_setting()
+    setting = optcc_bubble_filling_setting()
     if setting != "auto":
         return setting == "on"
     degraded = tuple(sorted((rank, float(slowdown)) for rank, slowdown in slowdowns.items() if slowdown > 1.0))
     return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server, optcc_sizing())
 
 
-def _optcc_bubble_filling_setting() -> str:
+def optcc_bubble_filling_setting() -> str:
     """``STRAGGLERKIT_OPTCC_BUBBLE_FILLING``: ``auto`` (unset: the simulator decides), ``on`` or ``off``."""
     text = os.environ.get("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "").strip().lower()
     if text in ("", "auto"):
@@ -335,7 +336,7 @@ def optcc_sizing() -> str:
     return text
 
 
-def _optcc_message_bytes() -> int:
+def optcc_message_bytes() -> int:
     """``STRAGGLERKIT_OPTCC_MESSAGE_BYTES`` (a size, e.g. ``128KiB``), else :data:`OPTCC_MESSAGE_BYTES`."""
     text = os.environ.get("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "").strip()
     if not text:
@@ -469,7 +470,16 @@ class Runtime:
         self._lock = threading.Lock()
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-        duplex = os.environ.get("STRAGGLERKIT_DUPLEX", "1") != "0"
+        for name, close in settings.unknown():
+            hint = f" (did you mean {close}?)" if close else ""
+            warnings.warn(f"{name} is not a stragglerkit setting{hint}; it has no effect", UserWarning, stacklevel=3)
+        if self.group.size() > 1 and dist.get_backend(self.group) == "gloo":
+            # collective: a rank with a bad or different value is named on every rank, instead of
+            # the others waiting for it in a group creation below or a header check later
+            settings.check_across_ranks(self.group)
+        else:
+            settings.check_local()
+        duplex = settings.duplex_enabled()
         send_buffer = send_buffer_from_env()
         self.data_group = self.group
         """The group the executor's messages (lower to higher ranks), headers and abort notes use:
@@ -566,7 +576,7 @@ class Runtime:
     ) -> RunRecord:
         try:
             _validate_tensor(tensor, op)
-            post_ahead_enabled()  # a bad STRAGGLERKIT_POST_AHEAD fails here, where every rank hears of it
+            settings.check_local()  # a bad STRAGGLERKIT_* value fails here, where every rank hears of it
             situation = self._situation(straggler, slowdowns)
             chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:

@@ -31,6 +31,7 @@ __all__ = [
     "native",
     "notify_local_failure",
     "run_plan",
+    "wait_mode",
 ]
 
 CONCURRENT_WAIT_MIN_BYTES = 64 * 1024
@@ -170,6 +171,18 @@ def run_plan(
     return OpTimings(table)
 
 
+WAIT_MODES = ("auto", "ordered", "concurrent")
+
+
+def wait_mode() -> str:
+    """``STRAGGLERKIT_WAIT_MODE``: one of :data:`WAIT_MODES` (unset: auto, see :func:`concurrent_waits`);
+    ValueError names a bad value."""
+    text = os.environ.get("STRAGGLERKIT_WAIT_MODE", "").strip().lower() or "auto"
+    if text not in WAIT_MODES:
+        raise ValueError(f"STRAGGLERKIT_WAIT_MODE={text!r}: give auto, ordered or concurrent")
+    return text
+
+
 def concurrent_waits(
     group: dist.ProcessGroup, buffer: torch.Tensor, plan: RankPlan, bounded_send_buffer: bool = False
 ) -> bool:
@@ -196,13 +209,11 @@ def concurrent_waits(
     """
     if buffer.device.type != "cpu" or dist.get_backend(group) != "gloo":
         return False
-    mode = os.environ.get("STRAGGLERKIT_WAIT_MODE", "auto")
+    mode = wait_mode()
     if mode == "ordered":
         return False
     if mode == "concurrent":
         return True
-    if mode != "auto":
-        raise StragglerKitError(f"STRAGGLERKIT_WAIT_MODE must be auto, ordered or concurrent, got {mode!r}")
     streams = plan.peers.numel() > 2 or bounded_send_buffer
     return streams and buffer.numel() * buffer.element_size() >= CONCURRENT_WAIT_MIN_BYTES
 
