@@ -2,7 +2,7 @@
 //
 // Execution rules (the symbolic checker's model, stragglerkit/schedules/check.py):
 // * An op becomes *ready* when all its dependencies completed. Local ops (reduce, copy, empty ops)
-//   run once nothing more can be posted (drain()); a send or receive is *posted* (non-blocking pg->send / pg->recv) as soon as it is
+//   run at once; a send or receive is *posted* (non-blocking pg->send / pg->recv) as soon as it is
 //   ready, its predecessor on the same (peer, direction) channel has been posted -- messages of one
 //   pair match in program order -- and the peer's header has been validated (below). Everything
 //   that can be in flight is in flight. A dependency that the lowering marked as met on posting
@@ -312,16 +312,9 @@ class Run {
     }
   }
 
-  // Posts the comm ops that became ready and runs the local ops, until nothing more can start.
-  // Posting goes first: a message's transfer can start while this thread reduces, but not the
-  // other way round (StragglAR's straggler receives round r+1's chunk while it adds round r's).
+  // Runs local ops and posts comm ops that became ready, until nothing more can start.
   void drain() {
-    while (!worklist_.empty() || !local_ready_.empty()) {
-      if (worklist_.empty()) {
-        run_local(local_ready_.front());
-        local_ready_.pop_front();
-        continue;
-      }
+    while (!worklist_.empty()) {
       const int64_t op = worklist_.front();
       worklist_.pop_front();
       switch (col(op, kColKind)) {
@@ -329,26 +322,21 @@ class Run {
           complete(op);
           break;
         case kReduce:
+          with_reduce_range([&] {
+            reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
+                            buffer_.scalar_type(), buffer_.device(), col(op, kColDivide));
+          });
+          complete(op);
+          break;
         case kCopy:
-          local_ready_.push_back(op);
+          buffer_span(op).copy_(scratch_span(op));
+          complete(op);
           break;
         default:
           ready_[op] = true;
           try_post(op);
       }
     }
-  }
-
-  void run_local(int64_t op) {
-    if (col(op, kColKind) == kReduce) {
-      with_reduce_range([&] {
-        reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
-                        buffer_.scalar_type(), buffer_.device(), col(op, kColDivide));
-      });
-    } else {
-      buffer_span(op).copy_(scratch_span(op));
-    }
-    complete(op);
   }
 
   void try_post(int64_t op) {
@@ -714,8 +702,7 @@ class Run {
   std::vector<bool> done_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::vector<int64_t> start_ns_;
-  std::deque<int64_t> worklist_;     // ready ops not yet looked at
-  std::deque<int64_t> local_ready_;  // ready reductions and copies, run once nothing can be posted
+  std::deque<int64_t> worklist_;
   std::set<int64_t> header_ok_;
   std::map<int64_t, std::vector<int64_t>> deferred_;
   std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Work>>> header_sends_;

@@ -458,15 +458,8 @@ class _ChunkBuilder(ScheduleBuilder):
         return index
 
     def swap(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        """Send ``chunk`` to ``peer``, receive the peer's copy into a scratch slot and add it in.
-
-        The slot alternates with the round (``rnd % 2``): the straggler swaps in every round, and
-        with one slot its receive of round r+1 would wait until it has added round r's chunk (the
-        slot's last reader); with two it only waits for round r's messages, so the addition of a
-        whole chunk stays off its chain of receives.
-        """
+        """Send ``chunk`` to ``peer``, receive the peer's copy into scratch 0 and add it in."""
         span = self.spans[chunk]
-        slot = rnd % 2
         self.send(rank, peer, span, round=rnd, phase=MATCHING_PHASE)
-        self.recv(rank, peer, span, scratch=slot, round=rnd, phase=MATCHING_PHASE)
-        self.reduce(rank, slot, span, round=rnd, phase=MATCHING_PHASE)
+        self.recv(rank, peer, span, scratch=0, round=rnd, phase=MATCHING_PHASE)
+        self.reduce(rank, 0, span, round=rnd, phase=MATCHING_PHASE)
