@@ -12,8 +12,17 @@ __all__ = ["provenance", "write_record"]
 
 
 def provenance() -> dict[str, Any]:
-    """The command, the ``STRAGGLERKIT_*`` settings it ran with, the machine and the date."""
-    return {"command": command_line(), "environment": settings(), "machine": machine_info(), "date": utc_now()}
+    """The command, the ``STRAGGLERKIT_*`` settings it ran with, the source (version, commit), the
+    machine and the date."""
+    from stragglerkit.bench.results import source_revision
+
+    return {
+        "command": command_line(),
+        "environment": settings(),
+        "source": source_revision(),
+        "machine": machine_info(),
+        "date": utc_now(),
+    }
 
 
 def write_record(path: Path, fields: dict[str, Any]) -> None:

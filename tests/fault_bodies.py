@@ -163,3 +163,14 @@ def idle_past_the_group_timeout(rank: int, n: int, idle_s: float) -> list[float]
     dist.all_reduce(own, group=group)
     sums.append(float(own[0]))
     return sums
+
+
+def misspelt_setting(rank: int, n: int) -> list[str]:
+    """Every rank has STRAGGLERKIT_WAITMODE set; the warnings the first call gives."""
+    import warnings
+
+    os.environ["STRAGGLERKIT_WAITMODE"] = "ordered"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _call(torch.ones(24), algorithm="ring") == "ok"
+    return [str(w.message) for w in caught if "STRAGGLERKIT" in str(w.message)]

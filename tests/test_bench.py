@@ -328,3 +328,25 @@ def test_table_flags_rows_where_the_cpus_were_busy() -> None:
     print_table(rows, header, out)
     notes = [line for line in out.getvalue().splitlines() if line.startswith("# note")]
     assert len(notes) == 1 and "ring 1MiB" in notes[0] and "gloo" not in notes[0], notes
+
+
+def test_results_record_the_source_they_ran() -> None:
+    """The header names the commit of the checkout and whether its package sources differ from it,
+    and the table prints it, so a committed result can be traced to the code that made it."""
+    import shutil
+
+    import stragglerkit
+    from stragglerkit.bench.results import source_revision
+
+    source = source_revision()
+    assert source["version"] == stragglerkit.__version__
+    root = Path(stragglerkit.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if shutil.which("git") is None or head.returncode != 0:
+        assert source["commit"] is None and source["modified"] is None
+        return
+    assert source["commit"] == head.stdout.strip()
+    assert isinstance(source["modified"], bool)
+    out = io.StringIO()
+    print_table([], {"config": {"world_size": 2}, "mode": "loopback", "mode_reason": "test", "source": source}, out)
+    assert f"# source: stragglerkit {source['version']} at {source['commit'][:12]}" in out.getvalue()

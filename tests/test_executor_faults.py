@@ -121,3 +121,11 @@ def test_an_idle_group_outlives_its_timeout() -> None:
     results = run_group(n, fault_bodies.idle_past_the_group_timeout, 2.5)
     total = float(sum(range(1, n + 1)))
     assert all(results[r] == [total] * 3 for r in range(n)), results
+
+
+def test_a_misspelt_setting_is_named_once() -> None:
+    results = run_group(2, fault_bodies.misspelt_setting)
+    assert results[0] == [
+        "STRAGGLERKIT_WAITMODE is not a stragglerkit setting (did you mean STRAGGLERKIT_WAIT_MODE?); it has no effect"
+    ]
+    assert results[1] == []  # rank 0 speaks for the group

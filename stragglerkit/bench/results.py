@@ -28,7 +28,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Protocol
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
@@ -215,6 +217,7 @@ def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) ->
             "torch": torch_version,
         },
         "load_average": list(os.getloadavg()),
+        "source": source_revision(),
         "environment": {k: v for k, v in os.environ.items() if k.startswith("STRAGGLERKIT_")},
         "runtime_tcp_send_buffer": _runtime_send_buffer(),
         "mode": launched.mode,
@@ -224,6 +227,40 @@ def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) ->
         "model_bandwidth_Bps": _payload_bandwidth(config, launched),
         "cluster": launched.cluster,
     }
+
+
+def source_revision() -> dict[str, Any]:
+    """The stragglerkit source a run used: the package version and, in a git checkout, the commit
+    and whether the package's sources (stragglerkit/, csrc/, setup.py, pyproject.toml) differ from
+    it; ``commit`` and ``modified`` are None outside a checkout or without git.
+
+    Example::
+
+        source_revision()  # {"version": "0.1.0", "commit": "79d1ad1...", "modified": False}
+    """
+    import stragglerkit
+
+    root = Path(stragglerkit.__file__).resolve().parent.parent
+    out: dict[str, Any] = {"version": stragglerkit.__version__, "commit": None, "modified": None}
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+        if head.returncode != 0:
+            return out
+        out["commit"] = head.stdout.strip()
+        sources = ["stragglerkit", "csrc", "setup.py", "pyproject.toml"]
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", *sources],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if status.returncode == 0:
+            out["modified"] = bool(status.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return out
 
 
 def _runtime_send_buffer() -> int | str:
@@ -257,6 +294,10 @@ def print_table(rows: list[dict[str, Any]], header: dict[str, Any], out: Any = N
             f"alpha {header['alpha_s'] * 1e6:.0f} us; load average {header['load_average'][0]:.2f}",
             file=stream,
         )
+    source = header.get("source")
+    if source and source.get("commit"):
+        modified = " with modified sources" if source.get("modified") else ""
+        print(f"# source: stragglerkit {source['version']} at {source['commit'][:12]}{modified}", file=stream)
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         mine = [r for r in rows if r["scenario"] == scenario]
         _print_block(scenario, mine, stream)

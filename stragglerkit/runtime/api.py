@@ -470,7 +470,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-        for name, close in settings.unknown():
+        for name, close in settings.unknown() if self.group.rank() == 0 else ():  # once, not once per rank
             hint = f" (did you mean {close}?)" if close else ""
             warnings.warn(f"{name} is not a stragglerkit setting{hint}; it has no effect", UserWarning, stacklevel=3)
         if self.group.size() > 1 and dist.get_backend(self.group) == "gloo":
