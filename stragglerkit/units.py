@@ -7,9 +7,19 @@ Conventions follow nccl-tests: GB = 1e9 bytes, GiB = 2^30 bytes; bandwidth in by
 
 from __future__ import annotations
 
+import os
 import re
+from typing import TypeVar
 
-__all__ = ["format_bytes", "format_seconds", "parse_bandwidth", "parse_size", "parse_switch", "parse_time"]
+__all__ = [
+    "format_bytes",
+    "format_seconds",
+    "parse_bandwidth",
+    "parse_size",
+    "parse_switch",
+    "parse_time",
+    "switch_from_env",
+]
 
 _SIZE_UNITS = {
     "": 1,
@@ -116,6 +126,26 @@ def parse_switch(text: str) -> bool | None:
         parse_switch(" Off ")  # False
     """
     return _SWITCH_WORDS.get(text.strip().lower())
+
+
+_Default = TypeVar("_Default")
+
+
+def switch_from_env(name: str, default: _Default) -> bool | _Default:
+    """The on/off setting ``name`` from the environment (:func:`parse_switch`), ``default`` when it
+    is unset or blank; ValueError names the variable and a bad value.
+
+    Example::
+
+        switch_from_env("STRAGGLERKIT_POST_AHEAD", True)  # True unless set to off (or 0, false, no)
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    switch = parse_switch(text)
+    if switch is None:
+        raise ValueError(f"{name}={text!r}: give on or off (1 or 0)")
+    return switch
 
 
 def format_bytes(size: float) -> str:

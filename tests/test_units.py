@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stragglerkit.units import parse_bandwidth, parse_size, parse_switch, parse_time
+from stragglerkit.units import parse_bandwidth, parse_size, parse_switch, parse_time, switch_from_env
 
 
 def test_sizes() -> None:
@@ -49,3 +49,15 @@ def test_parse_switch(text: str, expected: bool) -> None:
 @pytest.mark.parametrize("text", ["", "auto", "sometimes", "2"])
 def test_parse_switch_leaves_other_words_to_the_caller(text: str) -> None:
     assert parse_switch(text) is None
+
+
+def test_switch_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STRAGGLERKIT_TEST_SWITCH", raising=False)
+    assert switch_from_env("STRAGGLERKIT_TEST_SWITCH", None) is None
+    monkeypatch.setenv("STRAGGLERKIT_TEST_SWITCH", "  ")
+    assert switch_from_env("STRAGGLERKIT_TEST_SWITCH", True) is True
+    monkeypatch.setenv("STRAGGLERKIT_TEST_SWITCH", " Off ")
+    assert switch_from_env("STRAGGLERKIT_TEST_SWITCH", True) is False
+    monkeypatch.setenv("STRAGGLERKIT_TEST_SWITCH", "maybe")
+    with pytest.raises(ValueError, match=r"STRAGGLERKIT_TEST_SWITCH='maybe': give on or off"):
+        switch_from_env("STRAGGLERKIT_TEST_SWITCH", True)

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stragglerkit.units import parse_switch
+from stragglerkit.units import switch_from_env
 
 __all__ = ["PROFILER_ENV_VARS", "backend", "enabled", "forced_setting", "pop", "push", "range", "refresh"]
 
@@ -38,13 +38,7 @@ _backend = "none"
 def forced_setting() -> bool | None:
     """``STRAGGLERKIT_NVTX``: True (on), False (off) or None (unset: ranges when a profiler is
     attached); ValueError names a bad value."""
-    text = os.environ.get("STRAGGLERKIT_NVTX", "").strip()
-    if not text:
-        return None
-    switch = parse_switch(text)
-    if switch is None:
-        raise ValueError(f"STRAGGLERKIT_NVTX={text!r}: give on or off (1 or 0), or leave it unset")
-    return switch
+    return switch_from_env("STRAGGLERKIT_NVTX", None)
 
 
 def _profiler_present() -> bool:

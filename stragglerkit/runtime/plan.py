@@ -37,7 +37,6 @@ most about one bucket per rank for the algorithms here; it is allocated once per
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -49,7 +48,7 @@ import torch
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
-from stragglerkit.units import parse_switch
+from stragglerkit.units import switch_from_env
 
 __all__ = [
     "OP_COLUMNS",
@@ -417,11 +416,7 @@ its connection is posted, rather than completed, where nothing but that order li
 
 def post_ahead_enabled() -> bool:
     """``STRAGGLERKIT_POST_AHEAD`` (unset: on); ValueError names a bad value."""
-    text = os.environ.get(POST_AHEAD_ENV, "").strip().lower()
-    switch = parse_switch(text) if text else True
-    if switch is None:
-        raise ValueError(f"{POST_AHEAD_ENV}={text!r}: give on or off")
-    return switch
+    return switch_from_env(POST_AHEAD_ENV, True)
 
 
 def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[int, int]]:

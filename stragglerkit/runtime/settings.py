@@ -28,13 +28,14 @@ Example::
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from stragglerkit.units import parse_switch
+from stragglerkit.units import switch_from_env
 
 __all__ = ["PREFIX", "SETTINGS", "Setting", "check_across_ranks", "check_local", "duplex_enabled", "unknown"]
 
@@ -44,53 +45,18 @@ PREFIX = "STRAGGLERKIT_"
 def duplex_enabled() -> bool:
     """``STRAGGLERKIT_DUPLEX`` (unset: on): whether the runtime creates a second gloo group for
     messages from higher to lower ranks (runtime/executor.py: duplex_group); ValueError names a bad value."""
-    text = os.environ.get("STRAGGLERKIT_DUPLEX", "").strip()
-    switch = parse_switch(text) if text else True
-    if switch is None:
-        raise ValueError(f"STRAGGLERKIT_DUPLEX={text!r}: give on or off (1 or 0)")
-    return switch
+    return switch_from_env("STRAGGLERKIT_DUPLEX", True)
 
 
-def _read_send_buffer() -> object:
-    from stragglerkit.runtime.send_buffer import send_buffer_from_env
+def _lazy(module: str, function: str) -> Callable[[], object]:
+    """A reader that calls ``module.function``, imported at the first read: runtime/api.py imports
+    this module, so this module cannot import api.py (or what api.py imports) when it loads."""
 
-    return send_buffer_from_env()
+    def read() -> object:
+        reader: Callable[[], object] = getattr(importlib.import_module(module), function)
+        return reader()
 
-
-def _read_post_ahead() -> object:
-    from stragglerkit.runtime.plan import post_ahead_enabled
-
-    return post_ahead_enabled()
-
-
-def _read_wait_mode() -> object:
-    from stragglerkit.runtime.executor import wait_mode
-
-    return wait_mode()
-
-
-def _read_message_bytes() -> object:
-    from stragglerkit.runtime.api import optcc_message_bytes
-
-    return optcc_message_bytes()
-
-
-def _read_sizing() -> object:
-    from stragglerkit.runtime.api import optcc_sizing
-
-    return optcc_sizing()
-
-
-def _read_bubble_filling() -> object:
-    from stragglerkit.runtime.api import optcc_bubble_filling_setting
-
-    return optcc_bubble_filling_setting()
-
-
-def _read_nvtx() -> object:
-    from stragglerkit.report.nvtx import forced_setting
-
-    return forced_setting()
+    return read
 
 
 @dataclass(frozen=True)
@@ -107,17 +73,42 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "STRAGGLERKIT_TCP_SEND_BUFFER",
-        _read_send_buffer,
+        _lazy("stragglerkit.runtime.send_buffer", "send_buffer_from_env"),
         True,
         "the send buffer of the runtime's own gloo connections; decides which groups it creates",
     ),
     Setting("STRAGGLERKIT_DUPLEX", duplex_enabled, True, "whether the runtime creates a second gloo group"),
-    Setting("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", _read_message_bytes, True, "OptCC's message size: its plan"),
-    Setting("STRAGGLERKIT_OPTCC_SIZING", _read_sizing, True, "how OptCC sizes its chunks: its plan"),
-    Setting("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", _read_bubble_filling, True, "OptCC's fills: its plan"),
-    Setting("STRAGGLERKIT_POST_AHEAD", _read_post_ahead, False, "receives posted ahead on one connection"),
-    Setting("STRAGGLERKIT_WAIT_MODE", _read_wait_mode, False, "how the executor observes completions"),
-    Setting("STRAGGLERKIT_NVTX", _read_nvtx, False, "NVTX ranges on or off"),
+    Setting(
+        "STRAGGLERKIT_OPTCC_MESSAGE_BYTES",
+        _lazy("stragglerkit.runtime.api", "optcc_message_bytes"),
+        True,
+        "OptCC's message size: its plan",
+    ),
+    Setting(
+        "STRAGGLERKIT_OPTCC_SIZING",
+        _lazy("stragglerkit.runtime.api", "optcc_sizing"),
+        True,
+        "how OptCC sizes its chunks: its plan",
+    ),
+    Setting(
+        "STRAGGLERKIT_OPTCC_BUBBLE_FILLING",
+        _lazy("stragglerkit.runtime.api", "optcc_bubble_filling_setting"),
+        True,
+        "OptCC's fills: its plan",
+    ),
+    Setting(
+        "STRAGGLERKIT_POST_AHEAD",
+        _lazy("stragglerkit.runtime.plan", "post_ahead_enabled"),
+        False,
+        "receives posted ahead on one connection",
+    ),
+    Setting(
+        "STRAGGLERKIT_WAIT_MODE",
+        _lazy("stragglerkit.runtime.executor", "wait_mode"),
+        False,
+        "how the executor observes completions",
+    ),
+    Setting("STRAGGLERKIT_NVTX", _lazy("stragglerkit.report.nvtx", "forced_setting"), False, "NVTX ranges on or off"),
 )
 
 
