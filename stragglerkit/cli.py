@@ -380,6 +380,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         alpha=args.alpha,
         tcp_send_buffer=args.tcp_send_buffer,
         tcp_congestion_control=args.tcp_congestion_control,
+        fair_queueing=args.fair_queueing,
         fault_free_baseline=not args.no_fault_free_baseline,
         timeout=args.timeout,
     )
@@ -469,6 +470,13 @@ def _add_bench_parser(sub: Any) -> None:
         metavar="NAME",
         help="emulated cluster: every host's TCP congestion control, e.g. cubic or bbr (default: what this "
         "machine's new namespaces inherit; the JSON header records which ran)",
+    )
+    bench.add_argument(
+        "--fair-queueing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="emulated cluster: one queue per peer on every link, served in turn, so that transfers sharing a "
+        "link get even shares (--no-fair-queueing: one FIFO per link; default: the cluster's, docs/testbed.md)",
     )
     bench.add_argument(
         "--no-fault-free-baseline",

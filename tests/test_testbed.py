@@ -139,6 +139,34 @@ def test_shaper_sends_small_packets_first() -> None:
     assert iproute.shaper_commands("ns", "dev0", 125e6, "1:1", change=False)[0][7:9] == ["parent", "1:1"]
 
 
+def test_shaper_gives_each_peer_a_queue_of_its_own() -> None:
+    peers = ["198.18.0.2", "198.18.0.3", "198.18.0.4"]
+    argvs = iproute.shaper_commands("ns", "dev0", 125e6, None, change=False, peers=peers, match="dst")
+
+    def leaf(class_id: str) -> list[str]:
+        return next(a for a in argvs if "classid" in a and a[a.index("classid") + 1] == class_id)
+
+    data = [leaf(c) for c in ("10:20", "10:101", "10:102", "10:103")]
+    assured = {a[a.index("rate") + 1] for a in data}
+    assert len(assured) == 1  # equal shares
+    assert int(assured.pop().removesuffix("bps")) * 4 <= 125e6 - 125e6 / 20
+    assert all(a[a.index("ceil") + 1] == "125000000bps" and a[a.index("prio") + 1] == "1" for a in data)
+    queues = [a for a in argvs if "bfifo" in a]
+    assert sorted(a[a.index("parent") + 1] for a in queues) == ["10:10", "10:101", "10:102", "10:103", "10:20"]
+    assert len({a[a.index("handle") + 1] for a in queues}) == 5
+    filters = [a for a in argvs if "filter" in a]
+    assert filters[0][filters[0].index("prio") + 1] == "1" and filters[0][-1] == "10:10"  # small packets first
+    by_peer = {a[a.index("dst") + 1]: a[-1] for a in filters[1:]}
+    assert by_peer == {"198.18.0.2/32": "10:101", "198.18.0.3/32": "10:102", "198.18.0.4/32": "10:103"}
+    assert all(a[a.index("prio") + 1] == "2" for a in filters[1:])
+    received = iproute.shaper_commands("ns", "h0", 125e6, None, change=False, peers=peers, match="src")
+    assert ["ip", "src", "198.18.0.3/32", "flowid", "10:102"] == [a for a in received if "filter" in a][2][-5:]
+    changes = iproute.shaper_commands("ns", "dev0", 62.5e6, None, change=True, peers=peers)
+    assert len(changes) == 6 and all(a[4] == "change" and a[a.index("ceil") + 1] == "62500000bps" for a in changes)
+    with pytest.raises(ValueError, match="match must be 'dst' or 'src'"):
+        iproute.shaper_commands("ns", "dev0", 125e6, None, change=False, peers=peers, match="to")
+
+
 def test_shaper_bucket_passes_a_whole_gso_frame() -> None:
     for rate in (1e6, 25e6, 125e6, 1.25e9):
         args = iproute.tbf_arguments(rate)
@@ -326,6 +354,42 @@ def test_degraded_host_gets_half_the_rate(make_cluster: Callable[..., EmulatedCl
             assert link.measured == pytest.approx(parse_bandwidth("200Mbit") * 1448 / 1514, rel=0.15)
         cluster.set_slowdown(0, 1.0)
         assert cluster.link_rate(0) == parse_bandwidth("400Mbit")
+
+
+def _class_bytes(namespace: str, device: str) -> dict[str, int]:
+    """Bytes sent per htb class of ``device`` (``tc -s class show``)."""
+    out = iproute.command(["tc", "-n", namespace, "-s", "class", "show", "dev", device])
+    counted: dict[str, int] = {}
+    current = ""
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            current = words[2]
+        elif words[:1] == ["Sent"] and current:
+            counted[current] = int(words[1])
+    return counted
+
+
+@needs_netns
+def test_fair_queueing_puts_each_peer_in_its_queue_and_shares_evenly(
+    make_cluster: Callable[..., EmulatedCluster],
+) -> None:
+    with make_cluster(hosts=3, bandwidth=parse_bandwidth("200Mbit"), fair_queueing=True) as cluster:
+        assert cluster.describe()["fair_queueing"] is True
+        sent_before = _class_bytes(cluster.namespace(0), cluster.interface)
+        received_before = _class_bytes(cluster.bridge_namespace, "h1")
+        to_1, to_2 = cluster.measure_fan_out(0, [1, 2])
+        sent = {k: v - sent_before.get(k, 0) for k, v in _class_bytes(cluster.namespace(0), cluster.interface).items()}
+        received = {k: v - received_before.get(k, 0) for k, v in _class_bytes(cluster.bridge_namespace, "h1").items()}
+        # host 0's send link: the data to host 1 in 10:101 and to host 2 in 10:102, about as much each
+        assert sent["10:101"] > 1 << 20 and sent["10:102"] > 1 << 20
+        assert 0.5 < sent["10:101"] / sent["10:102"] < 2
+        # host 1's receive link: what host 0 sent in the class of host 0 (its first peer), not the default
+        assert received["10:101"] > 1 << 20 and received.get("10:20", 0) < 1 << 16
+        for rate in (to_1, to_2):  # half of the link each
+            assert rate.within(0.15), f"{rate.direction}: {rate.measured:.3g} B/s, expected {rate.expected:.3g}"
+    with pytest.raises(ValueError, match="distinct hosts other than 0"):
+        EmulatedCluster(EmulatedCluster.Config(hosts=3, prefix=PREFIX, verify=False)).measure_fan_out(0, [0, 1])
 
 
 @needs_netns

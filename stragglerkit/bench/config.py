@@ -136,6 +136,9 @@ class BenchConfig:
     tcp_congestion_control: str | None = None
     """Emulated cluster: every host's TCP congestion control (EmulatedCluster.Config); None keeps
     what new namespaces inherit from this machine."""
+    fair_queueing: bool | None = None
+    """Emulated cluster: one queue per peer on every link, served in turn (EmulatedCluster.Config);
+    None keeps the cluster's default."""
     fault_free_baseline: bool = True
     """With --degrade on the emulated cluster, also run gloo with every NIC healthy."""
     timeout: float = 600.0
@@ -192,6 +195,11 @@ class BenchConfig:
         if self.tcp_congestion_control is not None and self.mode != "emulated":
             raise ValueError(
                 "--tcp-congestion-control sets the emulated hosts' TCP congestion control; it needs the emulated "
+                f"cluster (root and iproute2), not {self.mode}"
+            )
+        if self.fair_queueing is not None and self.mode != "emulated":
+            raise ValueError(
+                "--fair-queueing/--no-fair-queueing choose how the emulated links queue; they need the emulated "
                 f"cluster (root and iproute2), not {self.mode}"
             )
         if self.alpha is not None and not self.alpha >= 0:

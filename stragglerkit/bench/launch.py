@@ -194,6 +194,8 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
         tcp_send_buffer=config.tcp_send_buffer,
         tcp_congestion_control=config.tcp_congestion_control,
     )
+    if config.fair_queueing is not None:
+        cluster_config.fair_queueing = config.fair_queueing
     cases: list[dict[str, Any]] = []
     with EmulatedCluster(cluster_config) as cluster:
         description = cluster.describe()

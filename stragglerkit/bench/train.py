@@ -69,6 +69,8 @@ ALLREDUCE_ONLY = (
     "--alpha",
     "--tcp-send-buffer",
     "--tcp-congestion-control",
+    "--fair-queueing",
+    "--no-fair-queueing",
     "--no-fault-free-baseline",
     "--plot",
 )

@@ -247,7 +247,16 @@ SMALL_PACKET_BYTES = 128
 priority class (:func:`shaper_commands`)."""
 
 
-def shaper_commands(namespace: str, device: str, rate: float, parent: str | None, *, change: bool) -> list[list[str]]:
+def shaper_commands(
+    namespace: str,
+    device: str,
+    rate: float,
+    parent: str | None,
+    *,
+    change: bool,
+    peers: Sequence[str] = (),
+    match: str = "dst",
+) -> list[list[str]]:
     """tc commands that shape ``device`` to ``rate`` bytes/s, with small packets first.
 
     An htb tree: class 10:1 at ``rate`` (bucket and queue as in :func:`tbf_arguments`), two leaves
@@ -259,7 +268,18 @@ def shaper_commands(namespace: str, device: str, rate: float, parent: str | None
     default qdisc schedules flows fairly, so ACKs pass; the priority class gives the emulated link
     the same property without giving up the deep, drop-free queue. ``parent`` is the handle the
     tree hangs from (None: the root); ``change`` re-rates an existing tree.
+
+    With ``peers`` (IPv4 addresses) the data of each peer gets a leaf of its own, 10:101, 10:102, ...
+    (priority 1, equal assured rates, each allowed the whole rate), chosen by the packet's
+    destination (``match="dst"``: the shaper of what a host sends) or source (``"src"``: of what it
+    receives); 10:20 keeps what matches no peer. htb serves the busy leaves in turn, a quantum of
+    bytes each, so two transfers on one link get half of it each, and a lone one all of it: the
+    max-min share a host's fair-queueing qdisc gives its flows and that TCP's congestion control
+    converges to at a shared switch port. Without ``peers`` the data shares one FIFO, where each
+    transfer gets as much of the link as it has bytes queued (its window), not an even share.
     """
+    if match not in ("dst", "src"):
+        raise ValueError(f"match must be 'dst' or 'src', got {match!r}")
     tbf = tbf_arguments(rate)
     burst, limit = tbf[tbf.index("burst") + 1], tbf[tbf.index("limit") + 1]
     bps = f"{int(rate)}bps"
@@ -271,19 +291,49 @@ def shaper_commands(namespace: str, device: str, rate: float, parent: str | None
         return [*tc, "class", verb, "dev", device, "parent", parent_id, "classid", class_id, "htb", *options]
 
     leaf = ["quantum", "60000"]
+    data_rate = rate - rate / 20
+    data_leaves = ["10:20", *(f"10:{101 + i}" for i in range(len(peers)))]
+    assured = f"{max(int(data_rate / len(data_leaves)), 1000)}bps"
     classes = [
         htb_class("10:", "10:1", bps, []),
         htb_class("10:1", "10:10", f"{max(int(rate / 20), 1000)}bps", ["prio", "0", *leaf]),
-        htb_class("10:1", "10:20", f"{max(int(rate - rate / 20), 1000)}bps", ["prio", "1", *leaf]),
+        *(htb_class("10:1", class_id, assured, ["prio", "1", *leaf]) for class_id in data_leaves),
     ]
     if change:
         return classes
     where = ["root"] if parent is None else ["parent", parent]
     small_packets = ["u32", "match", "u16", "0", f"{0x10000 - SMALL_PACKET_BYTES:#x}", "at", "2", "flowid", "10:10"]
+    queues = [
+        [*tc, "qdisc", "add", "dev", device, "parent", class_id, "handle", f"{11 + i}:", "bfifo", "limit", limit]
+        for i, class_id in enumerate(["10:10", *data_leaves])
+    ]
+    by_peer = [
+        [
+            *tc,
+            "filter",
+            "add",
+            "dev",
+            device,
+            "parent",
+            "10:",
+            "protocol",
+            "ip",
+            "prio",
+            "2",
+            "u32",
+            "match",
+            "ip",
+            match,
+            f"{address}/32",
+            "flowid",
+            class_id,
+        ]
+        for address, class_id in zip(peers, data_leaves[1:])
+    ]
     return [
         [*tc, "qdisc", "add", "dev", device, *where, "handle", "10:", "htb", "default", "20"],
         *classes,
-        [*tc, "qdisc", "add", "dev", device, "parent", "10:10", "handle", "11:", "bfifo", "limit", limit],
-        [*tc, "qdisc", "add", "dev", device, "parent", "10:20", "handle", "12:", "bfifo", "limit", limit],
+        *queues,
         [*tc, "filter", "add", "dev", device, "parent", "10:", "protocol", "ip", "prio", "1", *small_packets],
+        *by_peer,
     ]

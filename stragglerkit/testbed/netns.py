@@ -163,6 +163,11 @@ class EmulatedCluster:
         namespace), e.g. ``cubic`` (Linux's default) or ``bbr``; None keeps what a new namespace
         inherits from this machine. It must be one of this kernel's
         ``net.ipv4.tcp_allowed_congestion_control`` (:func:`allowed_congestion_controls`)."""
+        fair_queueing: bool = False
+        """Share each link evenly among the peers whose data is on it: one queue per peer host in
+        both directions (iproute.shaper_commands), served in turn, as a host's fair-queueing qdisc
+        serves its flows and as TCP's shares settle at a switch port. False: one FIFO per link
+        direction, where concurrent transfers share by how much each has queued (its window)."""
         verify: bool = True
         """Measure every shaped link at start and raise ShapingError if one is off."""
         tolerance: float = 0.15
@@ -339,6 +344,7 @@ class EmulatedCluster:
             "latency_s": c.latency,
             "mtu": c.mtu,
             "tcp_send_buffer": c.tcp_send_buffer,
+            "fair_queueing": c.fair_queueing,
             "network": c.network,
             "addresses": self.addresses,
             "interface": c.interface,
@@ -461,7 +467,10 @@ class EmulatedCluster:
                 verb = "replace" if replace else "add"
                 command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay", half])
                 parent = "1:1"
-            for argv in shaper_commands(ns, dev, self.link_rate(host), parent, change=replace):
+            peers = [a for h, a in enumerate(self._addresses) if h != host] if self.config.fair_queueing else []
+            match = "dst" if ns == self.namespace(host) else "src"
+            rate = self.link_rate(host)
+            for argv in shaper_commands(ns, dev, rate, parent, change=replace, peers=peers, match=match):
                 command(argv)
 
     def set_slowdown(self, host: int, slowdown: float, *, verify: bool = False) -> tuple[LinkRate, LinkRate] | None:
@@ -616,6 +625,29 @@ class EmulatedCluster:
         return tuple(
             LinkRate(h, "ring", configured[h], expected[h], measured, attempts)
             for h, (measured, attempts) in enumerate(results)
+        )
+
+    def measure_fan_out(self, host: int, peers: Sequence[int]) -> tuple[LinkRate, ...]:
+        """``host`` sends to every one of ``peers`` at the same time, one transfer each.
+
+        The transfers share ``host``'s send link; with ``Config.fair_queueing`` each should get an
+        even share of it (the expected rate of each is the link's divided by the number of peers,
+        or the peer's own rate where that is lower).
+        """
+        self._check_host(host)
+        for peer in peers:
+            self._check_host(peer)
+        if not peers or host in peers or len(set(peers)) != len(peers):
+            raise ValueError(f"peers must be distinct hosts other than {host}, got {list(peers)}")
+        self._require_active()
+        pairs = [Pair(self.namespace(p), self.namespace(host), self.address(p)) for p in peers]
+        share = self.link_rate(host) / len(peers)
+        configured = [min(share, self.link_rate(p)) for p in peers]
+        expected = [min(self.expected_payload_rate(host) / len(peers), self.expected_payload_rate(p)) for p in peers]
+        results = self._measure(pairs, expected)
+        return tuple(
+            LinkRate(host, f"to {p}", rate, e, measured, attempts)
+            for p, rate, e, (measured, attempts) in zip(peers, configured, expected, results)
         )
 
     def measure(self, hosts: Sequence[int] | None = None, *, ring: bool = True) -> ShapingReport:

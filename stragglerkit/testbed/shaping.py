@@ -25,7 +25,8 @@ class LinkRate:
     host: int
     direction: str
     """``"send"`` (host to probe endpoint, alone), ``"recv"`` (probe endpoint to host, alone) or
-    ``"ring"`` (host to host + 1 while every host sends at once)."""
+    ``"ring"`` (host to host + 1 while every host sends at once) or ``"to PEER"`` (host to PEER
+    while it sends to other peers too: EmulatedCluster.measure_fan_out)."""
     configured: float
     """Shaper rate in bytes/s (whole frames), i.e. bandwidth / slowdown."""
     expected: float
