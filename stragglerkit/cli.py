@@ -381,6 +381,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         tcp_send_buffer=args.tcp_send_buffer,
         tcp_congestion_control=args.tcp_congestion_control,
         fair_queueing=args.fair_queueing,
+        tcp_slow_start_after_idle=args.tcp_slow_start_after_idle,
         fault_free_baseline=not args.no_fault_free_baseline,
         timeout=args.timeout,
     )
@@ -470,6 +471,13 @@ def _add_bench_parser(sub: Any) -> None:
         metavar="NAME",
         help="emulated cluster: every host's TCP congestion control, e.g. cubic or bbr (default: what this "
         "machine's new namespaces inherit; the JSON header records which ran)",
+    )
+    bench.add_argument(
+        "--tcp-slow-start-after-idle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="emulated cluster: whether TCP connections idle for longer than their retransmission timeout "
+        "restart from a small window (net.ipv4.tcp_slow_start_after_idle in every host; default: the kernel's, on)",
     )
     bench.add_argument(
         "--fair-queueing",

@@ -434,6 +434,21 @@ def test_tcp_send_buffer_is_set_in_every_host_namespace_only(make_cluster: Calla
 
 
 @needs_netns
+@pytest.mark.parametrize("restart", [False, True])
+def test_slow_start_after_idle_is_set_in_every_host_namespace_only(
+    make_cluster: Callable[..., EmulatedCluster], restart: bool
+) -> None:
+    path = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
+    outside = Path(path).read_text().strip()
+    with make_cluster(hosts=2, verify=False, tcp_slow_start_after_idle=restart) as cluster:
+        for host in range(2):
+            inside = cluster.run(host, ["cat", path], capture_output=True, text=True, timeout=10)
+            assert inside.stdout.strip() == str(int(restart))
+        assert cluster.describe()["tcp_slow_start_after_idle"] is restart
+    assert Path(path).read_text().strip() == outside  # this machine's own setting is untouched
+
+
+@needs_netns
 def test_congestion_control_is_set_in_every_namespace_only(make_cluster: Callable[..., EmulatedCluster]) -> None:
     path = "/proc/sys/net/ipv4/tcp_congestion_control"
     with open(path, encoding="ascii") as current:

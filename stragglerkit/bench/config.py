@@ -136,6 +136,9 @@ class BenchConfig:
     tcp_congestion_control: str | None = None
     """Emulated cluster: every host's TCP congestion control (EmulatedCluster.Config); None keeps
     what new namespaces inherit from this machine."""
+    tcp_slow_start_after_idle: bool | None = None
+    """Emulated cluster: whether idle TCP connections restart from a small window
+    (EmulatedCluster.Config); None keeps the kernel's."""
     fair_queueing: bool | None = None
     """Emulated cluster: one queue per peer on every link, served in turn (EmulatedCluster.Config);
     None keeps the cluster's default."""
@@ -196,6 +199,11 @@ class BenchConfig:
             raise ValueError(
                 "--tcp-congestion-control sets the emulated hosts' TCP congestion control; it needs the emulated "
                 f"cluster (root and iproute2), not {self.mode}"
+            )
+        if self.tcp_slow_start_after_idle is not None and self.mode != "emulated":
+            raise ValueError(
+                "--tcp-slow-start-after-idle sets the emulated hosts' TCP; it needs the emulated cluster "
+                f"(root and iproute2), not {self.mode}"
             )
         if self.fair_queueing is not None and self.mode != "emulated":
             raise ValueError(

@@ -196,6 +196,8 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
     )
     if config.fair_queueing is not None:
         cluster_config.fair_queueing = config.fair_queueing
+    if config.tcp_slow_start_after_idle is not None:
+        cluster_config.tcp_slow_start_after_idle = config.tcp_slow_start_after_idle
     cases: list[dict[str, Any]] = []
     with EmulatedCluster(cluster_config) as cluster:
         description = cluster.describe()

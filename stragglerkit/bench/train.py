@@ -69,6 +69,8 @@ ALLREDUCE_ONLY = (
     "--alpha",
     "--tcp-send-buffer",
     "--tcp-congestion-control",
+    "--tcp-slow-start-after-idle",
+    "--no-tcp-slow-start-after-idle",
     "--fair-queueing",
     "--no-fair-queueing",
     "--no-fault-free-baseline",

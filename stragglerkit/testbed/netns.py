@@ -163,6 +163,12 @@ class EmulatedCluster:
         namespace), e.g. ``cubic`` (Linux's default) or ``bbr``; None keeps what a new namespace
         inherits from this machine. It must be one of this kernel's
         ``net.ipv4.tcp_allowed_congestion_control`` (:func:`allowed_congestion_controls`)."""
+        tcp_slow_start_after_idle: bool | None = None
+        """Whether every host's TCP connections restart from a small congestion window after an idle
+        time longer than their retransmission timeout (``net.ipv4.tcp_slow_start_after_idle`` in
+        its namespace; the kernel's default is True). None keeps the kernel's. Congestion controls
+        with their own pacing model (bbr) are exempt from it; loss-based ones (cubic, reno) restart
+        every connection that was idle since the last AllReduce."""
         fair_queueing: bool = False
         """Share each link evenly among the peers whose data is on it: one queue per peer host in
         both directions (iproute.shaper_commands), served in turn, as a host's fair-queueing qdisc
@@ -345,6 +351,7 @@ class EmulatedCluster:
             "mtu": c.mtu,
             "tcp_send_buffer": c.tcp_send_buffer,
             "fair_queueing": c.fair_queueing,
+            "tcp_slow_start_after_idle": c.tcp_slow_start_after_idle,
             "network": c.network,
             "addresses": self.addresses,
             "interface": c.interface,
@@ -421,6 +428,10 @@ class EmulatedCluster:
             command(["ip", "-n", ns, "link", "set", "lo", "up"])
             command(["ip", "-n", ns, "link", "set", self.interface, "mtu", str(self.config.mtu), "up"])
             command(["ip", "-n", ns, "addr", "add", f"{self.address(host)}/{self._prefix_len}", "dev", self.interface])
+            if self.config.tcp_slow_start_after_idle is not None:
+                value = int(self.config.tcp_slow_start_after_idle)
+                setting = f"net.ipv4.tcp_slow_start_after_idle={value}"
+                command(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", setting])
             if self.config.tcp_send_buffer is not None:
                 most = self.config.tcp_send_buffer
                 setting = f"net.ipv4.tcp_wmem=4096 {min(16384, most)} {most}"  # per namespace
