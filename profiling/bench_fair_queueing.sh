@@ -9,22 +9,16 @@
 #   SCENARIOS="degraded_l8_7 degraded_l2" RUNS=3 bash profiling/bench_fair_queueing.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-profiling/results/fair_queueing}
 RUNS=${RUNS:-3}
 read -r -a NAMES <<< "${SCENARIOS:-straggler degraded_l2 degraded_l8_7}"
 mkdir -p "$OUT"
-COMMON=(--world-size 8 --bandwidth 1Gbit --sizes 32MiB --dtype float32 --iters 7 --warmup 2)
+source profiling/_bench_runs.sh  # COMMON and bench()
 declare -A SCENARIO=(
   [straggler]="--algorithms gloo,ring,stragglar --straggler 7 --delay auto"
   [degraded_l2]="--algorithms gloo,optcc --degrade 3:2"
   [degraded_l8_7]="--algorithms gloo,optcc,balanced_ring --degrade 3:8/7"
 )
-# one bench run; a second try if the first fails (the shaping check refuses a run when this busy
-# machine measures a link under its rate)
-bench() {
-  "$PY" -m stragglerkit.cli bench "${COMMON[@]}" "$@" || "$PY" -m stragglerkit.cli bench "${COMMON[@]}" "$@"
-}
 for i in $(seq 1 "$RUNS"); do
   for name in "${NAMES[@]}"; do
     read -r -a options <<< "${SCENARIO[$name]}"

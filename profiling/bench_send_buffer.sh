@@ -12,23 +12,15 @@
 # (python profiling/send_buffer_summary.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
 OUT=profiling/results/send_buffer
 RUNS=${RUNS:-3}
 mkdir -p "$OUT"
-COMMON=(--world-size 8 --bandwidth 1Gbit --sizes 32MiB --dtype float32 --iters 7 --warmup 2)
+source profiling/_bench_runs.sh  # COMMON and bench()
 declare -A SCENARIO=(
   [straggler]="--algorithms gloo,stragglar --straggler 7 --delay auto"
   [degraded_l2]="--algorithms gloo,optcc --degrade 3:2 --no-fault-free-baseline"
   [degraded_l8_7]="--algorithms gloo,optcc --degrade 3:8/7"
 )
-# one bench run; a second try if the first fails (the shaping check refuses a run when this busy
-# machine measures a link under its rate); a file that exists already is kept (RESUME=1)
-bench() {
-  local out=${*: -1}
-  if [ "${RESUME:-0}" = 1 ] && [ -f "$out" ]; then return 0; fi
-  "$PY" -m stragglerkit.cli bench "${COMMON[@]}" "$@" || "$PY" -m stragglerkit.cli bench "${COMMON[@]}" "$@"
-}
 for i in $(seq 1 "$RUNS"); do
   for name in straggler degraded_l2 degraded_l8_7; do
     read -r -a options <<< "${SCENARIO[$name]}"

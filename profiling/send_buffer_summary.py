@@ -2,7 +2,9 @@
 
 Every file in profiling/results/send_buffer/ is one ``stragglerkit bench`` run of
 profiling/bench_send_buffer.sh (its command, with ``--tcp-send-buffer`` or without, in the
-header). Prints, per scenario and send buffer, the acceptance figure of every run and the median,
+header); any folder of ``<scenario>_<variant>_run<i>.json`` files reads the same way
+(profiling/bench_fair_queueing.sh: variants ``fifo`` and ``fair``). Prints, per scenario and
+send buffer, the acceptance figure of every run and the median,
 with gloo's and our algorithm's times and the critical path's wire time, its ideal and how much of
 it the path's links spent on other messages; writes summary.json beside the runs.
 
