@@ -482,9 +482,9 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument(
         "--fair-queueing",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=False,
         help="emulated cluster: one queue per peer on every link, served in turn, so that transfers sharing a "
-        "link get even shares (--no-fair-queueing: one FIFO per link; default: the cluster's, docs/testbed.md)",
+        "link get even shares (default, --no-fair-queueing: one FIFO per link direction; docs/testbed.md)",
     )
     bench.add_argument(
         "--no-fault-free-baseline",

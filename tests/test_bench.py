@@ -86,7 +86,7 @@ def test_parse_other_options() -> None:
         ({"tcp_send_buffer": 1024}, "at least 8KiB"),
         ({"tcp_congestion_control": "cubic", "mode": "loopback"}, "--tcp-congestion-control .* needs the emulated"),
         ({"tcp_slow_start_after_idle": False, "mode": "loopback"}, "--tcp-slow-start-after-idle .* needs the emulated"),
-        ({"fair_queueing": True, "mode": "torchrun"}, "--fair-queueing/--no-fair-queueing .* need the emulated"),
+        ({"fair_queueing": True, "mode": "torchrun"}, "--fair-queueing .* needs the emulated"),
         ({"world_size": 5, "straggler": 4}, "even world size"),
         ({"straggler": 1, "degrade": {2: 2.0}}, "either"),
         ({"dtype": "int8"}, "not supported"),

@@ -139,9 +139,9 @@ class BenchConfig:
     tcp_slow_start_after_idle: bool | None = None
     """Emulated cluster: whether idle TCP connections restart from a small window
     (EmulatedCluster.Config); None keeps the kernel's."""
-    fair_queueing: bool | None = None
+    fair_queueing: bool = False
     """Emulated cluster: one queue per peer on every link, served in turn (EmulatedCluster.Config);
-    None keeps the cluster's default."""
+    False: one FIFO per link direction."""
     fault_free_baseline: bool = True
     """With --degrade on the emulated cluster, also run gloo with every NIC healthy."""
     timeout: float = 600.0
@@ -205,10 +205,10 @@ class BenchConfig:
                 "--tcp-slow-start-after-idle sets the emulated hosts' TCP; it needs the emulated cluster "
                 f"(root and iproute2), not {self.mode}"
             )
-        if self.fair_queueing is not None and self.mode != "emulated":
+        if self.fair_queueing and self.mode != "emulated":
             raise ValueError(
-                "--fair-queueing/--no-fair-queueing choose how the emulated links queue; they need the emulated "
-                f"cluster (root and iproute2), not {self.mode}"
+                "--fair-queueing gives the emulated links one queue per peer; it needs the emulated cluster "
+                f"(root and iproute2), not {self.mode}"
             )
         if self.alpha is not None and not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0 seconds, got {self.alpha!r}")

@@ -193,11 +193,9 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
         bandwidth=config.bandwidth,
         tcp_send_buffer=config.tcp_send_buffer,
         tcp_congestion_control=config.tcp_congestion_control,
+        tcp_slow_start_after_idle=config.tcp_slow_start_after_idle,
+        fair_queueing=config.fair_queueing,
     )
-    if config.fair_queueing is not None:
-        cluster_config.fair_queueing = config.fair_queueing
-    if config.tcp_slow_start_after_idle is not None:
-        cluster_config.tcp_slow_start_after_idle = config.tcp_slow_start_after_idle
     cases: list[dict[str, Any]] = []
     with EmulatedCluster(cluster_config) as cluster:
         description = cluster.describe()

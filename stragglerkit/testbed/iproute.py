@@ -302,38 +302,23 @@ def shaper_commands(
     if change:
         return classes
     where = ["root"] if parent is None else ["parent", parent]
-    small_packets = ["u32", "match", "u16", "0", f"{0x10000 - SMALL_PACKET_BYTES:#x}", "at", "2", "flowid", "10:10"]
+
+    def rule(prio: str, *selector: str) -> list[str]:
+        return [*tc, "filter", "add", "dev", device, "parent", "10:", "protocol", "ip", "prio", prio, "u32", *selector]
+
+    small_packets = ["match", "u16", "0", f"{0x10000 - SMALL_PACKET_BYTES:#x}", "at", "2", "flowid", "10:10"]
     queues = [
         [*tc, "qdisc", "add", "dev", device, "parent", class_id, "handle", f"{11 + i}:", "bfifo", "limit", limit]
         for i, class_id in enumerate(["10:10", *data_leaves])
     ]
     by_peer = [
-        [
-            *tc,
-            "filter",
-            "add",
-            "dev",
-            device,
-            "parent",
-            "10:",
-            "protocol",
-            "ip",
-            "prio",
-            "2",
-            "u32",
-            "match",
-            "ip",
-            match,
-            f"{address}/32",
-            "flowid",
-            class_id,
-        ]
+        rule("2", "match", "ip", match, f"{address}/32", "flowid", class_id)
         for address, class_id in zip(peers, data_leaves[1:])
     ]
     return [
         [*tc, "qdisc", "add", "dev", device, *where, "handle", "10:", "htb", "default", "20"],
         *classes,
         *queues,
-        [*tc, "filter", "add", "dev", device, "parent", "10:", "protocol", "ip", "prio", "1", *small_packets],
+        rule("1", *small_packets),
         *by_peer,
     ]
