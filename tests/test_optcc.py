@@ -286,6 +286,7 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
     from stragglerkit.runtime.api import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
     from stragglerkit.sim.simulator import Network, simulate
 
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")  # the runtime's default is auto
     # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
     assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
@@ -298,7 +299,7 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
     # with LP sizes on both plans (STRAGGLERKIT_OPTCC_SIZING=auto) they gain 2.6 % at k = 9
     monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "auto")
     assert optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
-    monkeypatch.delenv("STRAGGLERKIT_OPTCC_SIZING")
+    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
     assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)

@@ -3,7 +3,9 @@
 Real gloo groups over loopback: the connections that creating a group opened report the asked
 send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
 across calls (its groups are made once); unset, that is the default 1 MiB; with ``off`` the
-runtime sends over the user's group and leaves every buffer to the kernel.
+runtime sends over the user's group and leaves every buffer to the kernel. While an OptCC plan
+runs the connections hold ``STRAGGLERKIT_OPTCC_SEND_BUFFER`` (default 128 KiB), and the usual
+bound again for every other plan.
 """
 
 from __future__ import annotations
@@ -20,29 +22,33 @@ import torch.distributed as dist
 from _dist import run_group
 
 from stragglerkit.runtime.send_buffer import (
+    DEFAULT_OPTCC_SEND_BUFFER,
     DEFAULT_SEND_BUFFER,
     ENV,
+    OPTCC_ENV,
+    BoundedConnections,
     new_group_with_send_buffer,
+    optcc_send_buffer_from_env,
     send_buffer_from_env,
     socket_inodes,
 )
 
 
 @contextlib.contextmanager
-def send_buffer_env(value: str | None) -> Iterator[None]:
-    """``STRAGGLERKIT_TCP_SEND_BUFFER`` = ``value`` (None: unset) for ranks spawned inside."""
-    before = os.environ.get(ENV)
+def send_buffer_env(value: str | None, name: str = ENV) -> Iterator[None]:
+    """``name`` (``STRAGGLERKIT_TCP_SEND_BUFFER``) = ``value`` (None: unset) for ranks spawned inside."""
+    before = os.environ.get(name)
     if value is None:
-        os.environ.pop(ENV, None)
+        os.environ.pop(name, None)
     else:
-        os.environ[ENV] = value  # spawned ranks inherit it
+        os.environ[name] = value  # spawned ranks inherit it
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[ENV] = before
+            os.environ[name] = before
 
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,6 +65,47 @@ def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setenv(ENV, bad)
         with pytest.raises(ValueError, match=message):
             send_buffer_from_env()
+
+
+def test_the_optcc_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OPTCC_ENV, raising=False)
+    assert optcc_send_buffer_from_env() == DEFAULT_OPTCC_SEND_BUFFER == 128 * 1024
+    monkeypatch.setenv(OPTCC_ENV, "on")
+    assert optcc_send_buffer_from_env() == DEFAULT_OPTCC_SEND_BUFFER
+    monkeypatch.setenv(OPTCC_ENV, "64KiB")
+    assert optcc_send_buffer_from_env() == 64 * 1024
+    monkeypatch.setenv(OPTCC_ENV, "Off")
+    assert optcc_send_buffer_from_env() is None
+    for bad, message in (("small", "is not a size"), ("4KiB", "is below 8KiB")):
+        monkeypatch.setenv(OPTCC_ENV, bad)
+        with pytest.raises(ValueError, match=f"{OPTCC_ENV}={bad!r} " + message):
+            optcc_send_buffer_from_env()
+
+
+def test_bounded_connections_set_every_live_socket_and_skip_reused_descriptors() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        clients = [socket.create_connection(server.getsockname()) for _ in range(2)]
+        accepted = [server.accept()[0] for _ in clients]
+        try:
+            tracked = [(c.fileno(), os.fstat(c.fileno()).st_ino) for c in clients]
+            connections = BoundedConnections(tracked, current=0)
+            assert len(connections) == 2
+            connections.bound(64 * 1024)
+            assert connections.sizes() == [64 * 1024, 64 * 1024] and connections.current == 64 * 1024
+            connections.bound(256 * 1024)
+            assert connections.sizes() == [256 * 1024, 256 * 1024]
+            # the second descriptor now names another socket: it is left alone
+            stranger = accepted[1]
+            os.dup2(stranger.fileno(), clients[1].fileno())
+            before = stranger.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            connections.bound(32 * 1024)
+            assert connections.sizes() == [32 * 1024]
+            assert stranger.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == before
+            with pytest.raises(ValueError, match="cannot be joined"):
+                connections + BoundedConnections([], current=1 << 20)
+        finally:
+            for sock in (*clients, *accepted):
+                sock.close()
 
 
 def _wmem_max() -> int:
@@ -86,8 +133,9 @@ def _connected_send_buffers(skip: Collection[int] = ()) -> list[int]:
 
 def _new_connections_report_the_buffer(rank: int, world_size: int) -> list[int]:
     before = socket_inodes()
-    _, count = new_group_with_send_buffer(64 * 1024)
-    assert count >= world_size - 1, count
+    _, connections = new_group_with_send_buffer(64 * 1024)
+    assert len(connections) >= world_size - 1, len(connections)
+    assert connections.sizes() == [64 * 1024] * len(connections)
     return _connected_send_buffers(skip=before)
 
 
@@ -101,8 +149,8 @@ def _asks_more_than_the_kernel_grants(rank: int, world_size: int) -> list[str]:
     too_much = 3 * _wmem_max()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, count = new_group_with_send_buffer(too_much)
-    assert count >= world_size - 1, count
+        _, connections = new_group_with_send_buffer(too_much)
+    assert len(connections) >= world_size - 1, len(connections)
     return [str(w.message) for w in caught]
 
 
@@ -161,3 +209,39 @@ def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str) -> None:
         sizes = out["sizes"]
         assert isinstance(sizes, list) and sizes and DEFAULT_SEND_BUFFER not in sizes, (rank, out)
         assert out["ring"] and out["ring_large"] and out["stragglar"] and out["optcc"], (rank, out)
+
+
+def _bounds_follow_the_plan(rank: int, world_size: int) -> dict[str, object]:
+    import stragglerkit
+    from stragglerkit.runtime.api import runtime_for
+
+    runtime = runtime_for()
+    assert runtime.connections is not None
+    out: dict[str, object] = {"start": runtime.connections.sizes()}
+    for name, algorithm, kwargs in (
+        ("optcc", "optcc", {"slowdowns": {1: 8 / 7}}),
+        ("ring", "ring", {}),
+        ("optcc_again", "optcc", {"slowdowns": {1: 2.0}}),
+    ):
+        x = torch.arange(90001, dtype=torch.float32) * (rank + 1) + 0.25
+        expected = x.clone()
+        dist.all_reduce(expected)
+        stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs)  # type: ignore[arg-type]
+        out[name] = (bool(torch.equal(x, expected)), runtime.connections.sizes())
+    return out
+
+
+@pytest.mark.parametrize("value", [None, "64KiB", "off"])
+def test_optcc_runs_over_connections_with_its_own_bound(value: str | None) -> None:
+    granted = 2 * _wmem_max()  # the most the kernel grants
+    usual = min(DEFAULT_SEND_BUFFER, granted)
+    during = usual if value == "off" else min(64 * 1024 if value else DEFAULT_OPTCC_SEND_BUFFER, granted)
+    with send_buffer_env(None), send_buffer_env(value, OPTCC_ENV):
+        results = run_group(3, _bounds_follow_the_plan)
+    for rank, out in results.items():
+        start = out["start"]
+        assert isinstance(start, list) and len(start) >= 2 * 2 and set(start) == {usual}, (rank, out)
+        for name, bound in (("optcc", during), ("ring", usual), ("optcc_again", during)):
+            exact, sizes = out[name]  # type: ignore[misc]
+            assert exact, (rank, name, out)
+            assert sizes == [bound] * len(start), (rank, name, out)

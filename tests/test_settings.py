@@ -15,6 +15,7 @@ from stragglerkit.runtime import settings
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
     "STRAGGLERKIT_TCP_SEND_BUFFER": "256KiB",
+    "STRAGGLERKIT_OPTCC_SEND_BUFFER": "64KiB",
     "STRAGGLERKIT_DUPLEX": "0",
     "STRAGGLERKIT_OPTCC_MESSAGE_BYTES": "128KiB",
     "STRAGGLERKIT_OPTCC_SIZING": "lp",

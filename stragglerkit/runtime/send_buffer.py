@@ -26,6 +26,16 @@ connects a new group's full mesh while creating it, so every connection is there
 doubles what ``setsockopt`` asks for (for its own bookkeeping); half of the size is asked, so
 the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is the size.
 
+While an OptCC plan runs the connections hold less, ``STRAGGLERKIT_OPTCC_SEND_BUFFER`` (default
+128 KiB; :class:`BoundedConnections` re-bounds them between calls, only when the bound changes).
+OptCC's timetable gives each rank one flow per link direction at a time: a rank's ring hop, then
+its upload or fill to the slow rank, each send chained behind the one before. A send completes
+once its data is in the buffer, so with 1 MiB a rank's next message starts while most of the
+previous one is still queued, the two share the link, and the paths the plan balanced (its LP
+sizes, its fills) come apart. On the emulated cluster at l = 8/7 (8 ranks, 1 Gbit/s, 32 MiB) the
+plan with LP sizes and fills measured 8.0 % over fault-free gloo at 128 KiB against 15-16 % at
+1 MiB, side by side; at l = 2 128 KiB cost about 1 % (``profiling/results/optcc_send_buffer_lp/``).
+
 The size is ``STRAGGLERKIT_TCP_SEND_BUFFER`` (the same on every rank): unset or ``on`` is
 :data:`DEFAULT_SEND_BUFFER`, 1 MiB; a size asks that size; ``off`` keeps the kernel's buffers (the
 runtime then sends over the user's group and one reverse group). 1 MiB holds 8 ms of a 1 Gbit/s
@@ -50,11 +60,25 @@ import torch.distributed as dist
 
 from stragglerkit.units import parse_size
 
-__all__ = ["DEFAULT_SEND_BUFFER", "ENV", "new_group_with_send_buffer", "send_buffer_from_env", "socket_inodes"]
+__all__ = [
+    "DEFAULT_OPTCC_SEND_BUFFER",
+    "DEFAULT_SEND_BUFFER",
+    "ENV",
+    "OPTCC_ENV",
+    "BoundedConnections",
+    "new_group_with_send_buffer",
+    "optcc_send_buffer_from_env",
+    "send_buffer_from_env",
+    "socket_inodes",
+]
 
 ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
 DEFAULT_SEND_BUFFER = 1024 * 1024
 """Bytes a connection of the runtime's own queues at most unless ``STRAGGLERKIT_TCP_SEND_BUFFER`` says otherwise."""
+OPTCC_ENV = "STRAGGLERKIT_OPTCC_SEND_BUFFER"
+DEFAULT_OPTCC_SEND_BUFFER = 128 * 1024
+"""Bytes those connections queue at most while an OptCC plan runs, unless ``STRAGGLERKIT_OPTCC_SEND_BUFFER``
+says otherwise."""
 OFF = ("off", "kernel", "0")
 """Values of ``STRAGGLERKIT_TCP_SEND_BUFFER`` that keep the kernel's send buffers."""
 _SMALLEST = 8192
@@ -75,6 +99,79 @@ def send_buffer_from_env() -> int | None:
     if size < _SMALLEST:
         raise ValueError(f"{ENV}={text!r} is below 8KiB; give e.g. 1MiB, on, or off for the kernel's buffers")
     return size
+
+
+def optcc_send_buffer_from_env() -> int | None:
+    """``STRAGGLERKIT_OPTCC_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_OPTCC_SEND_BUFFER`),
+    or None for ``off`` (OptCC runs with the connections' usual bound); ValueError names a bad value."""
+    text = os.environ.get(OPTCC_ENV, "").strip()
+    if text.lower() == "off":
+        return None
+    if not text or text.lower() == "on":
+        return DEFAULT_OPTCC_SEND_BUFFER
+    try:
+        size = parse_size(text)
+    except ValueError:
+        raise ValueError(f"{OPTCC_ENV}={text!r} is not a size; give e.g. 128KiB, on, or off") from None
+    if size < _SMALLEST:
+        raise ValueError(f"{OPTCC_ENV}={text!r} is below 8KiB; give e.g. 128KiB, on, or off")
+    return size
+
+
+class BoundedConnections:
+    """The connections whose send buffer the runtime set, so that it can set them again.
+
+    Each is kept as (file descriptor, socket inode): a descriptor whose socket is no longer the
+    same (gloo closed it and the number was reused) is left alone. :meth:`bound` sets every
+    connection's buffer, and does nothing while the bound asked is the one they have.
+
+    Example::
+
+        group, connections = new_group_with_send_buffer(1 << 20)
+        connections.bound(128 * 1024)  # before an OptCC plan
+        connections.bound(1 << 20)     # before any other
+    """
+
+    __slots__ = ("_sockets", "current")
+
+    def __init__(self, sockets: list[tuple[int, int]], current: int) -> None:
+        self._sockets = sockets
+        self.current = current
+        """The bound the connections have now, in bytes."""
+
+    def __len__(self) -> int:
+        return len(self._sockets)
+
+    def __add__(self, other: BoundedConnections) -> BoundedConnections:
+        if other.current != self.current:
+            raise ValueError(f"connections bounded at {self.current} and {other.current} bytes cannot be joined")
+        return BoundedConnections(self._sockets + other._sockets, self.current)
+
+    def sizes(self) -> list[int]:
+        """The send buffer every connection that is still the same socket has now (``SO_SNDBUF``)."""
+        found = []
+        for fd, inode in self._sockets:
+            try:
+                if os.fstat(fd).st_ino != inode:
+                    continue
+                with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
+                    found.append(int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)))
+            except OSError:
+                continue
+        return found
+
+    def bound(self, nbytes: int) -> None:
+        """Every connection queues at most ``nbytes`` from now on (a send may then wait for room)."""
+        if nbytes == self.current:
+            return
+        for fd, inode in self._sockets:
+            try:
+                if os.fstat(fd).st_ino != inode:
+                    continue
+            except OSError:
+                continue
+            _bound(fd, nbytes)
+        self.current = nbytes
 
 
 def socket_inodes() -> dict[int, int]:
@@ -110,18 +207,23 @@ def _bound(fd: int, nbytes: int) -> int | None:
         sock.close()  # the duplicate only
 
 
-def new_group_with_send_buffer(nbytes: int) -> tuple[dist.ProcessGroup, int]:
+def new_group_with_send_buffer(nbytes: int) -> tuple[dist.ProcessGroup, BoundedConnections]:
     """A new gloo group over every rank (collective, like ``dist.new_group``) whose connections
-    queue at most ``nbytes`` each; also how many connections were set. The kernel caps what a
+    queue at most ``nbytes`` each; also those connections, to bound again. The kernel caps what a
     process may ask at ``net.core.wmem_max`` (doubled); a smaller buffer than asked is warned of."""
     before = socket_inodes()
     group = dist.new_group(backend="gloo")
     after = socket_inodes()
-    got = [size for inode, fd in after.items() if inode not in before and (size := _bound(fd, nbytes)) is not None]
+    bounded = {
+        (fd, inode): size
+        for inode, fd in after.items()
+        if inode not in before and (size := _bound(fd, nbytes)) is not None
+    }
+    got = list(bounded.values())
     if got and min(got) < nbytes:
         warnings.warn(
             f"stragglerkit: {ENV} asks {nbytes} bytes per connection but the kernel gave {min(got)} "
             "(net.core.wmem_max caps it at twice its value): raise net.core.wmem_max or ask less",
             stacklevel=2,
         )
-    return group, len(got)
+    return group, BoundedConnections(list(bounded), nbytes)

@@ -77,6 +77,12 @@ SETTINGS: tuple[Setting, ...] = (
         True,
         "the send buffer of the runtime's own gloo connections; decides which groups it creates",
     ),
+    Setting(
+        "STRAGGLERKIT_OPTCC_SEND_BUFFER",
+        _lazy("stragglerkit.runtime.send_buffer", "optcc_send_buffer_from_env"),
+        False,
+        "the send buffer of the runtime's own gloo connections while OptCC runs",
+    ),
     Setting("STRAGGLERKIT_DUPLEX", duplex_enabled, True, "whether the runtime creates a second gloo group"),
     Setting(
         "STRAGGLERKIT_OPTCC_MESSAGE_BYTES",
