@@ -38,7 +38,7 @@ from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share, softirq
 from stragglerkit.bench.launch import LaunchResult
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.report.critical_path import critical_path
-from stragglerkit.runtime.send_buffer import send_buffer_from_env
+from stragglerkit.runtime.send_buffer import optcc_send_buffer_from_env, send_buffer_from_env
 from stragglerkit.units import format_bytes
 
 __all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
@@ -220,6 +220,7 @@ def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) ->
         "source": source_revision(),
         "environment": {k: v for k, v in os.environ.items() if k.startswith("STRAGGLERKIT_")},
         "runtime_tcp_send_buffer": _runtime_send_buffer(),
+        "runtime_optcc_send_buffer": _runtime_optcc_send_buffer(),
         "mode": launched.mode,
         "mode_reason": launched.why,
         "config": json.loads(config.to_json()),
@@ -267,6 +268,12 @@ def _runtime_send_buffer() -> int | str:
     """What the ranks' runtime bounds its gloo connections' send buffers to (runtime/send_buffer.py)."""
     size = send_buffer_from_env()  # checked before the run (cli.bench)
     return "off (the kernel's)" if size is None else size
+
+
+def _runtime_optcc_send_buffer() -> int | str:
+    """What those connections are bounded to while an OptCC plan runs (runtime/send_buffer.py)."""
+    size = optcc_send_buffer_from_env()  # checked before the run (cli.bench)
+    return "off (the bound above)" if size is None else size
 
 
 def write_json(path: str, header: dict[str, Any], rows: list[dict[str, Any]]) -> None:
