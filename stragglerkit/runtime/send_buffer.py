@@ -84,38 +84,33 @@ OFF = ("off", "kernel", "0")
 _SMALLEST = 8192
 
 
-def send_buffer_from_env() -> int | None:
-    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_SEND_BUFFER`), or
-    None for ``off`` (the kernel's buffers); ValueError names a bad value."""
-    text = os.environ.get(ENV, "").strip()
-    if text.lower() in OFF:
+def _size_from_env(name: str, default: int, off: tuple[str, ...], hint: str) -> int | None:
+    """The size ``name`` sets: ``default`` when unset or ``on``, None for a word in ``off``;
+    ValueError naming the variable, its value and ``hint`` (what to give) otherwise."""
+    text = os.environ.get(name, "").strip()
+    if text.lower() in off:
         return None
     if not text or text.lower() == "on":
-        return DEFAULT_SEND_BUFFER
+        return default
     try:
         size = parse_size(text)
     except ValueError:
-        raise ValueError(f"{ENV}={text!r} is not a size; give e.g. 1MiB, on, or off for the kernel's buffers") from None
+        raise ValueError(f"{name}={text!r} is not a size; {hint}") from None
     if size < _SMALLEST:
-        raise ValueError(f"{ENV}={text!r} is below 8KiB; give e.g. 1MiB, on, or off for the kernel's buffers")
+        raise ValueError(f"{name}={text!r} is below 8KiB; {hint}")
     return size
+
+
+def send_buffer_from_env() -> int | None:
+    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_SEND_BUFFER`), or
+    None for ``off`` (the kernel's buffers); ValueError names a bad value."""
+    return _size_from_env(ENV, DEFAULT_SEND_BUFFER, OFF, "give e.g. 1MiB, on, or off for the kernel's buffers")
 
 
 def optcc_send_buffer_from_env() -> int | None:
     """``STRAGGLERKIT_OPTCC_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_OPTCC_SEND_BUFFER`),
     or None for ``off`` (OptCC runs with the connections' usual bound); ValueError names a bad value."""
-    text = os.environ.get(OPTCC_ENV, "").strip()
-    if text.lower() == "off":
-        return None
-    if not text or text.lower() == "on":
-        return DEFAULT_OPTCC_SEND_BUFFER
-    try:
-        size = parse_size(text)
-    except ValueError:
-        raise ValueError(f"{OPTCC_ENV}={text!r} is not a size; give e.g. 128KiB, on, or off") from None
-    if size < _SMALLEST:
-        raise ValueError(f"{OPTCC_ENV}={text!r} is below 8KiB; give e.g. 128KiB, on, or off")
-    return size
+    return _size_from_env(OPTCC_ENV, DEFAULT_OPTCC_SEND_BUFFER, ("off",), "give e.g. 128KiB, on, or off")
 
 
 class BoundedConnections:
