@@ -11,7 +11,9 @@ and the CPUs' busy share, with 4x less CPU work per second of transfer. A figure
 Each figure (and its 250 Mbit/s counterpart) also carries our algorithm's ``critical_path`` in the
 run's last iteration (stragglerkit.report.critical_path): how much of it was messages on the wire,
 what those would take alone on their links, and how much was post lag (CPU between a message's
-dependencies completing and its post), the direct evidence of what the machine added.
+dependencies completing and its post), the direct evidence of what the machine added. Where
+profiling/bench_link_rate_l8_7.sh has run, the two l = 8/7 figures also carry ``at_link_rates``:
+their medians at 1 Gbit/s, 500 and 250 Mbit/s in alternating launches of the same plans.
 
 Example::
 
@@ -208,8 +210,40 @@ def summarise(results: Path) -> dict[str, Any]:
                 "cpu_busy": slow_cpu,
                 "critical_path": _critical_path(slow_rows, run),
             }
+        sweep = _link_rate_sweep(results, run)
+        if sweep is not None:
+            figure["at_link_rates"] = sweep
         figures.append(figure)
     return {"figures": figures, "runs": headers}
+
+
+LINK_RATE_SWEEP = "link_rate_l8_7/summary.json"
+"""Written by profiling/bench_link_rate_l8_7.sh: the l = 8/7 scenario at 1 Gbit/s, 500 and 250 Mbit/s."""
+
+
+def _link_rate_sweep(results: Path, run: str) -> dict[str, Any] | None:
+    """For the l = 8/7 figures: the medians per link rate of profiling/bench_link_rate_l8_7.sh
+    (``LINK_RATE_SWEEP``), the same plan with less CPU work per second of transfer; None for the
+    other figures or where the sweep has not run."""
+    path = results / LINK_RATE_SWEEP
+    if not run.startswith("degraded_l8_7") or not path.exists():
+        return None
+    algorithm = OURS[run][1]
+    found: dict[str, Any] = {"file": LINK_RATE_SWEEP}
+    for rate, per_algorithm in json.loads(path.read_text())["rates"].items():
+        entry = per_algorithm.get(algorithm)
+        if entry is None:
+            continue
+        median = entry["median"]
+        found[rate] = {
+            "runs": [r["file"] for r in entry["runs"]],
+            "measured": median["over_fault_free_gloo"],
+            "model": median["model_over_fault_free_gloo"],
+            "excess_over_model": median["excess_over_model"],
+            "cpu_busy": median.get("cpu_busy"),
+            "run_queue_wait_s": median.get("run_queue_wait_s"),
+        }
+    return found
 
 
 def _share(cpu: dict[str, float | None]) -> str:
@@ -247,6 +281,14 @@ def main() -> int:
             verdict = "met" if slow["met"] else "NOT MET"
             line += f"; at 250 Mbit/s {slow['measured']:.3f} ({_share(slow['cpu_busy'])}) {verdict}"
         print(line)
+        sweep = figure.get("at_link_rates")
+        if sweep is not None:
+            rates = ", ".join(
+                f"{rate} {entry['measured']:.3f} (model {entry['model']:.3f}, {len(entry['runs'])} runs)"
+                for rate, entry in sweep.items()
+                if rate != "file"
+            )
+            print(f"    by link rate ({sweep['file']}): {rates}")
         for where, part in (("1 Gbit/s", figure), ("250 Mbit/s", slow)):
             path = None if part is None else part.get("critical_path")
             if path is not None:
