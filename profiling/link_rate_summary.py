@@ -66,14 +66,15 @@ def _figures(path: Path) -> dict[str, dict[str, Any]]:
 def summarise(folder: Path) -> dict[str, Any]:
     """``{"rates": {rate: {algorithm: {"runs": [...], "median": {...}}}}}`` for the files in ``folder``."""
     rates: dict[str, dict[str, dict[str, Any]]] = {}
+    bandwidth: dict[str, float] = {}
     for path in sorted(folder.glob("*.json")):
         match = _NAME.match(path.name)
         if match is None:
             continue
         for algorithm, figures in _figures(path).items():
             rates.setdefault(match["rate"], {}).setdefault(algorithm, {"runs": []})["runs"].append(figures)
-    fastest_first = sorted(rates, key=lambda rate: -next(iter(rates[rate].values()))["runs"][0]["bandwidth_Bps"])
-    rates = {rate: rates[rate] for rate in fastest_first}
+            bandwidth[match["rate"]] = figures["bandwidth_Bps"]
+    rates = {rate: rates[rate] for rate in sorted(rates, key=lambda rate: -bandwidth[rate])}
     for per_algorithm in rates.values():
         for entry in per_algorithm.values():
             runs = entry["runs"]

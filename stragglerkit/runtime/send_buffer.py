@@ -55,6 +55,7 @@ import os
 import socket
 import stat
 import warnings
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
@@ -142,13 +143,20 @@ class BoundedConnections:
             raise ValueError(f"connections bounded at {self.current} and {other.current} bytes cannot be joined")
         return BoundedConnections(self._sockets + other._sockets, self.current)
 
+    def _same_sockets(self) -> Iterator[int]:
+        """The descriptors that still name the socket they named when bounded first."""
+        for fd, inode in self._sockets:
+            try:
+                if os.fstat(fd).st_ino == inode:
+                    yield fd
+            except OSError:  # closed
+                continue
+
     def sizes(self) -> list[int]:
         """The send buffer every connection that is still the same socket has now (``SO_SNDBUF``)."""
         found = []
-        for fd, inode in self._sockets:
+        for fd in self._same_sockets():
             try:
-                if os.fstat(fd).st_ino != inode:
-                    continue
                 with socket.socket(fileno=os.dup(fd)) as sock:  # closes the duplicate only
                     found.append(int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)))
             except OSError:
@@ -159,12 +167,7 @@ class BoundedConnections:
         """Every connection queues at most ``nbytes`` from now on (a send may then wait for room)."""
         if nbytes == self.current:
             return
-        for fd, inode in self._sockets:
-            try:
-                if os.fstat(fd).st_ino != inode:
-                    continue
-            except OSError:
-                continue
+        for fd in self._same_sockets():
             _bound(fd, nbytes)
         self.current = nbytes
 
