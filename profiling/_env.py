@@ -1,25 +1,53 @@
-"""What every committed benchmark result records about the machine it ran on."""
+"""What every benchmark summary records about its run, and the helpers the benchmarks share.
+
+Each benchmark of the suite overwrites one summary JSON under ``profiling/results/``; it starts
+with :func:`provenance` (the benchmark, the command, the ``STRAGGLERKIT_*`` settings, the commit,
+the machine and the date), then the figures. :func:`write_summary` writes it.
+"""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "profiling" / "results"
+
+__all__ = [
+    "RESULTS",
+    "ROOT",
+    "command_line",
+    "emulated_cluster_ready",
+    "machine_info",
+    "provenance",
+    "run_on_hosts",
+    "settings",
+    "source_revision",
+    "utc_now",
+    "write_summary",
+]
 
 
 def machine_info() -> dict[str, Any]:
-    """Processor, core count and library versions, as the results JSON records them."""
+    """Processor, core count, load and library versions."""
     try:
         import torch
 
         torch_version: str | None = torch.__version__
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = None
+    try:
+        import numpy as np
+
+        numpy_version: str | None = np.__version__
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        numpy_version = None
     return {
         "processor": platform.processor() or _cpu_model(),
         "machine": platform.machine(),
@@ -28,7 +56,7 @@ def machine_info() -> dict[str, Any]:
         "load_average_1min": os.getloadavg()[0],
         "python": platform.python_version(),
         "torch": torch_version,
-        "numpy": np.__version__,
+        "numpy": numpy_version,
     }
 
 
@@ -47,12 +75,59 @@ def command_line() -> str:
 
 
 def settings() -> dict[str, str]:
-    """The ``STRAGGLERKIT_*`` environment variables this run has (what it ran with besides its command)."""
+    """The ``STRAGGLERKIT_*`` environment variables of this run (what it ran with besides its command)."""
     return {name: value for name, value in sorted(os.environ.items()) if name.startswith("STRAGGLERKIT_")}
+
+
+def source_revision() -> dict[str, Any]:
+    """The commit of the checkout and whether the package's sources differ from it (None without git)."""
+    git = ["git", "-C", str(ROOT)]
+    out: dict[str, Any] = {"commit": None, "modified": None}
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+        if head.returncode != 0:
+            return out
+        out["commit"] = head.stdout.strip()
+        sources = ["stragglerkit", "csrc", "setup.py", "pyproject.toml"]
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", *sources],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        out["modified"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return out
 
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def provenance(benchmark: str, command: str | None = None) -> dict[str, Any]:
+    """The fields every summary starts with: the benchmark's name, the command, the settings, the
+    commit, the machine and the date."""
+    return {
+        "benchmark": benchmark,
+        "command": command or command_line(),
+        "environment": settings(),
+        "source": source_revision(),
+        "machine": machine_info(),
+        "date": utc_now(),
+    }
+
+
+def write_summary(
+    path: str | os.PathLike[str], benchmark: str, fields: dict[str, Any], command: str | None = None
+) -> None:
+    """Overwrite ``path`` with the provenance followed by ``fields`` (indented JSON) and say so."""
+    record = {**provenance(benchmark, command), **fields}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {target}")
 
 
 def emulated_cluster_ready() -> bool:
@@ -69,8 +144,6 @@ def run_on_hosts(cluster: Any, script: str, args: list[str], hosts: int, timeout
     """Runs ``script args --rank-out FILE`` as one rank on each of the first ``hosts`` hosts of
     ``cluster``, waits for all of them and returns what rank 0 wrote to FILE (JSON). A rank that
     fails ends the benchmark with its exit code (SystemExit: the cluster is torn down on the way)."""
-    import json
-    import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,22 +154,3 @@ def run_on_hosts(cluster: Any, script: str, args: list[str], hosts: int, timeout
         if any(codes):
             raise SystemExit(f"{Path(script).name}: a rank failed (exit codes by rank: {codes})")
         return json.loads(Path(rank_out).read_text())
-
-
-def write_result(
-    path: str | os.PathLike[str], cluster: dict[str, Any], *, indent: int | None = 1, **fields: Any
-) -> None:
-    """Writes a result file: the command, the ``STRAGGLERKIT_*`` settings it ran with, date, machine
-    and cluster, then ``fields``; says where."""
-    import json
-
-    result = {
-        "command": command_line(),
-        "environment": settings(),
-        "date": utc_now(),
-        "machine": machine_info(),
-        "cluster": cluster,
-        **fields,
-    }
-    Path(path).write_text(json.dumps(result, indent=indent))
-    print(f"wrote {path}")
