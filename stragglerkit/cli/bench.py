@@ -1,0 +1,186 @@
+"""``stragglerkit bench``: measure the algorithms on real ranks (implementation in :mod:`stragglerkit.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stragglerkit.cli.options import unit
+from stragglerkit.units import parse_bandwidth, parse_size, parse_time
+
+__all__ = ["add_parser", "cmd_bench"]
+
+
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from stragglerkit.bench import BenchConfig, detect_mode, run
+    from stragglerkit.errors import StragglerKitError
+    from stragglerkit.runtime import settings
+
+    settings.check_local()  # a bad STRAGGLERKIT_* value stops here, not in every rank
+    mode, why = detect_mode(args.loopback)
+    if mode == "torchrun" and args.world_size is not None:
+        import os
+
+        if args.world_size != int(os.environ["WORLD_SIZE"]):
+            raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
+    world_size = args.world_size if args.world_size is not None else 8
+    if mode == "torchrun":
+        import os
+
+        world_size = int(os.environ["WORLD_SIZE"])
+    bandwidth = args.bandwidth
+    if bandwidth is None and mode == "emulated":
+        bandwidth = parse_bandwidth("1Gbit")
+    if args.mode == "train":
+        from stragglerkit.bench.train import cmd_train
+
+        return cmd_train(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
+    from stragglerkit.bench.train import TRAIN_ONLY, given_options
+
+    wrong = given_options(argv, TRAIN_ONLY)
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: only for --mode train (a DDP training); add --mode train or leave out")
+    config = BenchConfig(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        sizes=args.sizes,
+        dtype=args.dtype,
+        iters=args.iters,
+        warmup=args.warmup,
+        algorithms=args.algorithms,
+        straggler=args.straggler,
+        delay=args.delay,
+        degrade=dict(args.degrade or []),
+        mode=mode,
+        alpha=args.alpha,
+        tcp_send_buffer=args.tcp_send_buffer,
+        tcp_congestion_control=args.tcp_congestion_control,
+        fair_queueing=args.fair_queueing,
+        tcp_slow_start_after_idle=args.tcp_slow_start_after_idle,
+        fault_free_baseline=not args.no_fault_free_baseline,
+        timeout=args.timeout,
+    )
+    if mode != "torchrun" or os_rank() == 0:
+        print(f"stragglerkit bench: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
+    try:
+        run(config, why=why, argv=list(argv), json_path=args.json, plot_path=args.plot)
+    except StragglerKitError as err:
+        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def os_rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``bench`` to the subcommands ``sub``."""
+    from stragglerkit.bench import parse_algorithms, parse_degrade, parse_delay_option, parse_sizes
+
+    bench = sub.add_parser(
+        "bench",
+        # whole option names only: --degrade is also the start of --degraded-threshold (train mode)
+        allow_abbrev=False,
+        help="measure AllReduce algorithms against gloo on real ranks",
+        description="Measure the algorithms on real ranks, nccl-tests style, against the process group's own "
+        "all_reduce (gloo), with an optional persistent straggler or degraded NICs. Runs under torchrun when "
+        "its environment is set (NCCL on GPUs, gloo on CPUs); otherwise on the emulated cluster (one network "
+        "namespace per rank with a shaped NIC; needs root) or, failing that, over loopback.",
+        epilog="examples:\n  stragglerkit bench --world-size 8 --bandwidth 1Gbit --sizes 32MiB\n"
+        "  stragglerkit bench --sizes 32MiB --algorithms gloo,stragglar --straggler 7 --delay auto\n"
+        "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
+        "  stragglerkit bench --mode train --straggler 7 --delay auto --from-step 20 --steps 120\n"
+        "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
+    bench.add_argument(
+        "--bandwidth",
+        type=unit(parse_bandwidth),
+        help="each host's NIC rate, e.g. 1Gbit (emulated cluster: shapes the links, default 1Gbit; "
+        "elsewhere only for the model's prediction)",
+    )
+    bench.add_argument(
+        "--sizes",
+        type=unit(parse_sizes),
+        default=parse_sizes("1MiB..32MiB"),
+        help="buffer sizes: LOW..HIGH doubling (default 1MiB..32MiB), one size, or a comma list",
+    )
+    bench.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16, float16, int32, int64")
+    bench.add_argument("--iters", type=int, default=5, help="timed iterations per case (default 5; median)")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed iterations per case first (default 2)")
+    bench.add_argument(
+        "--algorithms",
+        type=unit(parse_algorithms),
+        default=parse_algorithms("gloo,ring,rhd,stragglar,optcc"),
+        help="comma list; gloo = the group's own all_reduce (baseline), auto = the runtime's choice; "
+        "algorithms that do not apply to the scenario are skipped (default gloo,ring,rhd,stragglar,optcc)",
+    )
+    bench.add_argument("--straggler", type=int, metavar="RANK", help="this rank enters every AllReduce late")
+    bench.add_argument(
+        "--delay",
+        type=unit(parse_delay_option),
+        metavar="MS|auto",
+        help="the straggler's delay: milliseconds, a time like 20ms, or auto (default: the others' "
+        "pre-phase ReduceScatter time, measured in the run; --mode train: twice that)",
+    )
+    bench.add_argument(
+        "--degrade",
+        type=unit(parse_degrade),
+        action="append",
+        metavar="RANK:L",
+        help="rank's NIC at 1/L of the bandwidth (emulated cluster: reshaped for real; repeatable)",
+    )
+    bench.add_argument("--alpha", type=unit(parse_time), help="per-message latency for the model (default measured)")
+    bench.add_argument(
+        "--tcp-send-buffer",
+        type=unit(parse_size),
+        metavar="SIZE",
+        help="emulated cluster: every host's largest TCP send buffer (net.ipv4.tcp_wmem in its namespace; default: "
+        "the kernel's, 4MiB). A send completes once its data is in that buffer (docs/bench.md)",
+    )
+    bench.add_argument(
+        "--tcp-congestion-control",
+        metavar="NAME",
+        help="emulated cluster: every host's TCP congestion control, e.g. cubic or bbr (default: what this "
+        "machine's new namespaces inherit; the JSON header records which ran)",
+    )
+    bench.add_argument(
+        "--tcp-slow-start-after-idle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="emulated cluster: whether TCP connections idle for longer than their retransmission timeout "
+        "restart from a small window (net.ipv4.tcp_slow_start_after_idle in every host; default: the kernel's, on)",
+    )
+    bench.add_argument(
+        "--fair-queueing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="emulated cluster: one queue per peer on every link, served in turn, so that transfers sharing a "
+        "link get even shares (default, --no-fair-queueing: one FIFO per link direction; docs/testbed.md)",
+    )
+    bench.add_argument(
+        "--no-fault-free-baseline",
+        action="store_true",
+        help="with --degrade, skip measuring gloo with every NIC healthy",
+    )
+    bench.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the ranks (default 600)")
+    bench.add_argument("--json", metavar="FILE", help="write the header and rows as JSON")
+    bench.add_argument("--plot", metavar="FILE.png", help="plot time against size")
+    bench.add_argument("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
+    bench.add_argument(
+        "--mode",
+        choices=("allreduce", "train"),
+        default="allreduce",
+        help="allreduce (default): the algorithms on buffers; train: a short DDP training, plain and with the "
+        "stragglerkit hook, side by side (docs/bench.md)",
+    )
+    from stragglerkit.bench.train import add_train_arguments
+
+    add_train_arguments(bench)
+    bench.set_defaults(func=cmd_bench)

@@ -1,0 +1,146 @@
+"""``stragglerkit schedule``: build one algorithm's schedule, check it, and print (or save) it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from stragglerkit.cli.options import add_situation_options, situation_from_args
+from stragglerkit.schedules.check import check
+from stragglerkit.schedules.ir import Op, OpKind, Schedule
+from stragglerkit.schedules.registry import generate, names
+from stragglerkit.units import format_seconds
+
+__all__ = ["add_parser", "cmd_schedule", "render_schedule"]
+
+
+def _receive_marks(sched: Schedule) -> dict[tuple[int, int], str]:
+    """For each receive op: '+' if the data is added, '=' if it overwrites."""
+    marks: dict[tuple[int, int], str] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.kind is OpKind.RECV_REDUCE:
+                marks[(rank, index)] = "+"
+            elif op.kind is OpKind.RECV:
+                mark = "="
+                if op.scratch is not None:
+                    for later in rank_ops[index + 1 :]:
+                        if later.scratch == op.scratch and later.kind in (OpKind.REDUCE, OpKind.COPY):
+                            mark = "+" if later.kind is OpKind.REDUCE else "="
+                            break
+                marks[(rank, index)] = mark
+    return marks
+
+
+def _messages(sched: Schedule) -> list[tuple[int, int, Op, str, int]]:
+    """Every message as (src, dst, send op, mark, step-within-phase), in sender program order."""
+    marks = _receive_marks(sched)
+    recv_queues: dict[tuple[int, int], list[int]] = {}
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if op.is_receive:
+                assert op.peer is not None
+                recv_queues.setdefault((op.peer, rank), []).append(index)
+    consumed: dict[tuple[int, int], int] = {}
+    messages = []
+    for src, rank_ops in enumerate(sched.ops):
+        step_in_phase: dict[str, int] = {}
+        for op in rank_ops:
+            if op.kind is not OpKind.SEND:
+                continue
+            assert op.peer is not None
+            channel = (src, op.peer)
+            k = consumed.get(channel, 0)
+            consumed[channel] = k + 1
+            recv_index = recv_queues.get(channel, [])[k] if k < len(recv_queues.get(channel, [])) else -1
+            step = step_in_phase.get(op.phase, 0)
+            step_in_phase[op.phase] = step + 1
+            messages.append((src, op.peer, op, marks.get((op.peer, recv_index), "?"), step))
+    return messages
+
+
+def render_schedule(sched: Schedule) -> str:
+    """The schedule as text, one line per round (or per step of an unrounded phase)."""
+    lines = [
+        "legend: 'a->b c3+' rank a sends chunk 3 to rank b, which adds it; "
+        "'c3=' b stores it (overwrite); 'c0-4' a chunk range"
+    ]
+    groups: dict[tuple[str, str, int], list[str]] = {}
+    for src, dst, op, mark, step in _messages(sched):
+        start, stop = op.chunks
+        span = f"c{start}" if stop == start + 1 else f"c{start}-{stop - 1}"
+        if op.round is not None:
+            key = (op.phase, "round", op.round)
+        else:
+            key = (op.phase, "step", step)
+        groups.setdefault(key, []).append(f"{src}->{dst} {span}{mark}")
+    width = max((len(f"{phase} {kind} {number}") for phase, kind, number in groups), default=0)
+    for (phase, kind, number), transfers in groups.items():
+        label = f"{phase or 'main'} {kind} {number}"
+        lines.append(f"{label:<{width}} : " + "  ".join(transfers))
+    return "\n".join(lines)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    situation = situation_from_args(args, args.world_size)
+    started = time.perf_counter()
+    sched = generate(args.algorithm, situation)
+    generation_seconds = time.perf_counter() - started
+    checked = False
+    report = None
+    if not args.no_check:
+        report = check(sched)
+        checked = True
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            handle.write(sched.to_json())
+    if args.summary_json:
+        summary = {
+            "algorithm": args.algorithm,
+            "world_size": args.world_size,
+            "rounds": sched.rounds(),
+            "checked": checked,
+            "generation_seconds": generation_seconds,
+        }
+        print(json.dumps(summary))
+        return 0
+    header = (
+        f"{sched.algorithm}: world_size={sched.world_size} chunks={sched.num_chunks} rounds={sched.rounds()}"
+        + (f" ({sched.round_phase} phase)" if sched.round_phase else "")
+        + "".join(f" {key}={value}" for key, value in sched.params.items())
+    )
+    print(header)
+    if report is not None:
+        print(f"checked: correct AllReduce ({report.num_ops} ops, {report.num_messages} messages)")
+    print(f"generated in {format_seconds(generation_seconds)}")
+    if args.json:
+        print(f"wrote {args.json}")
+    print(render_schedule(sched))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``schedule`` to the subcommands ``sub``."""
+    sched = sub.add_parser(
+        "schedule",
+        help="build, check and print one algorithm's schedule",
+        description="Build an AllReduce schedule, prove it correct with the symbolic checker, and print it "
+        "round by round (who sends which chunk to whom).",
+        epilog="examples:\n  stragglerkit schedule stragglar --world-size 8\n"
+        "  stragglerkit schedule ring --world-size 16 --summary-json\n"
+        "  stragglerkit schedule stragglar --world-size 256 --straggler 5 --json s.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sched.add_argument("algorithm", choices=names(), help="which algorithm")
+    sched.add_argument("--world-size", "-n", type=int, required=True, help="number of ranks")
+    add_situation_options(sched)
+    sched.add_argument("--json", metavar="FILE", help="also save the schedule as JSON (versioned format)")
+    sched.add_argument(
+        "--summary-json",
+        action="store_true",
+        help="print only one JSON object: algorithm, world_size, rounds, checked, generation_seconds",
+    )
+    sched.add_argument("--no-check", action="store_true", help="skip the symbolic checker (large n)")
+    sched.set_defaults(func=cmd_schedule)

@@ -1,0 +1,181 @@
+"""``stragglerkit simulate``: predict AllReduce times of several algorithms on a simulated network."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from stragglerkit.cli.options import add_situation_options, algorithm_list, int_list, situation_from_args, unit
+from stragglerkit.errors import NotApplicableError
+from stragglerkit.schedules.registry import Situation, generate
+from stragglerkit.units import format_bytes, format_seconds, parse_bandwidth, parse_size, parse_time
+
+if TYPE_CHECKING:
+    from stragglerkit.sim import Network
+
+__all__ = ["add_parser", "cmd_simulate"]
+
+
+def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from stragglerkit.sim import auto_delay, simulate
+
+    rows: list[dict[str, Any]] = []
+    for n in args.world_sizes:
+        situation = situation_from_args(args, n)
+        network = _network(situation, args.alpha, args.bandwidth)
+        straggler = args.straggler if args.straggler is not None else n - 1
+        delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")
+        if delay_text == "auto":
+            reference = Situation(world_size=n, straggler=straggler)
+            try:
+                delay = auto_delay(generate("stragglar", reference), args.size, network)
+            except NotApplicableError:  # odd n: hide the pre-phase AllReduce that direct needs
+                delay = auto_delay(generate("direct", reference), args.size, network, phase="pre_allreduce")
+        else:
+            delay = parse_time(delay_text)
+        arrivals = [0.0] * n
+        arrivals[straggler] = delay
+        lower_bound = _optcc_lower_bound(situation, args.size, args.bandwidth) if situation.slowdowns else None
+        for algorithm in args.algorithms:
+            try:
+                sched = generate(algorithm, situation)
+            except NotApplicableError as err:
+                print(f"note: skipping {algorithm} at n={n}: {err}", file=sys.stderr)
+                continue
+            result = simulate(sched, args.size, network, arrivals=arrivals)
+            row: dict[str, Any] = {
+                "algorithm": algorithm,
+                "world_size": n,
+                "size_bytes": args.size,
+                "delay_s": delay,
+                "time_s": result.time_from_last_arrival,
+                "time_from_first_arrival_s": result.time_from_first_arrival,
+            }
+            if lower_bound is not None:
+                row["lower_bound_s"] = lower_bound
+            rows.append(row)
+    return rows
+
+
+def _network(situation: Situation, alpha: float, bandwidth: float) -> Network:
+    """Per-GPU NICs; with ``--gpus-per-server g > 1`` servers of g GPUs joined by NVLink (default
+    ``(g-1)x`` the NIC), and a degraded GPU's whole server at its slowdown (PXN spreads the loss)."""
+    from stragglerkit.sim import Network
+
+    n, g = situation.world_size, situation.gpus_per_server
+    slowdowns = dict(situation.slowdowns)
+    if g == 1:
+        return Network.uniform(n, alpha=alpha, bandwidth=bandwidth, slowdowns=slowdowns)
+    if g < 1 or n % g:
+        raise NotApplicableError(
+            f"--gpus-per-server {g} must divide the world size {n} (ranks v*g..v*g+g-1 form a server)"
+        )
+    for rank, slowdown in situation.slowdowns.items():
+        first = rank // g * g
+        for peer in range(first, first + g):
+            slowdowns[peer] = max(slowdown, slowdowns.get(peer, 1.0))
+    return Network.uniform(n, alpha=alpha, bandwidth=bandwidth, slowdowns=slowdowns, gpus_per_server=g)
+
+
+def _optcc_lower_bound(situation: Situation, size_bytes: int, bandwidth: float) -> float:
+    from stragglerkit.sim import optcc_bounds
+
+    return optcc_bounds.lower_bound(
+        situation.world_size, situation.slowdowns, size_bytes / bandwidth, gpus_per_server=situation.gpus_per_server
+    )
+
+
+def _print_simulation_table(rows: list[dict[str, Any]]) -> None:
+    baseline = {row["world_size"]: row["time_s"] for row in rows if row["algorithm"] == "ring"}
+    has_bound = any("lower_bound_s" in row for row in rows)
+    header = f"{'algorithm':<13} {'n':>5} {'size':>9} {'delay':>11} {'time':>12} {'from first':>12} {'vs ring':>8}"
+    if has_bound:
+        header += f" {'lower bound':>12}"
+    print(header)
+    for row in rows:
+        ring_time = baseline.get(row["world_size"])
+        speedup = f"{ring_time / row['time_s']:.3f}x" if ring_time and row["time_s"] > 0 else "-"
+        line = (
+            f"{row['algorithm']:<13} {row['world_size']:>5} {format_bytes(row['size_bytes']):>9} "
+            f"{format_seconds(row['delay_s']):>11} {format_seconds(row['time_s']):>12} "
+            f"{format_seconds(row['time_from_first_arrival_s']):>12} {speedup:>8}"
+        )
+        if has_bound:
+            bound = row.get("lower_bound_s")
+            line += f" {format_seconds(bound) if bound is not None else '-':>12}"
+        print(line)
+    print("time: from the last (straggler's) arrival to the last completion; 'from first': from the first arrival")
+
+
+def _plot_simulation(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for algorithm in dict.fromkeys(row["algorithm"] for row in rows):
+        mine = [row for row in rows if row["algorithm"] == algorithm]
+        ax.plot([r["world_size"] for r in mine], [r["time_s"] * 1e3 for r in mine], marker="o", label=algorithm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks (n)")
+    ax.set_ylabel("AllReduce time from last arrival (ms)")
+    size = format_bytes(rows[0]["size_bytes"]) if rows else ""
+    ax.set_title(f"Simulated AllReduce, {size} buffer")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    rows = _simulate_rows(args)
+    if args.json == "-":
+        print(json.dumps(rows))
+    else:
+        _print_simulation_table(rows)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(rows, handle, indent=1)
+            print(f"wrote {args.json}")
+    if args.plot:
+        _plot_simulation(rows, args.plot)
+        if args.json != "-":
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``simulate`` to the subcommands ``sub``."""
+    sim = sub.add_parser(
+        "simulate",
+        help="predict AllReduce times on a simulated network",
+        description="Simulate algorithms on a network of per-rank NICs (flow level, max-min fair sharing) "
+        "with a late straggler and/or degraded NICs, and compare them with ring.",
+        epilog="example (the StragglAR paper's analytic comparison):\n"
+        "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
+        "--size 1GiB --alpha 3us --bandwidth 450GB/s",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument(
+        "--algorithms", type=algorithm_list, default=["ring", "rhd", "stragglar"], help="comma-separated list"
+    )
+    sim.add_argument("--world-sizes", type=int_list, default=[8, 16, 256], help="comma-separated, e.g. 8,16,256")
+    sim.add_argument("--size", type=unit(parse_size), default=parse_size("1GiB"), help="buffer size (default 1GiB)")
+    sim.add_argument("--alpha", type=unit(parse_time), default=parse_time("3us"), help="per-message latency")
+    sim.add_argument(
+        "--bandwidth", type=unit(parse_bandwidth), default=parse_bandwidth("450GB/s"), help="per-rank NIC bandwidth"
+    )
+    sim.add_argument(
+        "--delay",
+        metavar="auto|TIME",
+        help="straggler delay: 'auto' (arrives as the others finish StragglAR's pre-phase) or a time like 5ms; "
+        "default auto, or 0 when --degrade is given",
+    )
+    add_situation_options(sim)
+    sim.add_argument("--json", metavar="FILE|-", help="write the rows as JSON ('-' prints only JSON on stdout)")
+    sim.add_argument("--plot", metavar="FILE.png", help="plot time against n")
+    sim.set_defaults(func=cmd_simulate)
