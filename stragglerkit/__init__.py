@@ -1,26 +1,59 @@
-"""stragglerkit: fast data-parallel AllReduce when some ranks are slow."""
+"""stragglerkit: fast data-parallel AllReduce when some ranks are slow.
+
+Example::
+
+    import torch.distributed as dist
+    import stragglerkit
+
+    dist.init_process_group("gloo")
+    stragglerkit.init()                          # collective, once per group
+    stragglerkit.all_reduce(grad)                # like dist.all_reduce
+    state = stragglerkit.DDPState(None)          # the closed loop as a DDP comm hook
+    ddp_model.register_comm_hook(state, stragglerkit.ddp_hook)
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stragglerkit.errors import NotApplicableError, ScheduleError, StragglerKitError
-from stragglerkit.runtime.api import all_reduce, all_reduce_async
+from stragglerkit.api import Work, all_reduce, destroy, init, is_initialized, last_run
+from stragglerkit.config import Config
+from stragglerkit.errors import (
+    CollectiveError,
+    ConfigError,
+    NotApplicableError,
+    NotInitializedError,
+    PeerError,
+    ScheduleError,
+    StragglerKitError,
+)
+from stragglerkit.runtime.runtime import FallbackWarning, RunRecord
 
 if TYPE_CHECKING:
     from stragglerkit.integrations.ddp import DDPState, ddp_hook
 
 __all__ = [
+    "CollectiveError",
+    "Config",
+    "ConfigError",
     "DDPState",
+    "FallbackWarning",
     "NotApplicableError",
+    "NotInitializedError",
+    "PeerError",
+    "RunRecord",
     "ScheduleError",
     "StragglerKitError",
+    "Work",
     "__version__",
     "all_reduce",
-    "all_reduce_async",
     "ddp_hook",
+    "destroy",
+    "init",
+    "is_initialized",
+    "last_run",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {"DDPState": "stragglerkit.integrations.ddp", "ddp_hook": "stragglerkit.integrations.ddp"}
 

@@ -36,9 +36,9 @@ from typing import Any, Protocol
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share, softirq_share
 from stragglerkit.bench.launch import LaunchResult
+from stragglerkit.config import Config
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.report.critical_path import critical_path
-from stragglerkit.runtime.send_buffer import optcc_send_buffer_from_env, send_buffer_from_env
 from stragglerkit.units import format_bytes
 
 __all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
@@ -79,7 +79,7 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
     slowdowns = {int(k): float(v) for k, v in case["slowdowns"].items()}
     straggler = case["straggler"]
     algorithm = "ring" if case["ran"] == BASELINE else case["ran"]
-    from stragglerkit.runtime.api import optcc_situation
+    from stragglerkit.runtime.policy import optcc_situation
 
     try:
         situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
@@ -266,13 +266,13 @@ def source_revision() -> dict[str, Any]:
 
 def _runtime_send_buffer() -> int | str:
     """What the ranks' runtime bounds its gloo connections' send buffers to (runtime/send_buffer.py)."""
-    size = send_buffer_from_env()  # checked before the run (cli.bench)
+    size = Config.from_env().executor.send_buffer  # checked before the run (cli.bench)
     return "off (the kernel's)" if size is None else size
 
 
 def _runtime_optcc_send_buffer() -> int | str:
     """What those connections are bounded to while an OptCC plan runs (runtime/send_buffer.py)."""
-    size = optcc_send_buffer_from_env()  # checked before the run (cli.bench)
+    size = Config.from_env().optcc.send_buffer  # checked before the run (cli.bench)
     return "off (the bound above)" if size is None else size
 
 

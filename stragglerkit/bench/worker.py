@@ -38,10 +38,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import stragglerkit
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
 from stragglerkit.report.critical_path import rank_trace
-from stragglerkit.runtime.api import RunRecord
+from stragglerkit.runtime.runtime import RunRecord
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
@@ -121,9 +122,10 @@ class _Rank:
         if algorithm == BASELINE:
             dist.all_reduce(x)
             return BASELINE, None
-        import stragglerkit
 
-        record = stragglerkit.all_reduce(x, algorithm=algorithm, straggler=self.straggler, slowdowns=self.slowdowns)
+        stragglerkit.all_reduce(x, algorithm=algorithm, straggler=self.straggler, slowdowns=self.slowdowns)
+        record = stragglerkit.last_run()
+        assert record is not None
         return record.algorithm, record
 
     def iteration(
@@ -271,7 +273,6 @@ def measure_pre_phase(
         measured = measure_pre_phase(torch.ones(2**20), torch.ones(2**20), straggler=3, bandwidth=125e6)
         delay = measured["delay_s"]
     """
-    import stragglerkit
 
     rank = dist.get_rank()
     size_bytes = x.numel() * x.element_size()
@@ -287,7 +288,9 @@ def measure_pre_phase(
         if rank == straggler:
             sleep_precisely(hold)
         entered = time.monotonic_ns()
-        record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        record = stragglerkit.last_run()
+        assert record is not None
         synchronize()
         pre_done = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
         own = (max(pre_done) - entered) / 1e9 if pre_done and rank != straggler else 0.0
@@ -340,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=_timedelta(config.timeout))
     try:
+        stragglerkit.init(config=stragglerkit.Config().replace(executor={"timeout": config.timeout}))
         cases = run_job(config, job)
         if dist.get_rank() == 0:
             with open(out_path + ".tmp", "w", encoding="utf-8") as handle:
@@ -347,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(out_path + ".tmp", out_path)
         dist.barrier()
     finally:
+        stragglerkit.destroy()
         dist.destroy_process_group()
     return 0
 

@@ -15,10 +15,10 @@ __all__ = ["add_parser", "cmd_bench"]
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from stragglerkit.bench import BenchConfig, detect_mode, run
+    from stragglerkit.config import Config
     from stragglerkit.errors import StragglerKitError
-    from stragglerkit.runtime import settings
 
-    settings.check_local()  # a bad STRAGGLERKIT_* value stops here, not in every rank
+    Config.from_env()  # a bad configuration file or STRAGGLERKIT_* value stops here, not in every rank
     mode, why = detect_mode(args.loopback)
     if mode == "torchrun" and args.world_size is not None:
         import os

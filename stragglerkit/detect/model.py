@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.runtime.api import optcc_situation
+from stragglerkit.runtime.policy import optcc_situation
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
@@ -199,7 +199,7 @@ class OnlineModel:
         nbytes: int = 0,
     ) -> Schedule:
         """The schedule the runtime runs for a bucket of ``nbytes`` (OptCC: its segments and bubble
-        filling depend on the size, ``runtime.api.optcc_situation``)."""
+        filling depend on the size, ``runtime.policy.optcc_situation``)."""
         situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns))
         if algorithm == "optcc":
             situation = optcc_situation(situation, nbytes)

@@ -46,8 +46,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from stragglerkit.runtime.api import RunRecord
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
+from stragglerkit.runtime.runtime import RunRecord
 
 __all__ = ["critical_path", "message_dependencies", "rank_trace"]
 

@@ -5,8 +5,8 @@ Ranges are emitted only when an NVTX backend *and* a profiler are present: the `
 its injection variables (nsys sets ``NSYS_PROFILING_SESSION_ID``; any NVTX tool sets
 ``NVTX_INJECTION64_PATH``). Otherwise :func:`enabled` is ``False``, :func:`range` returns a shared
 do-nothing context manager and the executor is given no range callback at all, so the hot path
-has no extra work. Set ``STRAGGLERKIT_NVTX=1`` to force ranges on (e.g. for another tool) or ``=0``
-to force them off.
+has no extra work. ``Config.report.nvtx`` (or ``STRAGGLERKIT_NVTX``) forces ranges on (e.g. for
+another tool) or off; :func:`stragglerkit.init` applies it through :func:`configure`.
 
 Example::
 
@@ -23,9 +23,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stragglerkit.units import switch_from_env
-
-__all__ = ["PROFILER_ENV_VARS", "backend", "enabled", "forced_setting", "pop", "push", "range", "refresh"]
+__all__ = ["PROFILER_ENV_VARS", "backend", "configure", "enabled", "pop", "push", "range", "refresh"]
 
 PROFILER_ENV_VARS = ("NSYS_PROFILING_SESSION_ID", "NVTX_INJECTION64_PATH")
 DOMAIN = "stragglerkit"
@@ -35,19 +33,20 @@ _pop: Callable[[], Any] | None = None
 _backend = "none"
 
 
-def forced_setting() -> bool | None:
-    """``STRAGGLERKIT_NVTX``: True (on), False (off) or None (unset: ranges when a profiler is
-    attached); ValueError names a bad value."""
-    return switch_from_env("STRAGGLERKIT_NVTX", None)
+_forced: bool | None = None
+"""``Config.report.nvtx``: True (on), False (off) or None (when a profiler is attached)."""
+
+
+def configure(forced: bool | None) -> bool:
+    """Force ranges on (``True``) or off (``False``), or follow the profiler (``None``); return :func:`enabled`."""
+    global _forced
+    _forced = forced
+    return refresh()
 
 
 def _profiler_present() -> bool:
-    try:
-        forced = forced_setting()
-    except ValueError:  # reported by the runtime's settings check (runtime/settings.py) at the first call
-        forced = None
-    if forced is not None:
-        return forced
+    if _forced is not None:
+        return _forced
     return any(os.environ.get(name) for name in PROFILER_ENV_VARS)
 
 

@@ -1,20 +1,12 @@
-"""stragglerkit.runtime: plans for real buckets, the C++ executor binding, and all_reduce."""
+"""stragglerkit.runtime: plans for real buckets, the C++ executor binding, the runtime and its policy."""
 
 from __future__ import annotations
 
-from stragglerkit.runtime.api import (
-    AllReduceHandle,
-    FallbackWarning,
-    RunRecord,
-    Runtime,
-    all_reduce,
-    all_reduce_async,
-    choose_algorithm,
-    runtime_for,
-)
 from stragglerkit.runtime.executor import OpTiming, OpTimings
 from stragglerkit.runtime.plan import RankPlan, lower
+from stragglerkit.runtime.policy import choose_algorithm
 from stragglerkit.runtime.remap import RankMap
+from stragglerkit.runtime.runtime import AllReduceHandle, FallbackWarning, RunRecord, Runtime
 
 __all__ = [
     "AllReduceHandle",
@@ -25,9 +17,6 @@ __all__ = [
     "RankPlan",
     "RunRecord",
     "Runtime",
-    "all_reduce",
-    "all_reduce_async",
     "choose_algorithm",
     "lower",
-    "runtime_for",
 ]

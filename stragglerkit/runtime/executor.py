@@ -2,21 +2,22 @@
 
 :func:`run_plan` hands one rank's :class:`~stragglerkit.runtime.plan.RankPlan` and its buffer to
 ``_C.execute``, which posts the sends and receives over the group's c10d backend and reduces in
-place (csrc/executor.cpp explains the rules). C++ errors come back as :class:`StragglerKitError`
-with the local and remote rank in the message. Per-op timings come back as :class:`OpTimings`.
+place (csrc/executor.cpp explains the rules). C++ errors come back as
+:class:`~stragglerkit.errors.PeerError` or :class:`~stragglerkit.errors.CollectiveError` with the
+local and remote rank in the message. Per-op timings come back as :class:`OpTimings`.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from stragglerkit.errors import StragglerKitError
+from stragglerkit.errors import CollectiveError, PeerError
 from stragglerkit.report import nvtx
 from stragglerkit.runtime.plan import LoweredKind, RankPlan
 from stragglerkit.runtime.remap import RankMap
@@ -27,11 +28,11 @@ __all__ = [
     "OpTimings",
     "concurrent_waits",
     "duplex_group",
+    "force_wait_mode",
     "is_default_gloo_group",
     "native",
     "notify_local_failure",
     "run_plan",
-    "wait_mode",
 ]
 
 CONCURRENT_WAIT_MIN_BYTES = 64 * 1024
@@ -47,7 +48,7 @@ def native():  # type: ignore[no-untyped-def]
         try:
             from stragglerkit import _C  # type: ignore[attr-defined]
         except ImportError as err:
-            raise StragglerKitError(
+            raise CollectiveError(
                 "stragglerkit's native extension is not built: run `python setup.py build_ext --inplace` "
                 f"(or `pip install -e .`) in the source tree ({err})"
             ) from None
@@ -167,20 +168,36 @@ def run_plan(
             concurrent,
         )
     except RuntimeError as err:
-        raise StragglerKitError(str(err).split("\nException raised from")[0]) from None
+        raise failure_from_native(str(err)) from None
     return OpTimings(table)
 
 
+_BLAMED_PEER = (re.compile(r"aborted because rank (\d+) failed"), re.compile(r"with rank (\d+) \(logical"))
+
+
+def failure_from_native(text: str) -> CollectiveError:
+    """The executor's error as the library's exception: :class:`PeerError` naming the rank the
+    message blames (the origin of an abort, or the peer of the failed message), else
+    :class:`CollectiveError`. C++ call-site suffixes (\"Exception raised from ...\") are cut."""
+    message = text.split("\nException raised from")[0]
+    for pattern in _BLAMED_PEER:
+        found = pattern.search(message)
+        if found is not None:
+            return PeerError(message, int(found.group(1)))
+    return CollectiveError(message)
+
+
 WAIT_MODES = ("auto", "ordered", "concurrent")
+_wait_mode = "auto"
 
 
-def wait_mode() -> str:
-    """``STRAGGLERKIT_WAIT_MODE``: one of :data:`WAIT_MODES` (unset: auto, see :func:`concurrent_waits`);
-    ValueError names a bad value."""
-    text = os.environ.get("STRAGGLERKIT_WAIT_MODE", "").strip().lower() or "auto"
-    if text not in WAIT_MODES:
-        raise ValueError(f"STRAGGLERKIT_WAIT_MODE={text!r}: give auto, ordered or concurrent")
-    return text
+def force_wait_mode(mode: str) -> None:
+    """Observe completions always ``ordered`` or ``concurrent`` instead of the :func:`concurrent_waits`
+    rule (``auto``), in this process: for tests that cover both observers of the executor."""
+    global _wait_mode
+    if mode not in WAIT_MODES:
+        raise ValueError(f"wait mode {mode!r}: give one of {', '.join(WAIT_MODES)}")
+    _wait_mode = mode
 
 
 def concurrent_waits(
@@ -198,18 +215,17 @@ def concurrent_waits(
     4 loopback ranks, 64 MiB: 151 ms ordered, 163 ms concurrent) -- as long as a send completes
     when it is posted, which a socket with the kernel's send buffer (up to 4 MiB) does for a
     ring's chunks. Over connections with a bounded send buffer (``bounded_send_buffer``:
-    ``STRAGGLERKIT_TCP_SEND_BUFFER``, runtime/send_buffer.py) a send to a slow successor completes
+    ``executor.send_buffer``, runtime/send_buffer.py) a send to a slow successor completes
     only as its link drains, and in the global order the receive from the predecessor behind it is
     observed that late: its recorded end, which the NIC-health estimate reads as the link's
     delivery, made the degraded rank's predecessor read l = 1.6-2.3 (1 MiB buffers, one NIC at 1/2;
     at most 1.03 with concurrent waits: docs/detection.md). So with a bounded send buffer every
     plan of a large enough bucket is observed concurrently. NCCL's ``wait()`` does not block
-    the host, so CUDA tensors keep the ordered mode too. ``STRAGGLERKIT_WAIT_MODE=ordered|concurrent``
-    overrides the choice (CPU tensors only).
+    the host, so CUDA tensors keep the ordered mode too.
     """
     if buffer.device.type != "cpu" or dist.get_backend(group) != "gloo":
         return False
-    mode = wait_mode()
+    mode = _wait_mode
     if mode == "ordered":
         return False
     if mode == "concurrent":

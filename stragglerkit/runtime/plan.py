@@ -22,7 +22,7 @@ Steps (all in Python, once per cache key; the executor only interprets the resul
    offsets, channel links and labels, plus dependency counts and a CSR list of dependents. A
    dependent stored as ``-(b + 1)`` counts its dependency as met when the op is *posted*, not
    completed: only between consecutive messages of one connection that nothing but their order
-   links (:func:`_after_post_edges`; ``STRAGGLERKIT_POST_AHEAD=off`` turns it off).
+   links (:func:`_after_post_edges`).
 
 Averaging: with ``divide_by = n`` the reductions after which a chunk holds all ``n`` contributions
 (:func:`~stragglerkit.schedules.check.completing_reductions`) also divide by ``n``, so an averaging
@@ -48,11 +48,9 @@ import torch
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
-from stragglerkit.units import switch_from_env
 
 __all__ = [
     "OP_COLUMNS",
-    "POST_AHEAD_ENV",
     "LoweredKind",
     "RankPlan",
     "choose_pieces",
@@ -60,7 +58,6 @@ __all__ = [
     "lower",
     "message_order",
     "plan_id",
-    "post_ahead_enabled",
     "refine",
 ]
 
@@ -409,16 +406,6 @@ def lower(
     return plans
 
 
-POST_AHEAD_ENV = "STRAGGLERKIT_POST_AHEAD"
-"""``on`` (the default) or ``off``: whether a message may be posted once the message before it on
-its connection is posted, rather than completed, where nothing but that order links them."""
-
-
-def post_ahead_enabled() -> bool:
-    """``STRAGGLERKIT_POST_AHEAD`` (unset: on); ValueError names a bad value."""
-    return switch_from_env(POST_AHEAD_ENV, True)
-
-
 def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[int, int]]:
     """Dependencies ``(a, b)`` that the executor may count as met once ``a`` is *posted*.
 
@@ -505,7 +492,7 @@ def _lower_rank(
         table.append(row)
 
     dep_count = [len(set(op.depends)) for op in ops]
-    after_post = _after_post_edges(ops, table) if post_ahead_enabled() else set()
+    after_post = _after_post_edges(ops, table)
     children: list[list[int]] = [[] for _ in ops]
     for index, op in enumerate(ops):
         for dep in sorted(set(op.depends)):

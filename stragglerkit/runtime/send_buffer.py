@@ -4,49 +4,38 @@ Why: a gloo send completes once its data is in the socket's send buffer, which t
 4 MiB by default (``net.ipv4.tcp_wmem``). In a round schedule a rank starts its next round when
 its previous round's sends *completed*, so with a large buffer most of the previous message is
 still queued when the next one starts, and TCP shares the rank's link between the two: the earlier
-message, which its receiver's chain of rounds waits for, arrives late. The critical path of
-StragglAR's bench rows shows it (docs/bench.md, "The critical path, and TCP's send buffer"): with a
-256 KiB buffer its rounds ran as the model says (1.30x gloo against 1.20x with the kernel's), and
-ring, OptCC and gloo's own all_reduce did not change (``profiling/results/send_buffer/``). In a
-training step, where the ranks' compute competes for the cores, 256 KiB cost the hooked step
-1-2 % (a sender has to be woken every 2 ms of a 1 Gbit/s link to keep it busy); 1 MiB keeps
-StragglAR's gain in the bench (1.25-1.27x) and costs the training step nothing measurable.
+message, which its receiver's chain of rounds waits for, arrives late. A bounded buffer keeps each
+round's timing as the schedule has it (StragglAR gains most); 1 MiB does that while waking a
+sender rarely enough that it costs a training step nothing measurable (256 KiB cost 1-2 %).
 
 A bounded buffer makes a send to a slow peer complete only as that link drains; the executor then
-observes every large plan, rings included, with one waiter per channel (``concurrent_waits`` in
+observes every large plan with one waiter per channel (``concurrent_waits`` in
 runtime/executor.py), so that a receive's recorded end is when it arrived and the NIC-health
-estimate (detect/nic_health.py) reads each link as it is. Before that, the degraded rank's ring
-predecessor read l = 1.6-2.3 in every probe (``profiling/results/send_buffer/link_estimate_*``).
+estimate (detect/nic_health.py) reads each link as it is.
 
-How: a runtime on the default gloo group creates its own two gloo groups (one per direction, as
-:func:`stragglerkit.runtime.executor.duplex_group` does for the reverse one) and sets
-``SO_SNDBUF`` on the connections that creating them opened, found as the sockets this process
+How: a runtime on the default gloo group creates its own two gloo groups (one per direction) and
+sets ``SO_SNDBUF`` on the connections that creating them opened, found as the sockets this process
 did not have before. The user's group and any other socket of the process are left alone. Gloo
 connects a new group's full mesh while creating it, so every connection is there to set. Linux
-doubles what ``setsockopt`` asks for (for its own bookkeeping); half of the size is asked, so
-the socket's buffer, as ``getsockopt`` reports it and as ``net.ipv4.tcp_wmem`` counts, is the size.
+doubles what ``setsockopt`` asks for (for its own bookkeeping); half of the size is asked, so the
+socket's buffer, as ``getsockopt`` reports it, is the size.
 
-While an OptCC plan runs the connections hold less, ``STRAGGLERKIT_OPTCC_SEND_BUFFER`` (default
-128 KiB; :class:`BoundedConnections` re-bounds them between calls, only when the bound changes).
-OptCC's timetable gives each rank one flow per link direction at a time: a rank's ring hop, then
-its upload or fill to the slow rank, each send chained behind the one before. A send completes
-once its data is in the buffer, so with 1 MiB a rank's next message starts while most of the
-previous one is still queued, the two share the link, and the paths the plan balanced (its LP
-sizes, its fills) come apart. On the emulated cluster at l = 8/7 (8 ranks, 1 Gbit/s, 32 MiB) the
-plan with LP sizes and fills measured 8.0 % over fault-free gloo at 128 KiB against 15-16 % at
-1 MiB, side by side; at l = 2 128 KiB cost about 1 % (``profiling/results/optcc_send_buffer_lp/``).
+While an OptCC plan runs the connections hold less, ``Config.optcc.send_buffer`` (128 KiB;
+:class:`BoundedConnections` re-bounds them between calls, only when the bound changes). OptCC's
+timetable gives each rank one flow per link direction at a time, each send chained behind the one
+before; with 1 MiB a rank's next message starts while most of the previous one is still queued,
+the two share the link, and the paths the plan balanced (its LP sizes, its fills) come apart.
 
-The size is ``STRAGGLERKIT_TCP_SEND_BUFFER`` (the same on every rank): unset or ``on`` is
-:data:`DEFAULT_SEND_BUFFER`, 1 MiB; a size asks that size; ``off`` keeps the kernel's buffers (the
-runtime then sends over the user's group and one reverse group). 1 MiB holds 8 ms of a 1 Gbit/s
-link and keeps a link busy while its bandwidth-delay product is below about 0.5-1 MiB (the kernel
-counts its bookkeeping in the buffer): 40 Gbit/s at a 100 us round trip; on links with a larger
-one, raise it or turn it off. NCCL groups are never touched.
+The sizes are ``Config.executor.send_buffer`` and ``Config.optcc.send_buffer`` (the same on every
+rank; ``None`` keeps the kernel's buffers and the runtime sends over the user's group and one
+reverse group). 1 MiB holds 8 ms of a 1 Gbit/s link and keeps a link busy while its
+bandwidth-delay product is below about 0.5-1 MiB: on links with a larger one, raise it or turn it
+off. NCCL groups are never touched.
 
 Example::
 
-    # every rank, before the first stragglerkit call
-    os.environ["STRAGGLERKIT_TCP_SEND_BUFFER"] = "4MiB"  # or "off" for the kernel's buffers
+    config = stragglerkit.Config().replace(executor={"send_buffer": "4MiB"})
+    stragglerkit.init(config=config)
 """
 
 from __future__ import annotations
@@ -59,59 +48,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from stragglerkit.units import parse_size
-
-__all__ = [
-    "DEFAULT_OPTCC_SEND_BUFFER",
-    "DEFAULT_SEND_BUFFER",
-    "ENV",
-    "OPTCC_ENV",
-    "BoundedConnections",
-    "new_group_with_send_buffer",
-    "optcc_send_buffer_from_env",
-    "send_buffer_from_env",
-    "socket_inodes",
-]
-
-ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
-DEFAULT_SEND_BUFFER = 1024 * 1024
-"""Bytes a connection of the runtime's own queues at most unless ``STRAGGLERKIT_TCP_SEND_BUFFER`` says otherwise."""
-OPTCC_ENV = "STRAGGLERKIT_OPTCC_SEND_BUFFER"
-DEFAULT_OPTCC_SEND_BUFFER = 128 * 1024
-"""Bytes those connections queue at most while an OptCC plan runs, unless ``STRAGGLERKIT_OPTCC_SEND_BUFFER``
-says otherwise."""
-OFF = ("off", "kernel", "0")
-"""Values of ``STRAGGLERKIT_TCP_SEND_BUFFER`` that keep the kernel's send buffers."""
-_SMALLEST = 8192
-
-
-def _size_from_env(name: str, default: int, off: tuple[str, ...], hint: str) -> int | None:
-    """The size ``name`` sets: ``default`` when unset or ``on``, None for a word in ``off``;
-    ValueError naming the variable, its value and ``hint`` (what to give) otherwise."""
-    text = os.environ.get(name, "").strip()
-    if text.lower() in off:
-        return None
-    if not text or text.lower() == "on":
-        return default
-    try:
-        size = parse_size(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a size; {hint}") from None
-    if size < _SMALLEST:
-        raise ValueError(f"{name}={text!r} is below 8KiB; {hint}")
-    return size
-
-
-def send_buffer_from_env() -> int | None:
-    """``STRAGGLERKIT_TCP_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_SEND_BUFFER`), or
-    None for ``off`` (the kernel's buffers); ValueError names a bad value."""
-    return _size_from_env(ENV, DEFAULT_SEND_BUFFER, OFF, "give e.g. 1MiB, on, or off for the kernel's buffers")
-
-
-def optcc_send_buffer_from_env() -> int | None:
-    """``STRAGGLERKIT_OPTCC_SEND_BUFFER`` in bytes (unset or ``on``: :data:`DEFAULT_OPTCC_SEND_BUFFER`),
-    or None for ``off`` (OptCC runs with the connections' usual bound); ValueError names a bad value."""
-    return _size_from_env(OPTCC_ENV, DEFAULT_OPTCC_SEND_BUFFER, ("off",), "give e.g. 128KiB, on, or off")
+__all__ = ["BoundedConnections", "new_group_with_send_buffer", "socket_inodes"]
 
 
 class BoundedConnections:
@@ -220,7 +157,7 @@ def new_group_with_send_buffer(nbytes: int) -> tuple[dist.ProcessGroup, BoundedC
     got = list(bounded.values())
     if got and min(got) < nbytes:
         warnings.warn(
-            f"stragglerkit: {ENV} asks {nbytes} bytes per connection but the kernel gave {min(got)} "
+            f"stragglerkit: executor.send_buffer asks {nbytes} bytes per connection but the kernel gave {min(got)} "
             "(net.core.wmem_max caps it at twice its value): raise net.core.wmem_max or ask less",
             stacklevel=2,
         )

@@ -143,7 +143,7 @@ too shortens the head and tail. On real links the simulator is off both ways
 (their flows share the healthy ranks' links with the ring hops, which TCP shares less evenly than
 the simulator), at k = 36 they gained 3.7 % over the ramped plan where it says 1.9 %. The runtime
 therefore fills only where the simulator says they gain at least 1 %
-(``stragglerkit.runtime.api.optcc_bubble_filling``); a plain ``optcc(...)`` call fills whenever
+(``stragglerkit.runtime.policy.optcc_bubble_filling``); a plain ``optcc(...)`` call fills whenever
 ``l < 2``, as the paper does.
 
 Several stragglers (App. D, a different timetable from the paper's). Every straggler must send

@@ -1,0 +1,395 @@
+"""``stragglerkit.Config``: the one configuration of the library, in four sections.
+
+Every setting a user would plausibly change lives here, with its default (the measured best) and a
+docstring saying what it does. The whole of it loads from a YAML file (``configs/`` ships
+presets), and a handful of environment variables let operators override single fields per job
+(:data:`ENVIRONMENT`; docs/configuration.md has the table). Every rank must use the same
+configuration: :func:`stragglerkit.init` checks that collectively and names the ranks that differ.
+
+Everything else the library does is decided by measurement and fixed in the code, with the reason
+next to the constant: the runtime's internal tuning is not configuration.
+
+Example::
+
+    import stragglerkit
+    config = stragglerkit.Config.from_yaml("configs/long_job.yaml")
+    config = config.replace(executor={"timeout": 600.0})
+    stragglerkit.init(config=config)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints
+
+from stragglerkit.errors import ConfigError
+from stragglerkit.units import parse_size, parse_switch
+
+if TYPE_CHECKING:
+    from stragglerkit.detect.controller import ControllerConfig
+
+__all__ = [
+    "ENVIRONMENT",
+    "Config",
+    "DetectionConfig",
+    "EnvironmentVariable",
+    "ExecutorConfig",
+    "OptCCConfig",
+    "ReportConfig",
+]
+
+MiB = 1024 * 1024
+KiB = 1024
+SMALLEST_SEND_BUFFER = 8192
+"""Linux doubles a socket's send buffer and keeps at least a few pages; below this a bound means nothing."""
+
+
+def _send_buffer(section: str, name: str, value: object) -> int | None:
+    """A send-buffer bound: bytes (int or a size such as ``"1MiB"``), or ``None``/``"off"``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{section}.{name}: give a size such as 1MiB or off, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("off", "none", "kernel"):
+            return None
+        try:
+            value = parse_size(text)
+        except ValueError as err:
+            raise ConfigError(f"{section}.{name}: {err}; give a size such as 1MiB, or off") from None
+    if not isinstance(value, int) or value < SMALLEST_SEND_BUFFER:
+        raise ConfigError(
+            f"{section}.{name} must be at least {SMALLEST_SEND_BUFFER} bytes (or off), got {value!r}"
+        )
+    return value
+
+
+@dataclass(kw_only=True, slots=True)
+class ExecutorConfig:
+    """How the executor runs a plan over the process group."""
+
+    timeout: float = 300.0
+    """Seconds a rank waits for a peer before the call fails with a :class:`~stragglerkit.PeerError`
+    naming it. Also the timeout of the side groups :func:`stragglerkit.init` creates."""
+    send_buffer: int | None = 1 * MiB
+    """The most a TCP connection of stragglerkit's own gloo groups queues (bytes; ``None`` or
+    ``"off"``: the kernel's default, about 4 MiB). A bounded queue keeps a send from finishing long
+    before its bytes left the host, so the plan's timing holds; 1 MiB measured best for training
+    steps at 1 Gbit/s. Lower it (256 KiB) on links of a few hundred Mbit/s. Only the default gloo
+    group gets the runtime's own connections; other groups are used as they are."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.timeout, int | float) and self.timeout > 0):
+            raise ConfigError(f"executor.timeout must be positive seconds, got {self.timeout!r}")
+        self.timeout = float(self.timeout)
+        self.send_buffer = _send_buffer("executor", "send_buffer", self.send_buffer)
+
+
+@dataclass(kw_only=True, slots=True)
+class OptCCConfig:
+    """OptCC, the pipeline for degraded NICs."""
+
+    send_buffer: int | None = 128 * KiB
+    """The send-buffer bound of the runtime's connections while an OptCC plan runs (bytes; ``None``:
+    ``executor.send_buffer``). OptCC's linear-programmed chunk sizes balance its paths only if a
+    send holds its link about as long as the timetable has it, which needs a short queue."""
+
+    def __post_init__(self) -> None:
+        self.send_buffer = _send_buffer("optcc", "send_buffer", self.send_buffer)
+
+
+@dataclass(kw_only=True, slots=True)
+class DetectionConfig:
+    """The closed loop: when a rank counts as a persistent straggler or degraded, and how a switch is judged.
+
+    A straggler that appears at step ``s`` is acted on at about ``s + window x late_fraction +
+    confirm x exchange_every``; docs/detection.md derives it.
+    """
+
+    warmup_steps: int = 10
+    """Steps run with the process group's own AllReduce before any plan (the first steps are slow anyway)."""
+    window: int = 16
+    """W: the steps the detector looks back over."""
+    late_fraction: float = 0.75
+    """q: a rank is a persistent straggler when it arrived last in at least this fraction of the window
+    (and its delay is large enough for StragglAR to pay, by the cost model)."""
+    confirm: int = 2
+    """Consecutive exchanges that must agree before acting (hysteresis against flapping)."""
+    degraded_threshold: float = 1.5
+    """A rank's NIC counts as degraded when its measured slowdown l (healthy time / its time) is above this."""
+    exchange_every: int = 2
+    """K: steps between the small stats exchanges (gather to rank 0, broadcast of its decision) while
+    anything is in question."""
+    quiet_exchange_every: int = 6
+    """The exchange interval once all is quiet (0: never lengthen). Up to about
+    ``(late_fraction - 0.4) x window`` a straggler appearing while quiet is acted on at most one
+    ``exchange_every`` later than without it."""
+    probe_every: int = 8
+    """Every this many steps the largest bucket runs stragglerkit's ring, whose per-link timings measure
+    each NIC (0: no probes; degraded NICs are then found from sysfs link speeds only). Backs off 8x
+    once the links prove healthy."""
+    min_gain: float = 0.05
+    """A plan must be predicted to save at least this fraction of the baseline's AllReduce time."""
+    verify_steps: int = 8
+    """Steps measured after a switch before judging it; a switch that did not pay is rolled back."""
+    cooldown_steps: int = 200
+    """A rolled-back plan is not tried again for this many steps."""
+
+    def __post_init__(self) -> None:
+        self.controller_config()  # validates every field, naming the bad one
+
+    def controller_config(self, timeout: float = 300.0) -> ControllerConfig:
+        """The controller's full configuration: these fields, the internal tuning at its defaults."""
+        from stragglerkit.detect.controller import ControllerConfig
+        from stragglerkit.detect.detector import DetectorConfig
+
+        probe = self.probe_every
+        quiet_probe = probe * -(-64 // probe) if probe > 0 else 0  # the first multiple of probe_every >= 64
+        try:
+            return ControllerConfig(
+                warmup_steps=self.warmup_steps,
+                exchange_every=self.exchange_every,
+                quiet_exchange_every=self.quiet_exchange_every,
+                probe_every=self.probe_every,
+                quiet_probe_every=quiet_probe,
+                detector=DetectorConfig(
+                    window=self.window,
+                    fraction=self.late_fraction,
+                    confirm=self.confirm,
+                    degraded_threshold=self.degraded_threshold,
+                ),
+                min_gain=self.min_gain,
+                verify_steps=self.verify_steps,
+                cooldown_steps=self.cooldown_steps,
+                timeout=timeout,
+            )
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"detection: {_public_names(str(err))}") from None
+
+
+def _public_names(message: str) -> str:
+    """The controller's validation message in the public fields' names."""
+    for internal, public in (("DetectorConfig.fraction", "late_fraction"), ("ControllerConfig.", ""),
+                             ("DetectorConfig.", "")):
+        message = message.replace(internal, public)
+    return message
+
+
+@dataclass(kw_only=True, slots=True)
+class ReportConfig:
+    """What the library records for people."""
+
+    event_log: str | None = None
+    """JSONL file of the closed loop's decisions (detections, switches, rollbacks with their evidence),
+    written by rank 0; a path containing ``{rank}`` is written by every rank."""
+    nvtx: bool | None = None
+    """NVTX ranges around every AllReduce, phase and round: ``None`` (on when a profiler such as nsys
+    is attached), ``True`` or ``False``."""
+
+    def __post_init__(self) -> None:
+        if self.event_log is not None and not isinstance(self.event_log, str | os.PathLike):
+            raise ConfigError(f"report.event_log must be a path, got {self.event_log!r}")
+        if self.event_log is not None:
+            self.event_log = os.fspath(self.event_log)
+        if isinstance(self.nvtx, str):
+            switch = parse_switch(self.nvtx)
+            if switch is None and self.nvtx.strip().lower() != "auto":
+                raise ConfigError(f"report.nvtx must be true, false or auto, got {self.nvtx!r}")
+            self.nvtx = switch
+        if self.nvtx is not None and not isinstance(self.nvtx, bool):
+            raise ConfigError(f"report.nvtx must be true, false or auto (null), got {self.nvtx!r}")
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "executor": ExecutorConfig,
+    "optcc": OptCCConfig,
+    "detection": DetectionConfig,
+    "report": ReportConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentVariable:
+    """An environment variable an operator may set per job, and the field it overrides."""
+
+    name: str
+    section: str
+    field: str
+    what: str
+
+
+ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
+    EnvironmentVariable("STRAGGLERKIT_TIMEOUT", "executor", "timeout", "seconds before a silent peer is named"),
+    EnvironmentVariable("STRAGGLERKIT_TCP_SEND_BUFFER", "executor", "send_buffer", "a size such as 256KiB, or off"),
+    EnvironmentVariable("STRAGGLERKIT_OPTCC_SEND_BUFFER", "optcc", "send_buffer", "a size, or off"),
+    EnvironmentVariable("STRAGGLERKIT_EVENT_LOG", "report", "event_log", "path of the decision log"),
+    EnvironmentVariable("STRAGGLERKIT_NVTX", "report", "nvtx", "on, off or auto"),
+)
+"""The per-job overrides, applied over the configuration :func:`stragglerkit.init` receives.
+``STRAGGLERKIT_CONFIG`` names a YAML file used when ``init`` gets no configuration."""
+
+CONFIG_FILE_VARIABLE = "STRAGGLERKIT_CONFIG"
+PREFIX = "STRAGGLERKIT_"
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """The whole configuration: ``executor``, ``optcc``, ``detection`` and ``report`` sections."""
+
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    """How plans run: the peer timeout, the send-buffer bound."""
+    optcc: OptCCConfig = field(default_factory=OptCCConfig)
+    """OptCC's send-buffer bound."""
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    """The closed loop's thresholds and intervals."""
+    report: ReportConfig = field(default_factory=ReportConfig)
+    """Event log and NVTX ranges."""
+
+    SECTIONS: ClassVar[tuple[str, ...]] = tuple(_SECTIONS)
+
+    def __post_init__(self) -> None:
+        for name, kind in _SECTIONS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"Config.{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+
+    # -- building -----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "configuration") -> Config:
+        """Build from nested mappings (``{"executor": {"timeout": 60}}``); unknown names are errors
+        that suggest the closest known one."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
+        sections: dict[str, Any] = {}
+        for name, values in data.items():
+            if name not in _SECTIONS:
+                raise ConfigError(f"{source}: unknown section {name!r}{_did_you_mean(name, _SECTIONS)}")
+            sections[name] = _section(_SECTIONS[name], name, values or {}, source)
+        return cls(**sections)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> Config:
+        """Load a YAML file of sections (see ``configs/default.yaml``)."""
+        import yaml
+
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"configuration file {str(file)!r} does not exist")
+        try:
+            data = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{file}: not valid YAML: {err}") from None
+        return cls.from_dict(data or {}, source=str(file))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """The configuration a job gets without one in code: ``STRAGGLERKIT_CONFIG``'s file (or the
+        defaults), with the environment's overrides applied."""
+        env = os.environ if environ is None else environ
+        path = env.get(CONFIG_FILE_VARIABLE, "").strip()
+        return (cls.from_yaml(path) if path else cls()).with_env(env)
+
+    def with_env(self, environ: Mapping[str, str] | None = None) -> Config:
+        """A copy with the fields that :data:`ENVIRONMENT` variables set overridden."""
+        env = os.environ if environ is None else environ
+        changes: dict[str, dict[str, Any]] = {}
+        for variable in ENVIRONMENT:
+            text = env.get(variable.name, "").strip()
+            if not text:
+                continue
+            try:
+                value = _from_text(variable, text)
+                changes.setdefault(variable.section, {})[variable.field] = value
+                self.replace(**{variable.section: {variable.field: value}})
+            except ConfigError as err:
+                raise ConfigError(f"{variable.name}={text!r}: {err} ({variable.what})") from None
+        return self.replace(**changes) if changes else self
+
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some fields changed: ``config.replace(detection={"window": 32})``."""
+        new: dict[str, Any] = {}
+        for name, values in sections.items():
+            if name not in _SECTIONS:
+                raise ConfigError(f"unknown section {name!r}{_did_you_mean(name, _SECTIONS)}")
+            current = dataclasses.asdict(getattr(self, name))
+            for key in values:
+                if key not in current:
+                    raise ConfigError(f"{name} has no field {key!r}{_did_you_mean(key, current)}")
+            new[name] = _section(_SECTIONS[name], name, {**current, **values}, "configuration")
+        return dataclasses.replace(self, **new)
+
+    # -- reading ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested data (what ``to_yaml`` writes and ``from_dict`` reads)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def controller_config(self) -> ControllerConfig:
+        """The closed loop's controller configuration (detection fields and the executor's timeout)."""
+        return self.detection.controller_config(timeout=self.executor.timeout)
+
+
+def _section(kind: type[Any], name: str, values: object, source: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{source}: section {name!r} must be a mapping of fields, got {values!r}")
+    names = [f.name for f in dataclasses.fields(kind)]
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"{source}: {name} has no field {key!r}{_did_you_mean(str(key), names)}")
+    hints = get_type_hints(kind)
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        expected = hints[key]
+        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{source}: {name}.{key} must be an integer, got {value!r}")
+        if expected is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"{source}: {name}.{key} must be a number, got {value!r}")
+        checked[key] = float(value) if expected is float else value
+    try:
+        return kind(**checked)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _from_text(variable: EnvironmentVariable, text: str) -> object:
+    if variable.field == "timeout":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError("give seconds, e.g. 600") from None
+    if variable.field == "nvtx":
+        switch = parse_switch(text)
+        if switch is None and text.lower() != "auto":
+            raise ConfigError("give on, off or auto")
+        return switch
+    return text
+
+
+def _did_you_mean(name: str, known: Mapping[str, Any] | list[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(known)}"
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """Set ``STRAGGLERKIT_*`` names that are no setting (a typo), each with the closest known name."""
+    env = os.environ if environ is None else environ
+    known = [variable.name for variable in ENVIRONMENT] + [CONFIG_FILE_VARIABLE]
+    found = []
+    for name in sorted(env):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+            found.append((name, close[0] if close else None))
+    return found

@@ -1,0 +1,234 @@
+"""How the runtime chooses an algorithm and OptCC's plan for a bucket: the policy, in one place.
+
+``algorithm="auto"`` follows a documented rule: StragglAR when a straggler is given and it applies;
+for degraded NICs the faster of OptCC and the balanced ring by the flow-level simulator
+(:func:`slow_nic_algorithm`); rhd for buckets with fewer elements than ranks (latency-bound:
+fewest rounds); else ring. An explicitly named algorithm that does not apply falls back to what
+``auto`` picks, with the reason. OptCC's segment count, bubble filling and chunk sizing for a bucket
+come from :func:`optcc_situation`; the runtime, the cost model, the CLI and the bench all use it,
+so the plan that is shown and simulated is the plan that runs.
+
+Example::
+
+    choose_algorithm("auto", Situation(world_size=8, straggler=3), 1 << 20)   # ('stragglar', None)
+    optcc_segments(32 * 2**20, 8)                                             # 9
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+
+from stragglerkit.schedules import Schedule
+from stragglerkit.schedules.registry import Situation, names, why_not
+
+__all__ = [
+    "BUBBLE_FILLING_MIN_GAIN",
+    "OPTCC_MESSAGE_BYTES",
+    "OPTCC_SIZING",
+    "choose_algorithm",
+    "optcc_bubble_filling",
+    "optcc_segments",
+    "optcc_situation",
+    "slow_nic_algorithm",
+]
+
+OPTCC_SIZING = "auto"
+"""How OptCC sizes its chunks: the linear program's sizes where the model says they gain at least
+its ``LP_MIN_GAIN``, else the closed form (schedules/optcc.py, "Sizes by linear programming").
+Together with OptCC's short send queues (``Config.optcc.send_buffer``) the LP's sizes measured
+faster on the emulated cluster than always taking the closed form."""
+
+
+def choose_algorithm(requested: str, situation: Situation, numel: int, element_size: int = 4) -> tuple[str, str | None]:
+    """Return ``(algorithm, why_fallback)``; ``why_fallback`` is ``None`` when ``requested`` runs.
+
+    ``auto``: StragglAR for a straggler (where it applies), for degraded NICs the faster of OptCC
+    and the balanced ring (:func:`slow_nic_algorithm`), rhd for tensors of fewer elements than
+    ranks, else ring.
+
+    Example::
+
+        choose_algorithm("stragglar", Situation(world_size=5, straggler=1), 1000)
+        # -> ("ring", "stragglar does not apply: it needs an even world size ...; running ring instead")
+    """
+    if requested == "auto":
+        return _auto(situation, numel, element_size), None
+    if requested not in names():
+        raise ValueError(f"unknown algorithm {requested!r}; choose 'auto' or one of {', '.join(names())}")
+    reason = why_not(requested, situation)
+    if reason is None:
+        return requested, None
+    fallback = _auto(situation, numel, element_size)
+    return fallback, f"{requested} does not apply: it {reason}; running {fallback} instead"
+
+
+OPTCC_MESSAGE_BYTES = 512 * 1024
+"""OptCC's pipeline segments are chosen so that its messages are about this large (or larger)."""
+
+
+OPTCC_MIN_SEGMENTS = 3
+"""... but at least this many segments while messages stay at least ``OPTCC_SMALLEST_MESSAGE_BYTES``."""
+OPTCC_SMALLEST_MESSAGE_BYTES = 128 * 1024
+
+
+def optcc_segments(nbytes: int, world_size: int, most: int = 64, message_bytes: int = OPTCC_MESSAGE_BYTES) -> int:
+    """OptCC's segment count k for a bucket of ``nbytes``: messages of about 512 KiB, 1 <= k <= ``most``.
+
+    More segments shorten the pipeline's fill (time ``l·n·(k+1)/k``) but every segment is a round
+    of messages, and each message costs a fixed overhead (latency, a wake-up of the receiving
+    rank); at 64 segments a 32 MiB bucket on 8 ranks is cut into 75 KiB messages. With one
+    segment the fill doubles the time and OptCC loses to a ring, so a bucket gets at least 3
+    segments as long as its messages stay at least 128 KiB (8 ranks, one NIC at 1/2, 6.7 MiB on
+    the emulated cluster: 1 segment 282 ms, 2-3 segments 206-210 ms, gloo 207 ms).
+
+    Example::
+
+        optcc_segments(32 * 2**20, 8)   # 9
+        optcc_segments(7 * 2**20, 8)    # 3
+    """
+    per_segment = (world_size - 1) * message_bytes
+    floor = min(OPTCC_MIN_SEGMENTS, nbytes // ((world_size - 1) * OPTCC_SMALLEST_MESSAGE_BYTES))
+    return max(1, min(most, max(nbytes // per_segment, floor)))
+
+
+BUBBLE_FILLING_MIN_GAIN = 0.01
+"""The least simulated gain (a fraction of the plan's time without fills) for which the runtime
+fills. The fills put flows to and from the slow rank on the healthy ranks' links next to their
+ring hops, and TCP shares a link less evenly than the simulator's max-min share, so a fill that
+the simulator credits with a fraction of a percent loses on real links; deep pipelines gain
+enough to pay."""
+
+BUBBLE_FILLING_SIMULATED_MAX = 16 * 16 * 64
+"""Largest ``p²k`` for which :func:`optcc_bubble_filling` simulates both plans (the simulation's cost
+grows about so; at this size it takes about a second on one core)."""
+
+
+def optcc_bubble_filling(
+    world_size: int, slowdowns: Mapping[int, float], segments: int, gpus_per_server: int = 1
+) -> bool:
+    """Does OptCC's bubble filling make this plan faster? The flow-level simulator (no per-message
+    cost, which only adds to the fills' cost) times the plan with and without fills on a network
+    with these slowdowns; fills are used only where they are faster by at least
+    :data:`BUBBLE_FILLING_MIN_GAIN`: deep pipelines with ``l`` well below 2 (schedules/optcc.py,
+    "When filling pays"). Plans without a fill to choose (``l >= 2``, several degraded ranks,
+    several GPUs per server) keep the default; plans too large to simulate at once (``p²k`` above
+    :data:`BUBBLE_FILLING_SIMULATED_MAX`, about 1 s here: p = 16, k = 64) run without fills, which
+    at p = 16 gain at most 0.98 % in simulation. Cached per arguments.
+
+    Example::
+
+        optcc_bubble_filling(8, {3: 1.97}, segments=9)    # False: the fills' head costs more
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=9)   # False: no gain over the plan with its ramp
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=18)  # False: they gain 0.7 %, below the 1 % asked
+        optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # True: they gain 1.9 %
+    """
+    degraded = tuple(sorted((rank, float(slowdown)) for rank, slowdown in slowdowns.items() if slowdown > 1.0))
+    return _bubble_filling_pays(world_size, degraded, segments, gpus_per_server, OPTCC_SIZING)
+
+
+@functools.lru_cache(maxsize=256)
+def _bubble_filling_pays(
+    world_size: int, degraded: tuple[tuple[int, float], ...], segments: int, gpus_per_server: int, sizing: str
+) -> bool:
+    if len(degraded) != 1 or gpus_per_server != 1 or degraded[0][1] >= 2.0:
+        return True
+    if world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
+        # simulating both plans would stall the first call for seconds; at p = 16, the largest
+        # simulated, no plan gains the margin
+        return False
+    from stragglerkit.schedules.optcc import optcc
+
+    slowdowns = dict(degraded)
+    filled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, sizing=sizing), slowdowns)
+    unfilled = _bandwidth_only_seconds(
+        optcc(world_size, slowdowns, segments, bubble_filling=False, sizing=sizing), slowdowns
+    )
+    return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled)
+
+
+def _bandwidth_only_seconds(schedule: Schedule, slowdowns: Mapping[int, float]) -> float:
+    """Simulated time from the last arrival without a per-message cost, for comparing two plans:
+    the ratio of two such times does not depend on the size or the bandwidth."""
+    from stragglerkit.sim.simulator import Network, simulate
+
+    network = Network.uniform(schedule.world_size, alpha=0.0, bandwidth=1e9, slowdowns=dict(slowdowns))
+    return simulate(schedule, 1e9, network).time_from_last_arrival
+
+
+def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
+    """For degraded NICs: ``optcc`` or ``balanced_ring``, whichever the flow-level simulator (no
+    per-message cost) finds faster for the plans the runtime would run on a bucket of ``nbytes``.
+
+    The balanced ring wins where ``l`` is near 1 (p = 8: below about 1.3; schedules/balanced_ring.py):
+    it loses only what the slow links must carry, while OptCC pays its pipeline's head and tail.
+    Not simulated (OptCC, the paper's algorithm, is kept): buckets whose balanced ring would send
+    messages under :data:`OPTCC_SMALLEST_MESSAGE_BYTES` (the per-message cost the comparison
+    leaves out would decide), several GPUs per server, and plans above
+    :data:`BUBBLE_FILLING_SIMULATED_MAX` (``p²k``), where the simulation would stall the first
+    call for seconds. Cached per world size, degraded ranks and OptCC's segment count.
+
+    Example::
+
+        slow_nic_algorithm(Situation(world_size=8, slowdowns={3: 8 / 7}), 32 * 2**20)  # 'balanced_ring'
+        slow_nic_algorithm(Situation(world_size=8, slowdowns={3: 2.0}), 32 * 2**20)    # 'optcc'
+    """
+    from stragglerkit.schedules.balanced_ring import balanced_shares, default_slices
+
+    degraded = tuple(sorted((rank, float(slow)) for rank, slow in situation.slowdowns.items() if slow > 1.0))
+    if why_not("optcc", situation) is not None:
+        return "balanced_ring"
+    shares = balanced_shares([situation.slowdowns.get(r, 1.0) for r in range(situation.world_size)])
+    if nbytes * min(shares) / default_slices(shares) < OPTCC_SMALLEST_MESSAGE_BYTES:
+        return "optcc"  # the per-message cost, which the comparison leaves out, would decide
+    optcc_plan = optcc_situation(situation, nbytes)
+    return _faster_for_slow_nics(
+        situation.world_size,
+        degraded,
+        optcc_plan.segments,
+        optcc_plan.bubble_filling,
+        situation.gpus_per_server,
+        optcc_plan.optcc_sizing,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _faster_for_slow_nics(
+    world_size: int,
+    degraded: tuple[tuple[int, float], ...],
+    segments: int,
+    bubble_filling: bool,
+    gpus_per_server: int,
+    sizing: str,
+) -> str:
+    if gpus_per_server != 1 or world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
+        return "optcc"
+    from stragglerkit.schedules.balanced_ring import balanced_ring
+    from stragglerkit.schedules.optcc import optcc
+
+    slowdowns = dict(degraded)
+    pipeline = _bandwidth_only_seconds(
+        optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling, sizing=sizing), slowdowns
+    )
+    ring = _bandwidth_only_seconds(balanced_ring(world_size, slowdowns), slowdowns)
+    return "balanced_ring" if ring < pipeline else "optcc"
+
+
+def optcc_situation(situation: Situation, nbytes: int) -> Situation:
+    """``situation`` with the OptCC segments, bubble filling and chunk sizing the runtime uses for a
+    bucket of ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`, :data:`OPTCC_SIZING`);
+    the cost model and the bench build their predictions from the same."""
+    segments = optcc_segments(nbytes, situation.world_size)
+    filling = optcc_bubble_filling(situation.world_size, situation.slowdowns, segments, situation.gpus_per_server)
+    return dataclasses.replace(situation, segments=segments, bubble_filling=filling, optcc_sizing=OPTCC_SIZING)
+
+
+def _auto(situation: Situation, numel: int, element_size: int) -> str:
+    if situation.straggler is not None and why_not("stragglar", situation) is None:
+        return "stragglar"
+    if any(slow > 1.0 for slow in situation.slowdowns.values()) and situation.world_size >= 3:
+        return slow_nic_algorithm(situation, numel * element_size)
+    if numel < situation.world_size:
+        return "rhd"
+    return "ring"

@@ -1,0 +1,425 @@
+"""The runtime: runs in-place AllReduces of any checked schedule on one process group.
+
+Policy lives in :mod:`stragglerkit.runtime.policy`, the public functions in :mod:`stragglerkit.api`;
+this module validates a call, finds or builds its plan and hands it to the C++ executor.
+
+* **Plans** are generated through :func:`stragglerkit.schedules.registry.generate`, proven by
+  :func:`stragglerkit.schedules.check`, lowered (:mod:`stragglerkit.runtime.plan`) and cached per
+  (algorithm, world size, numel, dtype, device type, rank map, straggler, slowdowns, op).
+* **Validation** before anything moves: a dense, contiguous tensor of a supported dtype and a
+  supported op, checked locally (``ValueError``; the other ranks are told and raise
+  :class:`~stragglerkit.errors.PeerError` naming this rank instead of waiting). Size or dtype
+  differences *between* ranks are caught by the executor's header exchange, on every rank, before
+  data moves between the pair.
+* **Results** are bit-identical on every rank: each chunk is reduced along one tree and then
+  copied. ``avg`` on CPU divides inside the reductions that finish a chunk's sum (no extra pass
+  over the tensor; the bits are those of the sum followed by ``div_(n)``); on CUDA it divides the
+  finished sum once on every rank.
+* **Order**: calls run one at a time in call order; asynchronous ones on one worker thread.
+
+Example::
+
+    runtime = Runtime(group=None, config=Config())
+    runtime.all_reduce(tensor, algorithm="ring")
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import warnings
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from stragglerkit.config import Config
+from stragglerkit.errors import ConfigError, NotInitializedError
+from stragglerkit.report import nvtx
+from stragglerkit.runtime.executor import (
+    OpTiming,
+    OpTimings,
+    concurrent_waits,
+    duplex_group,
+    is_default_gloo_group,
+    notify_local_failure,
+    run_plan,
+)
+from stragglerkit.runtime.ordering import in_round_order
+from stragglerkit.runtime.plan import RankPlan, lower, plan_id
+from stragglerkit.runtime.policy import choose_algorithm, optcc_situation
+from stragglerkit.runtime.remap import RankMap
+from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer
+from stragglerkit.schedules import Schedule, check
+from stragglerkit.schedules.registry import Situation, generate
+
+__all__ = ["OPS", "SUPPORTED_DTYPES", "AllReduceHandle", "FallbackWarning", "RunRecord", "Runtime"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+OPS = ("sum", "avg")
+
+
+class FallbackWarning(UserWarning):
+    """The requested algorithm does not apply; another one runs instead (said once per reason)."""
+
+
+@dataclass(slots=True, frozen=True)
+class RunRecord:
+    """What one call did."""
+
+    requested: str
+    algorithm: str
+    """The algorithm that ran (``"none"`` for a one-rank group)."""
+    timings: OpTimings
+    """Per-op timings of this rank (peer, bytes, post and completion times)."""
+    plan: RankPlan | None = None
+    """The lowered plan that ran (``None`` for a one-rank group)."""
+
+    def labelled_timings(self) -> list[tuple[str, OpTiming]]:
+        """``(phase/round label, timing)`` of every message, in completion order."""
+        if self.plan is None:
+            return []
+        labels = self.plan.labels
+        label_of = self.plan.ops[:, 5].tolist()
+        return [(labels[label_of[t.op]], t) for t in self.timings.records()]
+
+
+
+def _validate_tensor(tensor: object, op: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout is not torch.strided:
+        raise ValueError(
+            f"all_reduce needs a dense tensor, got layout {tensor.layout}; convert it with tensor.to_dense()"
+        )
+    if not tensor.is_contiguous():
+        raise ValueError(
+            "all_reduce needs a contiguous tensor (it reduces in place); pass t = tensor.contiguous() and copy "
+            "the result back with tensor.copy_(t)"
+        )
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise ValueError(f"all_reduce does not support dtype {tensor.dtype}; supported: {supported}")
+    if op not in OPS:
+        raise ValueError(f"unsupported op {op!r}; stragglerkit.all_reduce supports {', '.join(OPS)}")
+    if op == "avg" and not tensor.is_floating_point():
+        raise ValueError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum' and divide")
+
+
+@dataclass(slots=True)
+class _CachedPlan:
+    plan: RankPlan
+    plan_id: int
+    scratch: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    def scratch_for(self, like: torch.Tensor) -> torch.Tensor:
+        scratch = self.scratch.get(like.device)
+        if scratch is None or scratch.dtype != like.dtype:
+            scratch = torch.empty(self.plan.scratch_numel, dtype=like.dtype, device=like.device)
+            self.scratch[like.device] = scratch
+        return scratch
+
+
+class AllReduceHandle:
+    """A pending :func:`all_reduce_async`: ``wait()`` returns the :class:`RunRecord` or raises;
+    ``future`` is a ``torch.futures.Future`` holding the tensor (for DDP comm hooks)."""
+
+    __slots__ = ("_done", "future")
+
+    def __init__(self, tensor: torch.Tensor, done: concurrent.futures.Future[RunRecord]) -> None:
+        self._done = done
+        self.future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+        def finish(result: concurrent.futures.Future[RunRecord]) -> None:
+            error = result.exception()
+            if error is None:
+                self.future.set_result(tensor)
+            else:
+                self.future.set_exception(error)  # type: ignore[arg-type]
+
+        done.add_done_callback(finish)
+
+    def wait(self, timeout: float | None = None) -> RunRecord:
+        return self._done.result(timeout)
+
+    def is_completed(self) -> bool:
+        return self._done.done()
+
+    def exception(self) -> BaseException | None:
+        """The call's error (waits for it to finish)."""
+        return self._done.exception()
+
+    def add_done_callback(self, record: Callable[[RunRecord], object]) -> None:
+        """Call ``record(run_record)`` when the call succeeds (on the worker thread)."""
+
+        def succeeded(result: concurrent.futures.Future[RunRecord]) -> None:
+            if result.exception() is None:
+                record(result.result())
+
+        self._done.add_done_callback(succeeded)
+
+
+class Runtime:
+    """Runs AllReduces on one process group with a plan cache, a rank map and an in-order queue.
+
+    Example::
+
+        rt = Runtime(group=None, timeout=60.0)
+        rt.all_reduce(tensor, algorithm="ring")
+    """
+
+    __slots__ = (
+        "_cache",
+        "_lock",
+        "_pending",
+        "_schedules",
+        "_send_buffer",
+        "_worker",
+        "cache_size",
+        "config",
+        "config",
+        "connections",
+        "data_group",
+        "group",
+        "rank_map",
+        "reverse_group",
+        "timeout",
+        "warned",
+    )
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        config: Config | None = None,
+        rank_map: Sequence[int] | None = None,
+        cache_size: int = 64,
+    ) -> None:
+        if not dist.is_initialized():
+            raise NotInitializedError("torch.distributed is not initialised: call dist.init_process_group first")
+        if config is not None and not isinstance(config, Config):
+            raise ConfigError(f"config must be a stragglerkit.Config, got {type(config).__name__}")
+        self.config = config if config is not None else Config()
+        self.group = group if group is not None else dist.distributed_c10d._get_default_group()
+        self.timeout = self.config.executor.timeout
+        self.rank_map = RankMap.from_sequence(rank_map, self.group.size())
+        self.cache_size = cache_size
+        self.warned: set[str] = set()
+        self._cache: OrderedDict[tuple[object, ...], _CachedPlan] = OrderedDict()
+        self._schedules: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        send_buffer = self.config.executor.send_buffer
+        self._send_buffer = send_buffer or 0
+        self.data_group = self.group
+        """The group the executor's messages (lower to higher ranks), headers and abort notes use:
+        one of the runtime's own with a bounded send buffer (gloo, default group: runtime/send_buffer.py),
+        else ``group``."""
+        self.reverse_group: dist.ProcessGroup | None = None
+        """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
+        self.connections: BoundedConnections | None = None
+        """The connections whose send buffer this runtime bounds (None with ``executor.send_buffer``
+        off or a group other than the default gloo one): at ``executor.send_buffer`` bytes, and at
+        ``optcc.send_buffer`` while an OptCC plan runs (runtime/send_buffer.py)."""
+        if send_buffer is not None and self.group.size() > 1 and is_default_gloo_group(self.group):
+            # data travels over two groups of the runtime's own (one per direction), whose
+            # connections queue at most ``send_buffer`` bytes each (runtime/send_buffer.py)
+            self.data_group, self.connections = new_group_with_send_buffer(send_buffer)
+            self.reverse_group, reverse = new_group_with_send_buffer(send_buffer)
+            self.connections += reverse
+        elif self.group.size() > 1:
+            self.reverse_group = duplex_group(self.group)
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def send_buffer_connections(self) -> int:
+        """How many connections this runtime bounds (0 with ``executor.send_buffer`` off)."""
+        return len(self.connections) if self.connections is not None else 0
+
+    def close(self) -> None:
+        """Finish the queued calls and stop the worker thread (the groups stay the user's to destroy)."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True)
+
+    def set_rank_map(self, ranks: Sequence[int] | None) -> None:
+        """Use ``ranks[logical] = group rank`` from the next call on (all ranks must agree)."""
+        self.rank_map = RankMap.from_sequence(ranks, self.group.size())
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str = "auto",
+        op: str = "sum",
+        straggler: int | None = None,
+        slowdowns: Mapping[int, float] | None = None,
+    ) -> RunRecord:
+        """In-place AllReduce; see :func:`stragglerkit.all_reduce`."""
+        with self._lock:
+            queued = self._pending > 0
+        if queued:  # keep the call order of earlier asynchronous calls
+            return self.all_reduce_async(tensor, algorithm, op, straggler, slowdowns).wait()
+        return self._run(tensor, algorithm, op, straggler, slowdowns)
+
+    def all_reduce_async(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str = "auto",
+        op: str = "sum",
+        straggler: int | None = None,
+        slowdowns: Mapping[int, float] | None = None,
+    ) -> AllReduceHandle:
+        """Queue an in-place AllReduce; calls run one at a time in call order."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
+            self._pending += 1
+        done = self._worker.submit(self._run_queued, tensor, algorithm, op, straggler, slowdowns)
+        return AllReduceHandle(tensor, done)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _run_queued(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str,
+        op: str,
+        straggler: int | None,
+        slowdowns: Mapping[int, float] | None,
+    ) -> RunRecord:
+        try:
+            return self._run(tensor, algorithm, op, straggler, slowdowns)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def _situation(self, straggler: int | None, slowdowns: Mapping[int, float] | None) -> Situation:
+        n = self.group.size()
+        logical_straggler = None
+        if straggler is not None:
+            if not 0 <= straggler < n:
+                raise ValueError(f"straggler {straggler} is not a rank of this {n}-rank group")
+            logical_straggler = self.rank_map.logical(straggler)
+        logical_slowdowns: dict[int, float] = {}
+        for rank, slowdown in (slowdowns or {}).items():
+            if not 0 <= rank < n:
+                raise ValueError(f"slowdowns name rank {rank}, which is not a rank of this {n}-rank group")
+            if not slowdown >= 1.0:
+                raise ValueError(f"slowdown of rank {rank} must be >= 1 (1 = healthy), got {slowdown}")
+            logical_slowdowns[self.rank_map.logical(rank)] = float(slowdown)
+        return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
+
+    def _run(
+        self,
+        tensor: torch.Tensor,
+        algorithm: str,
+        op: str,
+        straggler: int | None,
+        slowdowns: Mapping[int, float] | None,
+    ) -> RunRecord:
+        try:
+            _validate_tensor(tensor, op)
+            situation = self._situation(straggler, slowdowns)
+            chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
+        except ValueError:
+            device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
+            if self.group.size() > 1:
+                notify_local_failure(self.data_group, device, algorithm)
+            raise
+        if why is not None and why not in self.warned:
+            self.warned.add(why)
+            warnings.warn(why, FallbackWarning, stacklevel=3)
+        n = self.group.size()
+        if n == 1:
+            return RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+        if chosen == "optcc":
+            situation = optcc_situation(situation, tensor.numel() * tensor.element_size())
+        cached = self._plan(chosen, situation, tensor, op)
+        if self.connections is not None:  # OptCC's sends hold their link as its timetable has them
+            optcc_bound = self.config.optcc.send_buffer if chosen == "optcc" else None
+            self.connections.bound(optcc_bound or self._send_buffer)
+        flat = tensor.view(-1)
+        with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
+            timings = run_plan(
+                self.data_group,
+                flat,
+                cached.scratch_for(flat),
+                cached.plan,
+                self.rank_map,
+                cached.plan_id,
+                self.timeout,
+                self.reverse_group,
+                concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
+            )
+            if op == "avg" and not cached.plan.divides:
+                tensor.div_(n)
+        return RunRecord(algorithm, chosen, timings, cached.plan)
+
+    def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str) -> _CachedPlan:
+        slowdowns = tuple(sorted(situation.slowdowns.items()))
+        key = (
+            algorithm,
+            situation.world_size,
+            tensor.numel(),
+            tensor.dtype,
+            tensor.device.type,
+            self.rank_map.to_physical,
+            situation.straggler,
+            slowdowns,
+            situation.segments,
+            situation.bubble_filling,
+            situation.optcc_sizing,
+            op,
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        schedule = self._schedule(algorithm, situation)
+        logical_rank = self.rank_map.logical(self.group.rank())
+        # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
+        divide_by = situation.world_size if op == "avg" and tensor.device.type == "cpu" else 0
+        (plan,) = lower(
+            schedule,
+            tensor.numel(),
+            tensor.element_size(),
+            straggler=situation.straggler,
+            ranks=[logical_rank],
+            divide_by=divide_by,
+        )
+        # the chunk sizes too: ranks whose LP solvers disagreed must not exchange bytes
+        sizes = zlib.crc32(repr(schedule.chunk_sizes).encode())
+        ident = (
+            f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}"
+            f"|{situation.segments}|{situation.bubble_filling}|{situation.optcc_sizing}|{sizes}|{op}"
+        )
+        cached = _CachedPlan(plan, plan_id(ident))
+        self._cache[key] = cached
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return cached
+
+    def _schedule(self, algorithm: str, situation: Situation) -> Schedule:
+        """The generated and checked schedule (cached: it does not depend on the bucket)."""
+        key = (
+            algorithm,
+            situation.world_size,
+            situation.straggler,
+            tuple(sorted(situation.slowdowns.items())),
+            situation.segments,
+            situation.bubble_filling,
+            situation.optcc_sizing,
+        )
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = in_round_order(generate(algorithm, situation))
+            check(schedule)
+            self._schedules[key] = schedule
+            if len(self._schedules) > self.cache_size:
+                self._schedules.popitem(last=False)
+        else:
+            self._schedules.move_to_end(key)
+        return schedule
