@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs.detection import CONFIGS, default, long_job, short_job
-from stragglerkit.detect.controller import ControllerConfig
+from stragglerkit.detect.controller_config import ControllerConfig
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

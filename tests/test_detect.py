@@ -22,7 +22,9 @@ from stragglerkit.detect.arrival import (
     last_arrivers,
     wall_clock_lateness,
 )
-from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan, WindowStats, log_path_for
+from stragglerkit.detect.controller import Controller
+from stragglerkit.detect.controller_config import ControllerConfig
+from stragglerkit.detect.plans import Decision, Plan, WindowStats, log_path_for
 from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel

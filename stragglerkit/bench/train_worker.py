@@ -123,7 +123,7 @@ class _TrainRank:
 
     def __init__(self, config: TrainConfig, device: torch.device, control: Path | None) -> None:
         import stragglerkit
-        from stragglerkit.detect.controller import ControllerConfig
+        from stragglerkit.detect.controller_config import ControllerConfig
         from stragglerkit.detect.detector import DetectorConfig
 
         self.config = config
