@@ -34,9 +34,8 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.config import Config
-from stragglerkit.errors import ConfigError
 from stragglerkit.runtime import session as _session
-from stragglerkit.runtime.runtime import OPS, AllReduceHandle, RunRecord
+from stragglerkit.runtime.runtime import AllReduceHandle, RunRecord
 
 __all__ = ["Work", "all_reduce", "destroy", "init", "is_initialized", "last_run"]
 
@@ -116,23 +115,17 @@ class Work:
 
 
 def _op_name(op: object) -> str:
-    """torch's ReduceOp (or its RedOpType, or ``"sum"``/``"avg"``) as the runtime's name."""
+    """torch's ReduceOp (or its RedOpType, or ``"sum"``/``"avg"``) as the runtime's name. Any other
+    op comes back as its own name, which the runtime refuses on this rank and reports to the others
+    (so no rank is left waiting)."""
     if isinstance(op, str):
-        name = op.strip().lower()
-        if name in OPS:
-            return name
-    else:
-        name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
-        if isinstance(op, dist.ReduceOp):
-            for known, ours in _OPS_BY_NAME.items():
-                if op == getattr(dist.ReduceOp, known):
-                    return ours
-        elif name in _OPS_BY_NAME:
-            return _OPS_BY_NAME[name]
-    raise ConfigError(
-        f"stragglerkit.all_reduce cannot reduce with op {op!r}; its algorithms do "
-        "ReduceOp.SUM and ReduceOp.AVG (use torch.distributed.all_reduce for the others)"
-    )
+        return op.strip().lower()
+    if isinstance(op, dist.ReduceOp):
+        for known, ours in _OPS_BY_NAME.items():
+            if op == getattr(dist.ReduceOp, known):
+                return ours
+    name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+    return _OPS_BY_NAME.get(str(name), f"ReduceOp.{name}")
 
 
 def all_reduce(

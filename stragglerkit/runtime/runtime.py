@@ -90,23 +90,26 @@ class RunRecord:
 
 def _validate_tensor(tensor: object, op: str) -> None:
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
+        raise ConfigError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout is not torch.strided:
-        raise ValueError(
+        raise ConfigError(
             f"all_reduce needs a dense tensor, got layout {tensor.layout}; convert it with tensor.to_dense()"
         )
     if not tensor.is_contiguous():
-        raise ValueError(
+        raise ConfigError(
             "all_reduce needs a contiguous tensor (it reduces in place); pass t = tensor.contiguous() and copy "
             "the result back with tensor.copy_(t)"
         )
     if tensor.dtype not in SUPPORTED_DTYPES:
         supported = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
-        raise ValueError(f"all_reduce does not support dtype {tensor.dtype}; supported: {supported}")
+        raise ConfigError(f"all_reduce does not support dtype {tensor.dtype}; supported: {supported}")
     if op not in OPS:
-        raise ValueError(f"unsupported op {op!r}; stragglerkit.all_reduce supports {', '.join(OPS)}")
+        raise ConfigError(
+            f"stragglerkit.all_reduce cannot reduce with {op!r}; its algorithms do ReduceOp.SUM and "
+            "ReduceOp.AVG (use torch.distributed.all_reduce for the others)"
+        )
     if op == "avg" and not tensor.is_floating_point():
-        raise ValueError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum' and divide")
+        raise ConfigError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum' and divide")
 
 
 @dataclass(slots=True)

@@ -1,1 +1,0 @@
-"""Ready-made configurations (Python functions returning Config objects); see configs/README.md."""
