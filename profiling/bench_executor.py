@@ -42,6 +42,8 @@ def _rank_main(rank: int, n: int, store_path: str, args: argparse.Namespace, que
     dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank, world_size=n)
     import stragglerkit
 
+    stragglerkit.init()  # collective: every rank, once
+
     out: dict[str, Any] = {}
     for nbytes in args.sizes:
         numel = max(1, nbytes // 4)

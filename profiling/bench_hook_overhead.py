@@ -92,6 +92,7 @@ def _worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    stragglerkit.init()  # collective: every rank, once
     rank, n = dist.get_rank(), dist.get_world_size()
     config = TrainConfig(model_bytes=args.model_bytes)
 

@@ -45,6 +45,7 @@ def _rank_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    stragglerkit.init()  # collective: every rank, once
     rank, n = dist.get_rank(), dist.get_world_size()
     ring_buffer = torch.ones(args.size // 4)
     other = torch.ones(args.concurrent // 4) if args.concurrent else None
