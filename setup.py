@@ -30,12 +30,13 @@ def native_extension() -> CppExtension:
 
 setup(
     name="stragglerkit",
-    version="0.1.0",
+    version="0.2.0",
     description="Straggler-aware AllReduce for data-parallel training (StragglAR, OptCC, selective reduce)",
     packages=find_packages(include=["stragglerkit", "stragglerkit.*"]),
     python_requires=">=3.11",
-    install_requires=["torch==2.13.0", "numpy", "scipy", "networkx", "matplotlib"],
-    extras_require={"dev": ["pytest", "ruff", "mypy"]},
+    # the oldest torch tested is 2.11 (the development set-up pins 2.13.0: scripts/setup.sh)
+    install_requires=["torch>=2.11", "numpy", "scipy", "networkx", "matplotlib", "pyyaml"],
+    extras_require={"dev": ["pytest", "ruff", "mypy", "types-PyYAML"]},
     ext_modules=[native_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["stragglerkit=stragglerkit.cli:main"]},

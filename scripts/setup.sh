@@ -25,6 +25,6 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   "${PIP[@]}" install torch==2.13.0
 fi
 echo "[setup] installing stragglerkit (editable) and its tools"
-"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pytest ruff mypy
+"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml pytest ruff mypy types-PyYAML
 "${PIP[@]}" install --no-build-isolation -e .
 .venv/bin/python -c 'import torch, stragglerkit, stragglerkit._C; print("[setup] ready: stragglerkit", stragglerkit.__version__, "torch", torch.__version__)'

@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "[test] ruff"
-.venv/bin/ruff check stragglerkit tests profiling scripts configs
+.venv/bin/ruff check stragglerkit tests profiling scripts build_backend setup.py
 echo "[test] mypy"
 .venv/bin/mypy
 echo "[test] pytest"
