@@ -10,8 +10,10 @@ import torch
 
 def api_features(rank: int, n: int) -> dict[str, Any]:
     import stragglerkit
-    from stragglerkit.runtime.api import FallbackWarning, runtime_for
+    from stragglerkit.runtime.runtime import FallbackWarning
+    from stragglerkit.runtime.session import session_for
 
+    stragglerkit.init()
     out: dict[str, Any] = {}
     expected = torch.full((100,), float(n * (n + 1) // 2))
 
@@ -21,7 +23,8 @@ def api_features(rank: int, n: int) -> dict[str, Any]:
         records = []
         for _ in range(2):
             x = torch.full((100,), float(rank + 1))
-            records.append(stragglerkit.all_reduce(x, algorithm="stragglar", straggler=1))
+            assert stragglerkit.all_reduce(x, algorithm="stragglar", straggler=1) is None
+            records.append(stragglerkit.last_run())
             assert torch.equal(x, expected)
     fallback = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
     out["fallback_warnings"] = fallback
@@ -30,26 +33,29 @@ def api_features(rank: int, n: int) -> dict[str, Any]:
     # asynchronous calls complete in call order; the future holds the tensor
     a = torch.full((1000,), float(rank + 1))
     b = torch.full((7,), float(rank + 1))
-    handle_a = stragglerkit.all_reduce_async(a, algorithm="ring")
-    handle_b = stragglerkit.all_reduce_async(b, algorithm="rhd", op="avg")
+    work_a = stragglerkit.all_reduce(a, async_op=True, algorithm="ring")
+    work_b = stragglerkit.all_reduce(b, "avg", None, True, algorithm="rhd")
+    assert work_a is not None and work_b is not None
     c = torch.full((3,), float(rank + 1))
     stragglerkit.all_reduce(c, algorithm="direct", straggler=0)  # queued behind the two
-    out["async_ring"] = handle_a.wait().algorithm
-    out["future_is_tensor"] = handle_b.future.wait() is b
+    out["async_ring"] = work_a.result().algorithm
+    out["future_is_tensor"] = work_b.get_future().wait()[0] is b
     out["async_values"] = [a[0].item(), b[0].item(), c[0].item()]
 
     # a remapped group: logical rank i is played by group rank mapping[i]
-    runtime = runtime_for()
+    runtime = session_for().runtime
     runtime.set_rank_map([(r + 1) % n for r in range(n)])
     x = torch.arange(10, dtype=torch.float64) * (rank + 1)
-    record = stragglerkit.all_reduce(x, algorithm="ring")
+    stragglerkit.all_reduce(x, algorithm="ring")
+    record = stragglerkit.last_run()
     out["remapped_ok"] = bool(torch.equal(x, torch.arange(10, dtype=torch.float64) * (n * (n + 1) // 2)))
     out["remapped_peers"] = sorted({t.peer for t in record.timings.records()})
     runtime.set_rank_map(None)
 
     # timings: one row per message of this rank, positive byte counts, post <= completion
     x = torch.ones(4096)
-    record = stragglerkit.all_reduce(x, algorithm="ring")
+    stragglerkit.all_reduce(x, algorithm="ring")
+    record = stragglerkit.last_run()
     rows = record.timings.records()
     out["timing_rows"] = len(rows)
     out["timings_sane"] = all(t.nbytes > 0 and t.start_ns <= t.end_ns for t in rows)

@@ -1,4 +1,4 @@
-"""all_reduce / all_reduce_async: algorithm choice, fallback, async order, rank maps, timings."""
+"""all_reduce (blocking and async_op=True): algorithm choice, fallback, async order, rank maps, timings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import api_bodies
 import pytest
 from _dist import run_group
 
-from stragglerkit.runtime.api import choose_algorithm
+from stragglerkit.runtime.policy import choose_algorithm
 from stragglerkit.schedules.registry import Situation
 
 
