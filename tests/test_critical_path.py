@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from stragglerkit.report.critical_path import critical_path, message_dependencies
+from stragglerkit.report.critical_path import critical_path
 from stragglerkit.runtime.plan import LoweredKind, lower
+from stragglerkit.runtime.trace import message_dependencies
 from stragglerkit.schedules.registry import Situation, generate
 
 MS = 1_000_000  # ns

@@ -24,7 +24,6 @@ from stragglerkit.detect.arrival import (
 )
 from stragglerkit.detect.controller import Controller
 from stragglerkit.detect.controller_config import ControllerConfig
-from stragglerkit.detect.plans import Decision, Plan, WindowStats, log_path_for
 from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
@@ -38,6 +37,7 @@ from stragglerkit.detect.nic_health import (
     slowdowns_from_speeds,
     sysfs_links,
 )
+from stragglerkit.detect.plans import Decision, Plan, WindowStats, log_path_for
 from stragglerkit.runtime.executor import OpTiming
 from stragglerkit.sim.cost_model import CostModel
 

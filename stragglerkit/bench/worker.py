@@ -41,8 +41,8 @@ import torch.distributed as dist
 import stragglerkit
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
-from stragglerkit.report.critical_path import rank_trace
 from stragglerkit.runtime.runtime import RunRecord
+from stragglerkit.runtime.trace import rank_trace
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely
 
@@ -140,7 +140,7 @@ class _Rank:
         """(arrival, finish, wrong elements, algorithm that ran, its per-op trace, CPU time of this
         host and this rank's run-queue wait in ns, both from the barrier to the finish) of one timed
         AllReduce. The trace: ``timeline`` (per phase/round label, first post and last completion
-        after this rank's arrival) and ``critical`` (:func:`stragglerkit.report.critical_path.rank_trace`);
+        after this rank's arrival) and ``critical`` (:func:`stragglerkit.runtime.trace.rank_trace`);
         empty for gloo's all_reduce and unless ``keep_trace``."""
         x.copy_(source)
         self.synchronize()

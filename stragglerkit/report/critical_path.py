@@ -2,9 +2,9 @@
 
 Every rank's executor records, per message, when it was *posted* and when this rank saw it
 *complete* (:class:`stragglerkit.runtime.executor.OpTiming`). With the plan's dependencies
-(:func:`message_dependencies`) and the pairing of each send with its receive (the k-th message
-from rank a to rank b on both sides: a pair's messages match in program order), the chain of
-events that ended the AllReduce can be walked back from the last completion:
+(:func:`stragglerkit.runtime.trace.message_dependencies`) and the pairing of each send with its
+receive (the k-th message from rank a to rank b on both sides: a pair's messages match in program
+order), the chain of events that ended the AllReduce can be walked back from the last completion:
 
 * A message could not flow before both ends had posted it, nor before the message ahead of it on
   the same connection (one per sender, receiver and direction; it carries its messages one after
@@ -34,6 +34,8 @@ The timings of different ranks are compared directly, so this needs one clock fo
 ranks: ranks on one machine (loopback, the emulated cluster; ``time.monotonic_ns``), not ranks on
 several machines.
 
+It reads plain values, one trace per rank, as :func:`stragglerkit.runtime.trace.rank_trace` makes them.
+
 Example::
 
     traces = [rank_trace(record, entered_ns) for ...]          # one per rank, gathered
@@ -46,66 +48,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from stragglerkit.runtime.plan import LoweredKind, RankPlan
-from stragglerkit.runtime.runtime import RunRecord
-
-__all__ = ["critical_path", "message_dependencies", "rank_trace"]
+__all__ = ["critical_path"]
 
 _SHARERS = 3
 """How many of the messages that shared a path message's link its segment names."""
-
-_MESSAGES = (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE)
-_KIND_NAMES = {int(k): k.name.lower() for k in _MESSAGES}
-
-
-def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
-    """Per message op of ``plan``: the message ops it waits for, through any local ops (reductions,
-    copies, empty ops) in between.
-
-    Example::
-
-        deps = message_dependencies(record.plan)    # {op: [earlier message ops], ...}
-    """
-    kinds = plan.ops[:, 0].tolist()
-    child_ptr, child_idx = plan.child_ptr.tolist(), plan.child_idx.tolist()
-    parents: list[list[int]] = [[] for _ in kinds]
-    for op in range(len(kinds)):
-        for k in range(child_ptr[op], child_ptr[op + 1]):
-            if child_idx[k] >= 0:  # -(b + 1): b waits only for this op's posting (runtime/plan.py)
-                parents[child_idx[k]].append(op)
-    resolved: dict[int, set[int]] = {}
-
-    def through_local(op: int) -> set[int]:
-        # the message ops behind ``op``'s parents (ops are topologically ordered: parents come first)
-        if op in resolved:
-            return resolved[op]
-        found: set[int] = set()
-        for parent in parents[op]:
-            if kinds[parent] in _KIND_NAMES:
-                found.add(parent)
-            else:
-                found |= through_local(parent)
-        resolved[op] = found
-        return found
-
-    return {op: sorted(through_local(op)) for op, kind in enumerate(kinds) if kind in _KIND_NAMES}
-
-
-def rank_trace(record: RunRecord, entered_ns: int) -> dict[str, Any]:
-    """This rank's part of the critical path: its entry time, its messages ``[op, kind, peer,
-    bytes, post_ns, completion_ns, label]`` (``peer`` the physical rank, ``label`` the plan's
-    phase/round) and each message's message dependencies (same order). Plain values, for
-    ``all_gather_object``."""
-    if record.plan is None:
-        return {"entered_ns": entered_ns, "messages": [], "deps": []}
-    deps = message_dependencies(record.plan)
-    timings = sorted(record.timings.records(), key=lambda t: t.op)
-    label_of = record.plan.ops[:, 5].tolist()
-    labels = record.plan.labels
-    messages: list[list[Any]] = [
-        [t.op, t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns, labels[label_of[t.op]]] for t in timings
-    ]
-    return {"entered_ns": entered_ns, "messages": messages, "deps": [deps.get(t.op, []) for t in timings]}
 
 
 class _Message(NamedTuple):

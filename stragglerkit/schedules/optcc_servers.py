@@ -2,7 +2,7 @@
 
 ``p = q·g`` ranks on ``q`` servers of ``g`` GPUs (rank ``v·g + c`` is GPU ``c`` of server ``v``).
 A degraded server runs all its NICs at ``1/l``. As in the paper, ``g`` copies of the one-GPU-per-server
-pipeline (an :class:`~stragglerkit.schedules.optcc.OptccPlan` on the ``q`` servers) run side by side:
+pipeline (an :class:`~stragglerkit.schedules.optcc_timetable.OptccPlan` on the ``q`` servers) run side by side:
 copy ``c`` owns part ``c`` of the buffer (``1/g`` of it) and uses GPU ``c`` of every server, so all
 ``g`` NICs of a server work at once and each moves ``n/g``. Around the NIC flows, NVLink work:
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stragglerkit.schedules.ir import Op, Schedule, ScheduleBuilder
-from stragglerkit.schedules.optcc import ADDING_STAGES, Flow, OptccPlan
+from stragglerkit.schedules.optcc_timetable import ADDING_STAGES, Flow, OptccPlan
 
 __all__ = ["lower_servers", "nic_projection"]
 

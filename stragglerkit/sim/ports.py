@@ -14,7 +14,7 @@ import numpy as np
 from stragglerkit.sim.graph import FloatArray, IntArray
 
 if TYPE_CHECKING:
-    from stragglerkit.sim.simulator import Network
+    from stragglerkit.sim.network import Network
 
 __all__ = ["Ports", "ports_shared"]
 
