@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.config import Config
+from stragglerkit.errors import ConfigError
 from stragglerkit.runtime import session as _session
 from stragglerkit.runtime.runtime import AllReduceHandle, RunRecord
 
@@ -55,7 +56,10 @@ def init(group: dist.ProcessGroup | None = None, config: Config | None = None) -
 
         stragglerkit.init(config=stragglerkit.Config.from_yaml("configs/long_job.yaml"))
     """
-    resolved = Config.from_env() if config is None else config.with_env()
+    try:
+        resolved = Config.from_env() if config is None else config.with_env()
+    except ConfigError as err:  # the other ranks are in init's collective steps: tell them
+        _session.refuse(group, err)
     from stragglerkit.report import nvtx
 
     nvtx.configure(resolved.report.nvtx)

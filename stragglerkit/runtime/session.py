@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -32,7 +32,7 @@ from stragglerkit.detect.arrival import ClockOffsets, estimate_clock_offsets
 from stragglerkit.errors import ConfigError, NotInitializedError
 from stragglerkit.runtime.runtime import RunRecord, Runtime
 
-__all__ = ["Session", "create", "destroy", "is_initialized", "session_for"]
+__all__ = ["Session", "create", "destroy", "is_initialized", "refuse", "session_for"]
 
 _NOT_AGREED = ("report",)
 """Sections that may differ between ranks (they change what a rank records, not what it sends)."""
@@ -105,7 +105,7 @@ def create(group: dist.ProcessGroup | None, config: Config) -> Session:
     """Set up ``group`` (collective: every rank of it calls this with the same configuration)."""
     resolved = _resolve(group)
     if not isinstance(config, Config):
-        raise ConfigError(f"config must be a stragglerkit.Config, got {type(config).__name__}")
+        refuse(group, ConfigError(f"config must be a stragglerkit.Config, got {type(config).__name__}"))
     existing = _SESSIONS.get(id(resolved))
     if existing is not None and existing.group is resolved:
         raise ConfigError(
@@ -131,6 +131,19 @@ def create(group: dist.ProcessGroup | None, config: Config) -> Session:
     return session
 
 
+def refuse(group: dist.ProcessGroup | None, error: ConfigError) -> NoReturn:
+    """:func:`create`'s collective steps on a rank whose configuration is bad (``error``): the
+    other ranks, which are in :func:`create`, raise a :class:`ConfigError` naming this rank instead
+    of waiting for it; this rank raises the same."""
+    resolved = _resolve(group)
+    if resolved.size() == 1:
+        raise error
+    ranks = dist.get_process_group_ranks(resolved)
+    side = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=Config().executor.timeout))
+    _check_same_config(side, None, str(error))
+    raise error  # not reached: the check raises on every rank
+
+
 def destroy(group: dist.ProcessGroup | None = None) -> None:
     """Forget ``group``'s session (not collective; call before ``dist.destroy_process_group``)."""
     if not dist.is_initialized():
@@ -141,12 +154,21 @@ def destroy(group: dist.ProcessGroup | None = None) -> None:
         session.runtime.close()
 
 
-def _check_same_config(side: dist.ProcessGroup, config: Config) -> None:
-    """Collective: raise the same :class:`ConfigError` on every rank if the ranks' configurations
-    differ in a field that decides what they send."""
-    mine = {name: values for name, values in config.to_dict().items() if name not in _NOT_AGREED}
-    everyone: list[dict[str, dict[str, Any]] | None] = [None] * side.size()
+def _check_same_config(side: dist.ProcessGroup, config: Config | None, error: str | None = None) -> None:
+    """Collective: raise the same :class:`ConfigError` on every rank if a rank's configuration was
+    bad (``error``, with ``config`` None) or the ranks' configurations differ in a field that
+    decides what they send."""
+    mine: dict[str, Any] = {"error": error}
+    if config is not None:
+        mine = {name: values for name, values in config.to_dict().items() if name not in _NOT_AGREED}
+    everyone: list[dict[str, Any] | None] = [None] * side.size()
     dist.all_gather_object(everyone, mine, group=side)
+    bad = [f"on rank {rank}: {theirs['error']}" for rank, theirs in enumerate(everyone) if theirs and "error" in theirs]
+    if bad:
+        raise ConfigError(
+            "stragglerkit.init: a rank's configuration is bad, " + " | ".join(bad)
+            + "; give every rank a valid configuration (the same file and STRAGGLERKIT_* variables)"
+        )
     problems = []
     for section, values in mine.items():
         for key in values:
