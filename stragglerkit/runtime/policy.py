@@ -20,6 +20,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 
+from stragglerkit.errors import ConfigError
 from stragglerkit.schedules import Schedule
 from stragglerkit.schedules.registry import Situation, names, why_not
 
@@ -56,7 +57,7 @@ def choose_algorithm(requested: str, situation: Situation, numel: int, element_s
     if requested == "auto":
         return _auto(situation, numel, element_size), None
     if requested not in names():
-        raise ValueError(f"unknown algorithm {requested!r}; choose 'auto' or one of {', '.join(names())}")
+        raise ConfigError(f"unknown algorithm {requested!r}; choose 'auto' or one of {', '.join(names())}")
     reason = why_not(requested, situation)
     if reason is None:
         return requested, None

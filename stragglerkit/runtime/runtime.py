@@ -304,14 +304,14 @@ class Runtime:
         logical_straggler = None
         if straggler is not None:
             if not 0 <= straggler < n:
-                raise ValueError(f"straggler {straggler} is not a rank of this {n}-rank group")
+                raise ConfigError(f"straggler {straggler} is not a rank of this {n}-rank group")
             logical_straggler = self.rank_map.logical(straggler)
         logical_slowdowns: dict[int, float] = {}
         for rank, slowdown in (slowdowns or {}).items():
             if not 0 <= rank < n:
-                raise ValueError(f"slowdowns name rank {rank}, which is not a rank of this {n}-rank group")
+                raise ConfigError(f"slowdowns name rank {rank}, which is not a rank of this {n}-rank group")
             if not slowdown >= 1.0:
-                raise ValueError(f"slowdown of rank {rank} must be >= 1 (1 = healthy), got {slowdown}")
+                raise ConfigError(f"slowdown of rank {rank} must be >= 1 (1 = healthy), got {slowdown}")
             logical_slowdowns[self.rank_map.logical(rank)] = float(slowdown)
         return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
 
