@@ -175,14 +175,16 @@ def run_plan(
 _BLAMED_PEER = (
     re.compile(r"aborted because rank (\d+) failed"),
     re.compile(r"with rank (\d+) \(logical"),
+    re.compile(r"timed out after [^:]*? waiting for rank (\d+) \(logical"),
+    re.compile(r": rank (\d+) \(logical \d+\) failed during "),
     re.compile(r"mismatch detected before any data moved: .*?\brank (\d+) \(logical", re.DOTALL),
 )
 
 
 def failure_from_native(text: str) -> CollectiveError:
     """The executor's error as the library's exception: :class:`PeerError` naming the rank the
-    message blames (the origin of an abort, the peer of the failed message, or the peer whose
-    header differs), else
+    message blames (the origin of an abort, the peer of the failed or timed-out message, or the
+    peer whose header differs), else
     :class:`CollectiveError`. C++ call-site suffixes (\"Exception raised from ...\") are cut."""
     message = text.split("\nException raised from")[0]
     for pattern in _BLAMED_PEER:
