@@ -327,52 +327,104 @@ class ScheduleBuilder:
         self.num_chunks = num_chunks
         self.auto_depends = auto_depends
         self.ops: list[list[Op]] = [[] for _ in range(world_size)]
-        self._writer: list[dict[int, int]] = [{} for _ in range(world_size)]
-        self._readers: list[dict[int, list[int]]] = [{} for _ in range(world_size)]
+        self._writer: list[list[int] | None] = [None] * world_size
+        """Per rank (made on its first op): per chunk, the last op that wrote it (-1: none)."""
+        self._readers: list[list[list[int] | None]] = [[] for _ in range(world_size)]
+        """Per rank: per chunk, the ops that read it since its last write (``None``: none)."""
         self._swriter: list[dict[int, int]] = [{} for _ in range(world_size)]
+        """Per rank: scratch slot -> the last op that wrote it."""
         self._sreaders: list[dict[int, list[int]]] = [{} for _ in range(world_size)]
+        """Per rank: scratch slot -> the ops that read it since its last write."""
 
-    def _data_depends(self, rank: int, op: Op, index: int) -> set[int]:
-        deps: set[int] = set()
-        kind = op.kind
-        writes_buffer = kind is not OpKind.SEND and not (kind is OpKind.RECV and op.scratch is not None)
-        reads_buffer = kind in (OpKind.SEND, OpKind.RECV_REDUCE, OpKind.REDUCE)
-        if op.scratch is not None:
-            slot = op.scratch
+    def _data_depends(
+        self, rank: int, kind: OpKind, chunks: tuple[int, int], scratch: int | None, index: int
+    ) -> list[int]:
+        """The earlier ops of ``rank`` that op ``index`` conflicts with (possibly repeated); records
+        what it reads and writes.
+
+        A write waits for the last write and the reads since; a scratch slot's write waits only for
+        the reads since its last write where there are any (each of them waited for that write).
+        """
+        deps: list[int] = []
+        if scratch is not None:
             swriter, sreaders = self._swriter[rank], self._sreaders[rank]
             if kind is OpKind.RECV:  # writes the slot
-                if slot in swriter:
-                    deps.add(swriter[slot])
-                deps.update(sreaders.get(slot, ()))
-                swriter[slot] = index
-                sreaders[slot] = []
+                readers = sreaders.get(scratch)
+                if readers:
+                    deps += readers
+                elif scratch in swriter:
+                    deps.append(swriter[scratch])
+                swriter[scratch] = index
+                sreaders[scratch] = []
             else:  # reduce / copy read the slot
-                if slot in swriter:
-                    deps.add(swriter[slot])
-                sreaders.setdefault(slot, []).append(index)
-        writer, readers = self._writer[rank], self._readers[rank]
-        for chunk in range(op.chunks[0], op.chunks[1]):
-            last = writer.get(chunk)
-            if last is not None:
-                deps.add(last)
-            if writes_buffer:
-                deps.update(readers.get(chunk, ()))
-                writer[chunk] = index
-                readers[chunk] = []
-            elif reads_buffer:
-                readers.setdefault(chunk, []).append(index)
+                if scratch in swriter:
+                    deps.append(swriter[scratch])
+                sreaders.setdefault(scratch, []).append(index)
+        writer = self._writer[rank]
+        if writer is None:  # the per-chunk tables, made once the rank has ops
+            writer = self._writer[rank] = [-1] * self.num_chunks
+            self._readers[rank] = [None] * self.num_chunks
+        readers_of = self._readers[rank]
+        if kind is OpKind.SEND:  # reads the chunks
+            for chunk in range(chunks[0], chunks[1]):
+                last = writer[chunk]
+                if last >= 0:
+                    deps.append(last)
+                since = readers_of[chunk]
+                if since is None:
+                    readers_of[chunk] = [index]
+                else:
+                    since.append(index)
+            return deps
+        if kind is OpKind.RECV and scratch is not None:  # reads nothing of the buffer, writes none of it
+            for chunk in range(chunks[0], chunks[1]):
+                last = writer[chunk]
+                if last >= 0:
+                    deps.append(last)
+            return deps
+        for chunk in range(chunks[0], chunks[1]):  # writes the chunks
+            last = writer[chunk]
+            if last >= 0:
+                deps.append(last)
+            since = readers_of[chunk]
+            if since:
+                deps += since
+            writer[chunk] = index
+            readers_of[chunk] = None
         return deps
 
-    def add(self, rank: int, op: Op) -> int:
+    def _append(
+        self,
+        rank: int,
+        kind: OpKind,
+        chunks: tuple[int, int],
+        peer: int | None,
+        scratch: int | None,
+        depends: Sequence[int],
+        round: int | None,
+        phase: str,
+    ) -> int:
         rank_ops = self.ops[rank]
         index = len(rank_ops)
+        after = tuple(depends)
         if self.auto_depends:
-            deps = self._data_depends(rank, op, index)
-            if deps - set(op.depends):
-                deps.update(op.depends)
-                op = Op(op.kind, op.chunks, op.peer, op.scratch, tuple(sorted(deps)), op.round, op.phase)
-        rank_ops.append(op)
+            deps = self._data_depends(rank, kind, chunks, scratch, index)
+            if after:
+                if not set(deps).issubset(after):
+                    after = tuple(sorted({*deps, *after}))
+            elif len(deps) == 1:
+                after = (deps[0],)
+            elif deps:
+                after = tuple(sorted(set(deps)))
+        rank_ops.append(Op(kind, chunks, peer, scratch, after, round, phase))
         return index
+
+    def add(self, rank: int, op: Op) -> int:
+        """Append ``op`` to ``rank``'s ops (with ``auto_depends``, adding the dependencies it lacks)."""
+        if not self.auto_depends:
+            self.ops[rank].append(op)
+            return len(self.ops[rank]) - 1
+        return self._append(rank, op.kind, op.chunks, op.peer, op.scratch, op.depends, op.round, op.phase)
 
     def last(self, rank: int) -> int | None:
         """Index of ``rank``'s most recent op, or ``None``."""
@@ -387,7 +439,7 @@ class ScheduleBuilder:
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        return self.add(rank, Op(OpKind.SEND, chunks, peer, None, tuple(depends), round, phase))
+        return self._append(rank, OpKind.SEND, chunks, peer, None, depends, round, phase)
 
     def recv(
         self,
@@ -399,7 +451,7 @@ class ScheduleBuilder:
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        return self.add(rank, Op(OpKind.RECV, chunks, peer, scratch, tuple(depends), round, phase))
+        return self._append(rank, OpKind.RECV, chunks, peer, scratch, depends, round, phase)
 
     def recv_reduce(
         self,
@@ -410,7 +462,7 @@ class ScheduleBuilder:
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        return self.add(rank, Op(OpKind.RECV_REDUCE, chunks, peer, None, tuple(depends), round, phase))
+        return self._append(rank, OpKind.RECV_REDUCE, chunks, peer, None, depends, round, phase)
 
     def reduce(
         self,
@@ -421,7 +473,7 @@ class ScheduleBuilder:
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        return self.add(rank, Op(OpKind.REDUCE, chunks, None, scratch, tuple(depends), round, phase))
+        return self._append(rank, OpKind.REDUCE, chunks, None, scratch, depends, round, phase)
 
     def copy(
         self,
@@ -432,7 +484,7 @@ class ScheduleBuilder:
         round: int | None = None,
         phase: str = "",
     ) -> int:
-        return self.add(rank, Op(OpKind.COPY, chunks, None, scratch, tuple(depends), round, phase))
+        return self._append(rank, OpKind.COPY, chunks, None, scratch, depends, round, phase)
 
     def build(
         self,

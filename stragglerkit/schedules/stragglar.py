@@ -74,12 +74,12 @@ Round 3 is Phase 2 with ``P_3 = {1, 0}`` (holders of ``c1``) and ``Q_3 = {2, σ}
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 from stragglerkit.errors import NotApplicableError
-from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.ir import Schedule, ScheduleBuilder
 from stragglerkit.schedules.ring import add_ring_reduce_scatter
 
 __all__ = ["MATCHING_PHASE", "PRE_PHASE", "Transfer", "stragglar", "stragglar_plan"]
@@ -326,140 +326,23 @@ def _collector_paused() -> Iterator[None]:
 def _lower(n: int, plan: list[Round]) -> Schedule:
     straggler = n - 1
     punctual = list(range(n - 1))
-    builder = _ChunkBuilder(n, n - 1)
+    builder = ScheduleBuilder(n, n - 1)
+    spans = [(chunk, chunk + 1) for chunk in range(n - 1)]  # shared by the ops: fewer objects
     add_ring_reduce_scatter(builder, members=punctual, owned=punctual, phase=PRE_PHASE)
     for rnd, moves in enumerate(plan):
         if rnd < straggler:
-            builder.swap(rnd, straggler, rnd, rnd)
-            builder.swap(straggler, rnd, rnd, rnd)
+            _swap(builder, rnd, straggler, spans[rnd], rnd)
+            _swap(builder, straggler, rnd, spans[rnd], rnd)
         for sender, receiver, chunk in moves:
-            span = builder.spans[chunk]
+            span = spans[chunk]
             builder.send(sender, receiver, span, round=rnd, phase=MATCHING_PHASE)
             builder.recv(receiver, sender, span, round=rnd, phase=MATCHING_PHASE)
     return builder.build("stragglar", round_phase=MATCHING_PHASE, params={"straggler": straggler, "rounds": len(plan)})
 
 
-class _ChunkBuilder(ScheduleBuilder):
-    """A builder for ops on single chunks that derives their dependencies with less work.
-
-    The rules are :class:`ScheduleBuilder`'s automatic ones: every op waits for the last op of its
-    rank that wrote its chunk, an op that writes a chunk also for the ops that read it since, and a
-    receive into a scratch slot for the last op that used the slot. The generic tracking costs
-    noticeably more at n = 256 (260,610 ops); the checker verifies the result either way.
-    """
-
-    __slots__ = ("last_write", "reads", "slot_use", "spans")
-
-    def __init__(self, world_size: int, num_chunks: int) -> None:
-        super().__init__(world_size, num_chunks, auto_depends=False)
-        self.last_write: list[list[int]] = [[-1] * num_chunks for _ in range(world_size)]
-        self.reads: list[list[list[int]]] = [[[] for _ in range(num_chunks)] for _ in range(world_size)]
-        self.slot_use: list[dict[int, int]] = [{} for _ in range(world_size)]
-        self.spans = [(chunk, chunk + 1) for chunk in range(num_chunks)]  # shared: fewer objects
-
-    def _write(
-        self,
-        rank: int,
-        kind: OpKind,
-        chunks: tuple[int, int],
-        peer: int | None,
-        scratch: int | None,
-        depends: Sequence[int],
-        round: int | None,
-        phase: str,
-    ) -> int:
-        """Append an op that writes ``chunks``: after its last write and the reads since."""
-        chunk = chunks[0]
-        if chunks[1] != chunk + 1:
-            raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
-        last_write, reads = self.last_write[rank], self.reads[rank]
-        last, readers = last_write[chunk], reads[chunk]
-        if readers or depends:
-            deps = {*readers, *depends}
-            if last >= 0:
-                deps.add(last)
-            after: tuple[int, ...] = tuple(sorted(deps))
-        else:
-            after = (last,) if last >= 0 else ()
-        rank_ops = self.ops[rank]
-        index = len(rank_ops)
-        rank_ops.append(Op(kind, chunks, peer, scratch, after, round, phase))
-        last_write[chunk] = index
-        reads[chunk] = []
-        return index
-
-    def send(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        chunk = chunks[0]
-        if chunks[1] != chunk + 1:
-            raise ValueError(f"_ChunkBuilder handles single chunks only, got the range {chunks}")
-        last = self.last_write[rank][chunk]
-        after = (last,) if last >= 0 else ()
-        if depends:
-            after = tuple(sorted({*after, *depends}))
-        rank_ops = self.ops[rank]
-        index = len(rank_ops)
-        rank_ops.append(Op(OpKind.SEND, chunks, peer, None, after, round, phase))
-        self.reads[rank][chunk].append(index)
-        return index
-
-    def recv(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        scratch: int | None = None,
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        if scratch is None:  # straight into the buffer: overwrites the chunk
-            return self._write(rank, OpKind.RECV, chunks, peer, None, depends, round, phase)
-        # into a scratch slot: after the chunk's last write (as the builder) and the slot's last use
-        last = self.last_write[rank][chunks[0]]
-        after = {*depends, self.slot_use[rank].get(scratch, -1), last} - {-1}
-        rank_ops = self.ops[rank]
-        index = len(rank_ops)
-        rank_ops.append(Op(OpKind.RECV, chunks, peer, scratch, tuple(sorted(after)), round, phase))
-        self.slot_use[rank][scratch] = index
-        return index
-
-    def recv_reduce(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        return self._write(rank, OpKind.RECV_REDUCE, chunks, peer, None, depends, round, phase)
-
-    def reduce(
-        self,
-        rank: int,
-        scratch: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        index = self._write(
-            rank, OpKind.REDUCE, chunks, None, scratch, [*depends, self.slot_use[rank][scratch]], round, phase
-        )
-        self.slot_use[rank][scratch] = index
-        return index
-
-    def swap(self, rank: int, peer: int, chunk: int, rnd: int) -> None:
-        """Send ``chunk`` to ``peer``, receive the peer's copy into scratch 0 and add it in."""
-        span = self.spans[chunk]
-        self.send(rank, peer, span, round=rnd, phase=MATCHING_PHASE)
-        self.recv(rank, peer, span, scratch=0, round=rnd, phase=MATCHING_PHASE)
-        self.reduce(rank, 0, span, round=rnd, phase=MATCHING_PHASE)
+def _swap(builder: ScheduleBuilder, rank: int, peer: int, span: tuple[int, int], rnd: int) -> None:
+    """``rank``'s half of a straggler swap: send ``span`` to ``peer``, receive the peer's copy into
+    scratch 0 and add it in."""
+    builder.send(rank, peer, span, round=rnd, phase=MATCHING_PHASE)
+    builder.recv(rank, peer, span, scratch=0, round=rnd, phase=MATCHING_PHASE)
+    builder.reduce(rank, 0, span, round=rnd, phase=MATCHING_PHASE)
