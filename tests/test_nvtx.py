@@ -13,11 +13,12 @@ from stragglerkit.report import nvtx
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    for name in (*nvtx.PROFILER_ENV_VARS, "STRAGGLERKIT_NVTX"):
+    for name in nvtx.PROFILER_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    nvtx.configure(None)
     yield monkeypatch
     monkeypatch.undo()
-    nvtx.refresh()
+    nvtx.configure(None)
 
 
 def fake_nvtx_module(calls: list[tuple[str, str | None]]) -> types.ModuleType:
@@ -79,8 +80,19 @@ def test_backend_and_profiler_emit_ranges(clean_env: pytest.MonkeyPatch) -> None
 def test_forcing_off_wins(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setitem(sys.modules, "nvtx", fake_nvtx_module([]))
     clean_env.setenv("NSYS_PROFILING_SESSION_ID", "42")
-    clean_env.setenv("STRAGGLERKIT_NVTX", "0")
-    assert nvtx.refresh() is False
+    assert nvtx.refresh() is True
+    assert nvtx.configure(False) is False
+    assert nvtx.refresh() is False  # stays forced off
+    assert nvtx.configure(None) is True  # follows the profiler again
+
+
+def test_the_nvtx_setting_reaches_the_configuration() -> None:
+    from stragglerkit.config import Config
+
+    assert Config().report.nvtx is None  # follow the profiler
+    assert Config.from_env({"STRAGGLERKIT_NVTX": "0"}).report.nvtx is False
+    assert Config.from_env({"STRAGGLERKIT_NVTX": "on"}).report.nvtx is True
+    assert Config.from_env({"STRAGGLERKIT_NVTX": "auto"}).report.nvtx is None
 
 
 def test_executor_gets_a_range_callback_only_when_enabled(clean_env: pytest.MonkeyPatch) -> None:
@@ -90,8 +102,7 @@ def test_executor_gets_a_range_callback_only_when_enabled(clean_env: pytest.Monk
     assert _range_callback(["reduce_scatter round 0"]) is None
     calls: list[tuple[str, str | None]] = []
     clean_env.setitem(sys.modules, "nvtx", fake_nvtx_module(calls))
-    clean_env.setenv("STRAGGLERKIT_NVTX", "1")
-    nvtx.refresh()
+    assert nvtx.configure(True) is True  # forced on, without a profiler
     callback = _range_callback(["reduce_scatter round 0"])
     assert callback is not None
     callback(0, True)

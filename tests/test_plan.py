@@ -9,7 +9,7 @@ import torch
 
 from stragglerkit.errors import ScheduleError
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import OP_COLUMNS, LoweredKind, chunk_bounds, lower, message_order, refine
+from stragglerkit.runtime.plan import LoweredKind, OpColumn, chunk_bounds, lower, message_order, refine
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules import check, ring
 from stragglerkit.schedules.check import completing_reductions
@@ -147,7 +147,7 @@ def test_an_averaging_plan_divides_each_final_sum_once(n: int) -> None:
         for pieces in (1, 2):
             plans = lower(schedule, 4096, 4, pieces=pieces, divide_by=n)
             assert all(plan.divides for plan in plans)
-            divide_column, kind_column = OP_COLUMNS.index("divide"), OP_COLUMNS.index("kind")
+            divide_column, kind_column = OpColumn.DIVIDE, OpColumn.KIND
             assert {d for plan in plans for d in plan.ops[:, divide_column].tolist()} <= {0, n}
             refined, _ = refine(schedule, pieces)
             completing = completing_reductions(refined)
@@ -204,7 +204,7 @@ def test_a_plan_divides_only_where_a_reduction_finishes_its_whole_range() -> Non
     assert completing_reductions(schedule) is None
     plans = lower(schedule, 10, 4, divide_by=3)
     assert not any(plan.divides for plan in plans)
-    assert all(not plan.ops[:, OP_COLUMNS.index("divide")].any() for plan in plans)
+    assert all(not plan.ops[:, OpColumn.DIVIDE].any() for plan in plans)
 
 
 def test_reduction_tree_check_can_fail() -> None:
@@ -262,9 +262,9 @@ def test_lower_tables_cover_the_buffer(numel: int) -> None:
     sched = ring(4)
     plans = lower(sched, numel, element_size=4)
     for rank, plan in enumerate(plans):
-        assert plan.ops.shape == (len(sched.ops[rank]), len(OP_COLUMNS))
-        kinds = plan.ops[:, 0].tolist()
-        counts = plan.ops[:, 3].tolist()
+        assert plan.ops.shape == (len(sched.ops[rank]), len(OpColumn))
+        kinds = plan.ops[:, OpColumn.KIND].tolist()
+        counts = plan.ops[:, OpColumn.COUNT].tolist()
         assert all((k == LoweredKind.NOOP) == (c == 0) for k, c in zip(kinds, counts))
         assert plan.peers.tolist() == sorted({(rank + 1) % 4, (rank - 1) % 4})
         # the waited ops are exactly the non-empty comm ops
@@ -355,12 +355,3 @@ def test_post_ahead_keeps_waiting_where_ranges_overlap() -> None:
     plan = lower(schedule, 64, 4, pieces=1)[1]
     assert plan.ops.tolist()[2][6] == 0  # the second receive's channel predecessor is the first
     assert _after_post(plan) == []
-
-
-def test_post_ahead_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    situation = Situation(world_size=5, slowdowns={2: 8 / 7}, segments=3)
-    monkeypatch.setenv("STRAGGLERKIT_POST_AHEAD", "off")
-    assert all(_after_post(plan) == [] for plan in lower(generate("optcc", situation), 4096, 4))
-    monkeypatch.setenv("STRAGGLERKIT_POST_AHEAD", "sometimes")
-    with pytest.raises(ValueError, match="STRAGGLERKIT_POST_AHEAD='sometimes': give on or off"):
-        lower(generate("optcc", situation), 4096, 4)
