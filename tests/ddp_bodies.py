@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import time
 from typing import Any
@@ -21,6 +22,18 @@ def _model(seed: int) -> nn.Module:
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
+
+
+def _init(cfg: dict[str, Any], event_log: str | None = None) -> None:
+    """``stragglerkit.init`` on the default group, with the test's timeout and event log."""
+    import stragglerkit
+
+    config = stragglerkit.Config()
+    if "timeout" in cfg:
+        config = config.replace(executor={"timeout": cfg["timeout"]})
+    if event_log:
+        config = config.replace(report={"event_log": event_log})
+    stragglerkit.init(config=config)
 
 
 def _config(overrides: dict[str, Any]) -> Any:
@@ -49,6 +62,7 @@ def hook_vs_plain(
     import stragglerkit
     from stragglerkit.detect.controller import Decision, Plan
 
+    _init(cfg)
     plain = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
     hooked = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
     state = stragglerkit.DDPState(None, _config(dict(cfg)))
@@ -80,8 +94,8 @@ def hook_vs_plain(
         algorithms.append(state.algorithm)
         probe_every.append(state.controller.probe_every)
         exchange_every.append(state.controller.exchange_every)
-        if state._last_exchange != (exchanges[-1] if exchanges else 0):
-            exchanges.append(state._last_exchange)
+        if state.loop._last_exchange != (exchanges[-1] if exchanges else 0):
+            exchanges.append(state.loop._last_exchange)
         ran = sorted(state.profiler.buckets(step), key=lambda t: t.bucket)
         bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
@@ -115,10 +129,11 @@ def straggler_run(
     """
     import stragglerkit
 
+    _init(cfg, event_log=os.environ.get("SK_TEST_EVENT_LOG"))
     delay = max(2 * prephase_seconds(rank, n, gradient_numel(), n - 1), floor_s)
 
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
-    state = stragglerkit.DDPState(None, _config(dict(cfg)), event_log=os.environ.get("SK_TEST_EVENT_LOG"))
+    state = stragglerkit.DDPState(None, _config(dict(cfg)))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
     rng = random.Random(rank)
@@ -148,9 +163,11 @@ def straggler_run(
 
 
 def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
-    """Hooked training where rank 2 exits or stalls at ``fault_step``; returns the error text."""
+    """Hooked training where rank 2 exits or stalls at ``fault_step``; returns the error as
+    ``"<type> peer=<peer>: <message>"``."""
     import stragglerkit
 
+    _init(cfg)
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
     state = stragglerkit.DDPState(None, _config(dict(cfg)))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
@@ -167,7 +184,7 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
             loss.backward()
             opt.step()
     except Exception as err:
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__} peer={getattr(err, 'peer', None)}: {err}"
     dist.barrier()
     return "ok"
 
@@ -184,6 +201,7 @@ def clock_run(rank: int, n: int, steps: int, jump_at: int, cfg: dict) -> dict[st
         real_time_ns = time.time_ns
         ahead_ns[0] = 30_000_000
         time.time_ns = lambda: real_time_ns() + ahead_ns[0]
+    _init(cfg)
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
     state = stragglerkit.DDPState(None, _config(dict(cfg)))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
@@ -214,7 +232,9 @@ def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: floa
         if rank == straggler:
             time.sleep(hold_s)
         start = time.monotonic_ns()
-        record = stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        stragglerkit.all_reduce(x, algorithm="stragglar", straggler=straggler)
+        record = stragglerkit.last_run()
+        assert record is not None
         ends = [t.end_ns for label, t in record.labelled_timings() if label.startswith("reduce_scatter")]
         if ends:
             longest = max(longest, (max(ends) - start) / 1e9)
@@ -276,3 +296,88 @@ def exchange_rounds(rank: int, n: int, rounds: int) -> dict[str, Any]:
             entry["hosts"] = stats.hosts
         seen.append(entry)
     return {"seen": seen, "rows_shape": list(rows.shape)}
+
+
+def state_validation(rank: int, n: int) -> dict[str, str]:
+    """DDPState before ``stragglerkit.init`` and with a bad configuration: the errors' types and texts."""
+    import stragglerkit
+
+    def error_of(make: Any) -> str:
+        try:
+            make()
+        except Exception as err:
+            return f"{type(err).__name__}: {err}"
+        return "ok"
+
+    out = {"before_init": error_of(lambda: stragglerkit.DDPState(None))}
+    stragglerkit.init()
+    out["bad_config"] = error_of(lambda: stragglerkit.DDPState(None, {"warmup_steps": 3}))  # type: ignore[arg-type]
+    out["after_close"] = error_of(lambda: stragglerkit.DDPState(None).close())
+    restored = pickle.loads(pickle.dumps(stragglerkit.DDPState(None)))  # unbound until bound
+    out["unbound"] = error_of(lambda: restored.runtime)
+    restored.bind(None)
+    out["bound"] = error_of(lambda: restored.runtime)
+    return out
+
+
+def checkpoint_run(
+    rank: int, n: int, path: str, restore: dict[str, Any] | None, late_s: float, cfg: dict
+) -> dict[str, Any]:
+    """Hooked training with the last rank late by ``late_s`` every step, SGD with momentum.
+
+    First run (``restore`` None): once the plan has run StragglAR for 4 steps, rank 0 saves the
+    model, the optimizer and the hook's state to ``path`` (``torch.save``), and training goes on
+    for 12 more steps. Restored run (``restore`` = the first run's ``{"saved_at", "steps"}``): fresh
+    processes load the checkpoint on every rank and train the same steps from ``saved_at``."""
+    import stragglerkit
+
+    _init(cfg)
+    model = _model(0)
+    if restore is None:
+        hooked = DDP(model, bucket_cap_mb=0.05)
+        opt = torch.optim.SGD(hooked.parameters(), lr=0.05, momentum=0.9)
+        state = stragglerkit.DDPState(None, _config(dict(cfg)))
+        first, steps = 0, 200
+    else:
+        checkpoint = torch.load(path, weights_only=False)
+        model.load_state_dict(checkpoint["model"])
+        hooked = DDP(model, bucket_cap_mb=0.05)
+        opt = torch.optim.SGD(hooked.parameters(), lr=0.05, momentum=0.9)
+        opt.load_state_dict(checkpoint["optimizer"])
+        state = checkpoint["hook"]
+        first, steps = restore["saved_at"], restore["steps"]
+    restored = {"step": state.step, "events": list(state.events), "plan": state.controller.plan}
+    hooked.register_comm_hook(state, stragglerkit.ddp_hook)
+    algorithms: list[str] = []
+    bucket_algorithms: list[list[str]] = []
+    saved: dict[str, Any] = {}
+    step = first
+    while step < steps:
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(hooked(x), y)
+        if rank == n - 1:
+            time.sleep(late_s)
+        loss.backward()
+        opt.step()
+        algorithms.append(state.algorithm)
+        bucket_algorithms.append([t.algorithm for t in sorted(state.profiler.buckets(step), key=lambda t: t.bucket)])
+        step += 1
+        if restore is None and not saved and algorithms[-4:] == ["stragglar"] * 4:
+            if rank == 0:
+                checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(), "hook": state}
+                torch.save(checkpoint, path)
+            saved = {"saved_at": step, "steps": step + 12, "events": list(state.events), "plan": state.controller.plan}
+            steps = step + 12
+    state.close()
+    params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
+    return {
+        "first": first,
+        "algorithms": algorithms,
+        "bucket_algorithms": bucket_algorithms,
+        "params": params,
+        "step": state.step,
+        "saved": saved,
+        "restored": restored,
+        "events": state.events,
+    }

@@ -22,6 +22,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    stragglerkit.init()
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 8)))  # ~8 MB of gradients
     state = stragglerkit.DDPState(None)

@@ -143,6 +143,8 @@ class _TrainRank:
         views = config.gradient_as_bucket_view
         self.plain = _Run("plain", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
         self.hooked = _Run("hooked", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
+        if not stragglerkit.is_initialized():
+            stragglerkit.init()  # collective: every rank builds its _TrainRank at the same point
         self.state = stragglerkit.DDPState(None, hook_config)
         self.hooked.model.register_comm_hook(self.state, stragglerkit.ddp_hook)
         self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
