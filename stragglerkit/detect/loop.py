@@ -28,18 +28,14 @@ previous call and raises the loop's :class:`~stragglerkit.errors.PeerError` if o
    ``all_reduce`` (pre-divided by the world size, like DDP without a hook). Arrivals are recorded
    already, so the detector's window fills during warm-up.
 2. **Plans**: then each bucket runs the controller's current plan. While nothing is wrong that is
-   the baseline, by default the process group's own ``all_reduce`` (``ControllerConfig.baseline``):
-   what plain DDP runs, so the loop costs only its bookkeeping. Every ``probe_every``-th step the
-   largest bucket runs stragglerkit's ring instead (a *probe*): its per-op timings give each link's
-   achieved rate (NIC health) and a cost-model sample. Once the last ``quiet_after`` probes found
-   the links healthy, probes come every ``quiet_probe_every`` steps, and again every
-   ``probe_every`` when the AllReduce slows down (``probe_alarm``) or a probe reads a slow link.
-   While an OptCC plan runs, every ``plan_probe_every``-th step (after the switch's verification)
-   probes its largest bucket the same way, so that a NIC that recovers is noticed; while a probe
-   reads a planned rank's ``l`` off the plan's, every ``probe_every``-th step. Buckets whose plan
-   names one of stragglerkit's algorithms (StragglAR, OptCC, ...) go to the executor
-   (``Runtime.all_reduce_async``), which returns at once; the future completes after this rank's
-   bookkeeping (span, per-peer rates) is done.
+   the baseline, by default the process group's own ``all_reduce`` (``ControllerConfig.baseline``),
+   so the loop costs only its bookkeeping. Every ``probe_every``-th step the largest bucket runs
+   stragglerkit's ring instead (a *probe*): its per-op timings give each link's achieved rate (NIC
+   health) and a cost-model sample; the interval backs off while the links read healthy and under
+   an OptCC plan (``quiet_probe_every``, ``plan_probe_every``; :mod:`~stragglerkit.detect.probe_schedule`).
+   Buckets whose plan names one of stragglerkit's algorithms (StragglAR, OptCC, ...) go to the
+   executor (``Runtime.all_reduce_async``), which returns at once; the future completes after this
+   rank's bookkeeping (span, per-peer rates) is done.
 3. **Stats exchange**: every ``K``-th step, right after its first bucket was handed to its
    AllReduce, the loop issues an async gather of the last ``K`` steps' figures to rank 0 and a
    broadcast of rank 0's decision on the session's gloo side group, and waits for them at the next
