@@ -988,9 +988,10 @@ def test_quiet_exchanges_delay_acting_on_a_straggler_by_at_most_one_short_interv
     """Each ready-made configuration, a straggler appearing at every phase of its quiet interval:
     the latest switch to StragglAR comes at most ``exchange_every`` steps after the latest one
     with exchanges at ``exchange_every`` throughout."""
-    from configs.detection import CONFIGS
+    from stragglerkit import Config
 
-    base = dataclasses.replace(CONFIGS[name](), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
+    preset = Config.from_yaml(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
+    base = dataclasses.replace(preset.controller_config(), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
     start = 4 * base.detector.window  # by then the exchanges are quiet
 
     def latest_switch(config: ControllerConfig) -> int:
