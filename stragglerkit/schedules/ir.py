@@ -35,7 +35,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from stragglerkit.errors import ScheduleError
 
@@ -44,6 +44,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Op",
     "OpKind",
+    "OpTags",
     "Schedule",
     "ScheduleBuilder",
 ]
@@ -302,6 +303,15 @@ def _replace_peer(op: Op, peer: int) -> Op:
     return Op(op.kind, op.chunks, peer, op.scratch, op.depends, op.round, op.phase)
 
 
+class OpTags(TypedDict, total=False):
+    """The optional arguments of :class:`ScheduleBuilder`'s op methods."""
+
+    depends: Sequence[int]
+    """Earlier ops of the rank to wait for, besides those the builder derives."""
+    round: int | None
+    phase: str
+
+
 class ScheduleBuilder:
     """Appends ops to per-rank lists, derives their data dependencies, and hands back indices.
 
@@ -336,63 +346,6 @@ class ScheduleBuilder:
         self._sreaders: list[dict[int, list[int]]] = [{} for _ in range(world_size)]
         """Per rank: scratch slot -> the ops that read it since its last write."""
 
-    def _data_depends(
-        self, rank: int, kind: OpKind, chunks: tuple[int, int], scratch: int | None, index: int
-    ) -> list[int]:
-        """The earlier ops of ``rank`` that op ``index`` conflicts with (possibly repeated); records
-        what it reads and writes.
-
-        A write waits for the last write and the reads since; a scratch slot's write waits only for
-        the reads since its last write where there are any (each of them waited for that write).
-        """
-        deps: list[int] = []
-        if scratch is not None:
-            swriter, sreaders = self._swriter[rank], self._sreaders[rank]
-            if kind is OpKind.RECV:  # writes the slot
-                readers = sreaders.get(scratch)
-                if readers:
-                    deps += readers
-                elif scratch in swriter:
-                    deps.append(swriter[scratch])
-                swriter[scratch] = index
-                sreaders[scratch] = []
-            else:  # reduce / copy read the slot
-                if scratch in swriter:
-                    deps.append(swriter[scratch])
-                sreaders.setdefault(scratch, []).append(index)
-        writer = self._writer[rank]
-        if writer is None:  # the per-chunk tables, made once the rank has ops
-            writer = self._writer[rank] = [-1] * self.num_chunks
-            self._readers[rank] = [None] * self.num_chunks
-        readers_of = self._readers[rank]
-        if kind is OpKind.SEND:  # reads the chunks
-            for chunk in range(chunks[0], chunks[1]):
-                last = writer[chunk]
-                if last >= 0:
-                    deps.append(last)
-                since = readers_of[chunk]
-                if since is None:
-                    readers_of[chunk] = [index]
-                else:
-                    since.append(index)
-            return deps
-        if kind is OpKind.RECV and scratch is not None:  # reads nothing of the buffer, writes none of it
-            for chunk in range(chunks[0], chunks[1]):
-                last = writer[chunk]
-                if last >= 0:
-                    deps.append(last)
-            return deps
-        for chunk in range(chunks[0], chunks[1]):  # writes the chunks
-            last = writer[chunk]
-            if last >= 0:
-                deps.append(last)
-            since = readers_of[chunk]
-            if since:
-                deps += since
-            writer[chunk] = index
-            readers_of[chunk] = None
-        return deps
-
     def _append(
         self,
         rank: int,
@@ -400,15 +353,63 @@ class ScheduleBuilder:
         chunks: tuple[int, int],
         peer: int | None,
         scratch: int | None,
-        depends: Sequence[int],
-        round: int | None,
-        phase: str,
+        depends: Sequence[int] = (),
+        round: int | None = None,
+        phase: str = "",
     ) -> int:
+        """Append an op; with ``auto_depends`` it also waits for the earlier ops of its rank that it
+        conflicts with. A write waits for the last write and the reads since; a scratch slot's write
+        waits only for the reads since its last write where there are any (each of them waited for
+        that write)."""
         rank_ops = self.ops[rank]
         index = len(rank_ops)
         after = tuple(depends)
         if self.auto_depends:
-            deps = self._data_depends(rank, kind, chunks, scratch, index)
+            deps: list[int] = []
+            if scratch is not None:
+                swriter, sreaders = self._swriter[rank], self._sreaders[rank]
+                if kind is OpKind.RECV:  # writes the slot
+                    slot_readers = sreaders.get(scratch)
+                    if slot_readers:
+                        deps += slot_readers
+                    elif scratch in swriter:
+                        deps.append(swriter[scratch])
+                    swriter[scratch] = index
+                    sreaders[scratch] = []
+                else:  # reduce / copy read the slot
+                    if scratch in swriter:
+                        deps.append(swriter[scratch])
+                    sreaders.setdefault(scratch, []).append(index)
+            writer = self._writer[rank]
+            if writer is None:  # the per-chunk tables, made once the rank has ops
+                writer = self._writer[rank] = [-1] * self.num_chunks
+                self._readers[rank] = [None] * self.num_chunks
+            readers = self._readers[rank]
+            if kind is OpKind.SEND:  # reads the chunks
+                for chunk in range(chunks[0], chunks[1]):
+                    last = writer[chunk]
+                    if last >= 0:
+                        deps.append(last)
+                    since = readers[chunk]
+                    if since is None:
+                        readers[chunk] = [index]
+                    else:
+                        since.append(index)
+            elif kind is OpKind.RECV and scratch is not None:  # into scratch: after the chunk's last write
+                for chunk in range(chunks[0], chunks[1]):
+                    last = writer[chunk]
+                    if last >= 0:
+                        deps.append(last)
+            else:  # writes the chunks
+                for chunk in range(chunks[0], chunks[1]):
+                    last = writer[chunk]
+                    if last >= 0:
+                        deps.append(last)
+                    since = readers[chunk]
+                    if since:
+                        deps += since
+                    writer[chunk] = index
+                    readers[chunk] = None
             if after:
                 if not set(deps).issubset(after):
                     after = tuple(sorted({*deps, *after}))
@@ -430,61 +431,23 @@ class ScheduleBuilder:
         """Index of ``rank``'s most recent op, or ``None``."""
         return len(self.ops[rank]) - 1 if self.ops[rank] else None
 
-    def send(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        return self._append(rank, OpKind.SEND, chunks, peer, None, depends, round, phase)
+    # Each returns the new op's index; ``tags``: ``depends`` (more ops to wait for), ``round``, ``phase``.
+    def send(self, rank: int, peer: int, chunks: tuple[int, int], **tags: Unpack[OpTags]) -> int:
+        return self._append(rank, OpKind.SEND, chunks, peer, None, **tags)
 
     def recv(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        scratch: int | None = None,
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
+        self, rank: int, peer: int, chunks: tuple[int, int], scratch: int | None = None, **tags: Unpack[OpTags]
     ) -> int:
-        return self._append(rank, OpKind.RECV, chunks, peer, scratch, depends, round, phase)
+        return self._append(rank, OpKind.RECV, chunks, peer, scratch, **tags)
 
-    def recv_reduce(
-        self,
-        rank: int,
-        peer: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        return self._append(rank, OpKind.RECV_REDUCE, chunks, peer, None, depends, round, phase)
+    def recv_reduce(self, rank: int, peer: int, chunks: tuple[int, int], **tags: Unpack[OpTags]) -> int:
+        return self._append(rank, OpKind.RECV_REDUCE, chunks, peer, None, **tags)
 
-    def reduce(
-        self,
-        rank: int,
-        scratch: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        return self._append(rank, OpKind.REDUCE, chunks, None, scratch, depends, round, phase)
+    def reduce(self, rank: int, scratch: int, chunks: tuple[int, int], **tags: Unpack[OpTags]) -> int:
+        return self._append(rank, OpKind.REDUCE, chunks, None, scratch, **tags)
 
-    def copy(
-        self,
-        rank: int,
-        scratch: int,
-        chunks: tuple[int, int],
-        depends: Sequence[int] = (),
-        round: int | None = None,
-        phase: str = "",
-    ) -> int:
-        return self._append(rank, OpKind.COPY, chunks, None, scratch, depends, round, phase)
+    def copy(self, rank: int, scratch: int, chunks: tuple[int, int], **tags: Unpack[OpTags]) -> int:
+        return self._append(rank, OpKind.COPY, chunks, None, scratch, **tags)
 
     def build(
         self,
