@@ -17,7 +17,7 @@ namespace stragglerkit {
 // after lowering: it completes as soon as its dependencies have, without touching the network.
 enum LoweredKind : int64_t { kSend = 0, kRecv = 1, kRecvReduce = 2, kReduce = 3, kCopy = 4, kNoop = 5 };
 
-// Columns of the op table (plan.py: OP_COLUMNS).
+// Columns of the op table (plan.py: OpColumn, the same names and numbers).
 enum OpColumn : int64_t {
   kColKind = 0,
   kColPeer = 1,      // logical peer rank (comm ops), -1 otherwise

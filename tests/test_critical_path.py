@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from stragglerkit.report.critical_path import critical_path
-from stragglerkit.runtime.plan import LoweredKind, lower
+from stragglerkit.runtime.plan import LoweredKind, OpColumn, lower
 from stragglerkit.runtime.trace import message_dependencies
 from stragglerkit.schedules.registry import Situation, generate
 
@@ -148,7 +148,7 @@ def test_traces_of_different_calls_are_refused() -> None:
 def test_message_dependencies_follow_the_plan_through_local_ops(algorithm: str, n: int) -> None:
     situation = Situation(world_size=n, straggler=n - 1 if algorithm == "stragglar" else None)
     for plan in lower(generate(algorithm, situation), 6000, 4, pieces=1, divide_by=n):
-        kinds = plan.ops[:, 0].tolist()
+        kinds = plan.ops[:, OpColumn.KIND].tolist()
         deps = message_dependencies(plan)
         messages = [op for op, kind in enumerate(kinds) if kind in (0, 1, 2)]
         assert sorted(deps) == messages

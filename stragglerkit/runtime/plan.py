@@ -18,7 +18,7 @@ Steps (all in Python, once per cache key; the executor only interprets the resul
    in program order per pair) with a known straggler's ops held back until nothing else can move,
    and records the global order of messages. Every rank waits on its messages in that order; see
    csrc/executor.cpp for why this is deadlock-free for any checked schedule.
-4. **Tables.** One rank's ops become an int64 table (``OP_COLUMNS``) with element offsets, scratch
+4. **Tables.** One rank's ops become an int64 table (columns: ``OpColumn``) with element offsets, scratch
    offsets, channel links and labels, plus dependency counts and a CSR list of dependents. A
    dependent stored as ``-(b + 1)`` counts its dependency as met when the op is *posted*, not
    completed: only between consecutive messages of one connection that nothing but their order
@@ -52,6 +52,7 @@ from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 __all__ = [
     "OP_COLUMNS",
     "LoweredKind",
+    "OpColumn",
     "RankPlan",
     "choose_pieces",
     "chunk_bounds",
@@ -61,8 +62,32 @@ __all__ = [
     "refine",
 ]
 
-OP_COLUMNS = ("kind", "peer", "offset", "count", "scratch", "label", "chan_prev", "chan_next", "divide")
-"""Columns of :attr:`RankPlan.ops` (csrc/executor.h: OpColumn)."""
+
+class OpColumn(IntEnum):
+    """Columns of :attr:`RankPlan.ops` (csrc/executor.h: ``OpColumn``, ``kColKind`` ...)."""
+
+    KIND = 0
+    """:class:`LoweredKind`."""
+    PEER = 1
+    """Logical peer rank (messages), -1 otherwise."""
+    OFFSET = 2
+    """Element offset into the buffer."""
+    COUNT = 3
+    """Element count."""
+    SCRATCH = 4
+    """Element offset into the scratch tensor (-1: none)."""
+    LABEL = 5
+    """Index into :attr:`RankPlan.labels` (phase/round)."""
+    CHAN_PREV = 6
+    """The previous message on the same (peer, direction) connection, -1: the first."""
+    CHAN_NEXT = 7
+    """The next message on the same connection, -1: the last."""
+    DIVIDE = 8
+    """Reductions only: divide the result by this (an averaging plan's final sums), 0: no."""
+
+
+OP_COLUMNS = tuple(column.name.lower() for column in OpColumn)
+"""The names of :class:`OpColumn`, in column order."""
 
 ALIGN_BYTES = 64
 PIECE_TARGET_BYTES = 1 << 20
@@ -100,7 +125,7 @@ class RankPlan:
     logical_rank: int
     numel: int
     ops: torch.Tensor
-    """int64 ``[num_ops, len(OP_COLUMNS)]``."""
+    """int64 ``[num_ops, len(OpColumn)]``: one row per op, the columns of :class:`OpColumn`."""
     dep_count: torch.Tensor
     child_ptr: torch.Tensor
     child_idx: torch.Tensor
@@ -426,15 +451,22 @@ def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[in
     """
     found: set[tuple[int, int]] = set()
     receives = (int(LoweredKind.RECV), int(LoweredKind.RECV_REDUCE))
+    kind, prev_col, scratch, offset, count = (
+        OpColumn.KIND,
+        OpColumn.CHAN_PREV,
+        OpColumn.SCRATCH,
+        OpColumn.OFFSET,
+        OpColumn.COUNT,
+    )
     for index, op in enumerate(ops):
         row = table[index]
-        prev = row[6]
-        if prev < 0 or row[0] not in receives or prev not in op.depends:
+        prev = row[prev_col]
+        if prev < 0 or row[kind] not in receives or prev not in op.depends:
             continue
         before = table[prev]
-        if any(r[4] >= 0 and r[0] != int(LoweredKind.RECV_REDUCE) for r in (row, before)):
+        if any(r[scratch] >= 0 and r[kind] != int(LoweredKind.RECV_REDUCE) for r in (row, before)):
             continue  # a scratch slot, shared with other ops (a recv_reduce's scratch is its own)
-        if row[2] < before[2] + before[3] and before[2] < row[2] + row[3]:
+        if row[offset] < before[offset] + before[count] and before[offset] < row[offset] + row[count]:
             continue  # overlapping ranges: b would write what a still writes
         found.add((prev, index))
     return found
@@ -480,14 +512,24 @@ def _lower_rank(
             scratch = slot_offset[op.scratch]
         label = label_index.setdefault(op_labels[index], len(label_index))
         divide = divides[index] if divides is not None and kind in (LoweredKind.RECV_REDUCE, LoweredKind.REDUCE) else 0
-        row = [int(kind), -1 if op.peer is None else op.peer, offset, count, scratch, label, -1, -1, divide]
+        row = [
+            int(kind),
+            -1 if op.peer is None else op.peer,
+            offset,
+            count,
+            scratch,
+            label,
+            -1,
+            -1,
+            divide,
+        ]  # in OpColumn order
         if kind in (LoweredKind.SEND, LoweredKind.RECV, LoweredKind.RECV_REDUCE):
             assert op.peer is not None
             channel = (op.peer, kind is LoweredKind.SEND)
             prev = last_on_channel.get(channel)
             if prev is not None:
-                row[6] = prev
-                table[prev][7] = index
+                row[OpColumn.CHAN_PREV] = prev
+                table[prev][OpColumn.CHAN_NEXT] = index
             last_on_channel[channel] = index
         table.append(row)
 
@@ -512,7 +554,7 @@ def _lower_rank(
         world_size=original.world_size,
         logical_rank=rank,
         numel=numel,
-        ops=torch.tensor(table, dtype=torch.int64).reshape(len(table), len(OP_COLUMNS)),
+        ops=torch.tensor(table, dtype=torch.int64).reshape(len(table), len(OpColumn)),
         dep_count=ints(dep_count),
         child_ptr=ints(child_ptr),
         child_idx=ints(child_idx),

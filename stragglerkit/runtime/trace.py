@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stragglerkit.runtime.plan import LoweredKind, RankPlan
+from stragglerkit.runtime.plan import LoweredKind, OpColumn, RankPlan
 
 if TYPE_CHECKING:
     from stragglerkit.runtime.runtime import RunRecord
@@ -29,7 +29,7 @@ def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
 
         deps = message_dependencies(record.plan)    # {op: [earlier message ops], ...}
     """
-    kinds = plan.ops[:, 0].tolist()
+    kinds = plan.ops[:, OpColumn.KIND].tolist()
     child_ptr, child_idx = plan.child_ptr.tolist(), plan.child_idx.tolist()
     parents: list[list[int]] = [[] for _ in kinds]
     for op in range(len(kinds)):
@@ -63,7 +63,7 @@ def rank_trace(record: RunRecord, entered_ns: int) -> dict[str, Any]:
         return {"entered_ns": entered_ns, "messages": [], "deps": []}
     deps = message_dependencies(record.plan)
     timings = sorted(record.timings.records(), key=lambda t: t.op)
-    label_of = record.plan.ops[:, 5].tolist()
+    label_of = record.plan.ops[:, OpColumn.LABEL].tolist()
     labels = record.plan.labels
     messages: list[list[Any]] = [
         [t.op, t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns, labels[label_of[t.op]]] for t in timings
