@@ -46,11 +46,29 @@ def sweep(
     dtypes: tuple[torch.dtype, ...] = DTYPES,
     only: tuple[str, ...] = (),
     slowdowns: dict[int, float] | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every (algorithm, size, dtype) (the algorithms in ``only``, if given); return digests
-    and the worst error / tolerance ratio."""
-    import stragglerkit
+    and the worst error / tolerance ratio.
 
+    ``tuning`` forces the runtime's fixed choices in this rank: ``wait_mode`` ("ordered" or
+    "concurrent"), ``optcc_message_bytes`` (OptCC's message size, so its segment count) and
+    ``optcc_sizing`` ("lp" or "closed_form")."""
+    import functools
+
+    import stragglerkit
+    from stragglerkit.runtime import policy
+    from stragglerkit.runtime.executor import force_wait_mode
+
+    tuning = tuning or {}
+    force_wait_mode(tuning.get("wait_mode", "auto"))
+    if "optcc_message_bytes" in tuning:
+        policy.optcc_segments = functools.partial(  # type: ignore[assignment]
+            policy.optcc_segments, message_bytes=tuning["optcc_message_bytes"]
+        )
+    if "optcc_sizing" in tuning:
+        policy.OPTCC_SIZING = tuning["optcc_sizing"]
+    stragglerkit.init()
     digests: dict[str, str] = {}
     worst: dict[str, float] = {}
     algorithms = [(name, kwargs) for name, kwargs in algorithms_for(n, slowdowns) if not only or name in only]
@@ -65,8 +83,9 @@ def sweep(
                 dist.all_reduce(reference)
                 dist.all_reduce(theirs)
                 exact, sumabs = reference[0], reference[1]
-                record = stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs)
-                assert record.algorithm == algorithm, (case, record.algorithm)
+                assert stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs) is None
+                record = stragglerkit.last_run()
+                assert record is not None and record.algorithm == algorithm, (case, record)
                 digests[case] = digest(x)
                 eps = torch.finfo(dtype).eps
                 tol = 2 * n * eps * sumabs + torch.finfo(dtype).tiny

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _dist import run_group
-from correctness_body import SIZES, sweep
+from correctness_body import DTYPES, SIZES, sweep
 
 SMALL_SIZES = tuple(s for s in SIZES if s < (1 << 20))
 
@@ -38,33 +38,31 @@ def test_small_sizes(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [4, 5])
-def test_small_sizes_with_concurrent_waits(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_sizes_with_concurrent_waits(n: int) -> None:
     """Buffers under 64 KiB normally use the ordered wait; force one waiter thread per channel."""
-    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "concurrent")  # inherited by the spawned ranks
-    check_results(n, run_group(n, sweep, SMALL_SIZES))
+    check_results(n, run_group(n, sweep, SMALL_SIZES, DTYPES, (), None, {"wait_mode": "concurrent"}))
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_large_size_with_ordered_waits(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_size_with_ordered_waits(n: int) -> None:
     """Large buffers normally use the concurrent waiters; force the global wait order."""
-    monkeypatch.setenv("STRAGGLERKIT_WAIT_MODE", "ordered")
-    check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,)))
+    check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,), (), None, {"wait_mode": "ordered"}))
 
 
 @pytest.mark.parametrize("n", [5, 8])
-def test_optcc_with_a_ramp(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_optcc_with_a_ramp(n: int) -> None:
     """Small OptCC messages give deep pipelines, whose end segments are smaller than the rest."""
-    from stragglerkit.runtime.api import optcc_situation
+    from stragglerkit.runtime.policy import optcc_segments
     from stragglerkit.schedules.optcc import optcc
-    from stragglerkit.schedules.registry import Situation
 
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "16KiB")  # inherited by the spawned ranks
+    message_bytes = 16 * 1024
     numel = (1 << 20) + 3
-    situation = optcc_situation(Situation(world_size=n, slowdowns={1: 3.0}), 4 * numel)
-    plan = optcc(n, {1: 3.0}, segments=situation.segments)
+    segments = optcc_segments(4 * numel, n, message_bytes=message_bytes)
+    plan = optcc(n, {1: 3.0}, segments=segments)
     sizes = set(plan.chunk_sizes)
-    assert situation.segments >= 30 and plan.params["ramp"] >= 10 and len(sizes) > 10, (situation, sizes)
-    results = run_group(n, sweep, (numel, 1001), (torch.float32, torch.bfloat16), ("optcc",))
+    assert segments >= 30 and plan.params["ramp"] >= 10 and len(sizes) > 10, (segments, sizes)
+    tuning = {"optcc_message_bytes": message_bytes}
+    results = run_group(n, sweep, (numel, 1001), (torch.float32, torch.bfloat16), ("optcc",), None, tuning)
     check_results(n, results)
     assert all(case.startswith("optcc/") for case in results[0]["digests"])
 
@@ -73,15 +71,17 @@ def test_optcc_with_a_ramp(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_optcc_with_lp_sizes(n: int, slowdowns: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
     """OptCC with the chunk sizes of the LP (schedules/chunk_sizing.py): unequal chunks, down to
     empty ones in the small buffers; fills at l < 2; sum and avg."""
-    from stragglerkit.runtime.api import optcc_situation
+    from stragglerkit.runtime import policy
     from stragglerkit.schedules.registry import Situation, generate
 
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "lp")  # every case, also where auto keeps the closed form
+    monkeypatch.setattr(policy, "OPTCC_SIZING", "lp")  # every case, also where auto keeps the closed form
     numel = (1 << 20) + 3
-    situation = optcc_situation(Situation(world_size=n, slowdowns=slowdowns), 4 * numel)
+    situation = policy.optcc_situation(Situation(world_size=n, slowdowns=slowdowns), 4 * numel)
     schedule = generate("optcc", situation)
     assert schedule.params["sizing"] == "lp" and len(set(schedule.chunk_weights())) > 1, schedule.params
-    results = run_group(n, sweep, (0, 1, 7, 1001, numel), (torch.float32, torch.float16), ("optcc",), slowdowns)
+    tuning = {"optcc_sizing": "lp"}  # the spawned ranks do not see monkeypatch
+    sizes = (0, 1, 7, 1001, numel)
+    results = run_group(n, sweep, sizes, (torch.float32, torch.float16), ("optcc",), slowdowns, tuning)
     check_results(n, results)
     assert {case.split("/")[0] for case in results[0]["digests"]} == {"optcc"}
 
