@@ -142,7 +142,15 @@ class DetectionConfig:
     """A rolled-back plan is not tried again for this many steps."""
 
     def __post_init__(self) -> None:
-        self.controller_config()  # validates every field, naming the bad one
+        from stragglerkit.detect.detector import DetectorConfig
+
+        clear = DetectorConfig().clear_fraction  # the detector's internal threshold for "gone again"
+        if not (isinstance(self.late_fraction, int | float) and clear < self.late_fraction <= 1):
+            raise ConfigError(
+                f"detection.late_fraction must be above {clear} (below it a straggler counts as gone "
+                f"again) and at most 1, got {self.late_fraction!r}"
+            )
+        self.controller_config()  # validates every other field, naming the bad one
 
     def controller_config(self, timeout: float = 300.0) -> ControllerConfig:
         """The controller's full configuration: these fields, the internal tuning at its defaults."""
@@ -388,8 +396,10 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[st
     env = os.environ if environ is None else environ
     known = [variable.name for variable in ENVIRONMENT] + [CONFIG_FILE_VARIABLE]
     found = []
+    # compared without the shared prefix, which would make every name look close to every other
+    suffixes = {name.removeprefix(PREFIX): name for name in known}
     for name in sorted(env):
         if name.startswith(PREFIX) and name not in known:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
-            found.append((name, close[0] if close else None))
+            close = difflib.get_close_matches(name.removeprefix(PREFIX), list(suffixes), n=1, cutoff=0.6)
+            found.append((name, suffixes[close[0]] if close else None))
     return found
