@@ -82,7 +82,6 @@ def hook_vs_plain(
             # with the probe interval rank 0 ships with an OptCC plan
             every = state.config.plan_probe_every
             state.controller.apply(Decision(10_000, step, plan, [], every))
-            state.runtime.set_rank_map(plan.rank_map(n))
         x, y = _batch(rank, step)
         for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
             opt.zero_grad(set_to_none=not views)
@@ -149,7 +148,7 @@ def straggler_run(
             time.sleep(rng.uniform(0, delay))
         loss.backward()
         opt.step()
-        algorithms.append((state.algorithm, list(state.runtime.rank_map.to_physical)))
+        algorithms.append((state.algorithm, state.rank_map))
     state.close()
     params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
     return {

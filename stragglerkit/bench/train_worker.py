@@ -242,7 +242,7 @@ class _TrainRank:
             run.losses.append(float(loss.detach()))
             if run is self.hooked:
                 self.algorithms.append(self.state.algorithm)
-                self.rank_maps.append(list(self.state.runtime.rank_map.to_physical))
+                self.rank_maps.append(self.state.rank_map)
 
     def max_param_diff(self) -> float:
         with torch.no_grad():

@@ -205,7 +205,6 @@ class StragglerLoop:
         self.profiler = ArrivalProfiler(keep_steps=4 * longest + 4)
         self._speed = local_link_speed()
         self._host = host_id()
-        session.runtime.set_rank_map(self.controller.plan.rank_map(session.world_size))
 
     def bind(self, session: Session) -> None:
         """Bind a restored loop to ``session`` (every rank, before its first bucket; not collective).
@@ -307,6 +306,11 @@ class StragglerLoop:
         return self._step
 
     @property
+    def rank_map(self) -> list[int]:
+        """``ranks[logical] = group rank`` of the plan in force (the identity when it remaps nothing)."""
+        return self.controller.plan.rank_map(self.world_size) or list(range(self.world_size))
+
+    @property
     def algorithm(self) -> str:
         """The algorithm of the step in progress, or of the last completed one between steps
         (``allreduce`` during warm-up; a plan's straggler-aware algorithm if any bucket runs one)."""
@@ -372,8 +376,6 @@ class StragglerLoop:
             self._join_observer()
             self._observer.shutdown()
             self._observer = None
-        if self._session is not None and self.controller.plan.rank_map(self.world_size) is not None:
-            self._session.runtime.set_rank_map(None)
 
     # -- per step ---------------------------------------------------------------------------------
     def _begin_step(self, session: Session) -> None:
@@ -458,7 +460,6 @@ class StragglerLoop:
         decision = self._shipped if self.rank == 0 else self.exchange.decision(rows)
         if decision is not None:
             self.controller.apply(decision)
-            self.session.runtime.set_rank_map(decision.plan.rank_map(self.world_size))
         if self.rank == 0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
             sizes, algorithms = self._own_buckets(steps)
@@ -531,7 +532,10 @@ class StragglerLoop:
             return self._plain(session, tensor, timing, op)
         slowdowns = dict(plan.slowdowns) if algorithm in NIC_ALGORITHMS else None
         straggler = plan.straggler if algorithm == "stragglar" else None
-        handle = session.runtime.all_reduce_async(tensor, algorithm, op, straggler, slowdowns)
+        # the plan's rank map goes with each call: the runtime's own stays the user's calls'
+        handle = session.runtime.all_reduce_async(
+            tensor, algorithm, op, straggler, slowdowns, rank_map=plan.rank_map(self.world_size)
+        )
         result = _future_for(tensor)
 
         def finish(_: torch.futures.Future[torch.Tensor]) -> None:

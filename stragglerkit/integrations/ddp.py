@@ -101,6 +101,11 @@ class DDPState:
         return self.loop.algorithm
 
     @property
+    def rank_map(self) -> list[int]:
+        """``ranks[logical] = group rank`` of the plan in force."""
+        return self.loop.rank_map
+
+    @property
     def events(self) -> list[dict[str, Any]]:
         """Every controller decision: ``{"step", "kind", "algorithm", "evidence"}``."""
         return self.loop.events

@@ -249,9 +249,8 @@ class Runtime:
         if worker is not None:
             worker.shutdown(wait=True)
 
-    def set_rank_map(self, ranks: Sequence[int] | None) -> None:
-        """Use ``ranks[logical] = group rank`` from the next call on (all ranks must agree)."""
-        self.rank_map = RankMap.from_sequence(ranks, self.group.size())
+    def _rank_map_for(self, ranks: Sequence[int] | None) -> RankMap:
+        return self.rank_map if ranks is None else RankMap.from_sequence(ranks, self.group.size())
 
     def all_reduce(
         self,
@@ -260,13 +259,15 @@ class Runtime:
         op: str = "sum",
         straggler: int | None = None,
         slowdowns: Mapping[int, float] | None = None,
+        rank_map: Sequence[int] | None = None,
     ) -> RunRecord:
-        """In-place AllReduce; see :func:`stragglerkit.all_reduce`."""
+        """In-place AllReduce; see :func:`stragglerkit.all_reduce`. ``rank_map``: ``ranks[logical] =
+        group rank`` for this call (all ranks must agree; default: the runtime's)."""
         with self._lock:
             queued = self._pending > 0
         if queued:  # keep the call order of earlier asynchronous calls
-            return self.all_reduce_async(tensor, algorithm, op, straggler, slowdowns).wait()
-        return self._run(tensor, algorithm, op, straggler, slowdowns)
+            return self.all_reduce_async(tensor, algorithm, op, straggler, slowdowns, rank_map).wait()
+        return self._run(tensor, algorithm, op, straggler, slowdowns, self._rank_map_for(rank_map))
 
     def all_reduce_async(
         self,
@@ -275,13 +276,16 @@ class Runtime:
         op: str = "sum",
         straggler: int | None = None,
         slowdowns: Mapping[int, float] | None = None,
+        rank_map: Sequence[int] | None = None,
     ) -> AllReduceHandle:
-        """Queue an in-place AllReduce; calls run one at a time in call order."""
+        """Queue an in-place AllReduce; calls run one at a time in call order. The rank map is
+        fixed when the call is queued."""
+        ranks = self._rank_map_for(rank_map)
         with self._lock:
             if self._worker is None:
                 self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
             self._pending += 1
-        done = self._worker.submit(self._run_queued, tensor, algorithm, op, straggler, slowdowns)
+        done = self._worker.submit(self._run_queued, tensor, algorithm, op, straggler, slowdowns, ranks)
         return AllReduceHandle(tensor, done)
 
     # -- internals ------------------------------------------------------------------------------
@@ -292,27 +296,28 @@ class Runtime:
         op: str,
         straggler: int | None,
         slowdowns: Mapping[int, float] | None,
+        ranks: RankMap,
     ) -> RunRecord:
         try:
-            return self._run(tensor, algorithm, op, straggler, slowdowns)
+            return self._run(tensor, algorithm, op, straggler, slowdowns, ranks)
         finally:
             with self._lock:
                 self._pending -= 1
 
-    def _situation(self, straggler: int | None, slowdowns: Mapping[int, float] | None) -> Situation:
+    def _situation(self, straggler: int | None, slowdowns: Mapping[int, float] | None, ranks: RankMap) -> Situation:
         n = self.group.size()
         logical_straggler = None
         if straggler is not None:
             if not 0 <= straggler < n:
                 raise ConfigError(f"straggler {straggler} is not a rank of this {n}-rank group")
-            logical_straggler = self.rank_map.logical(straggler)
+            logical_straggler = ranks.logical(straggler)
         logical_slowdowns: dict[int, float] = {}
         for rank, slowdown in (slowdowns or {}).items():
             if not 0 <= rank < n:
                 raise ConfigError(f"slowdowns name rank {rank}, which is not a rank of this {n}-rank group")
             if not slowdown >= 1.0:
                 raise ConfigError(f"slowdown of rank {rank} must be >= 1 (1 = healthy), got {slowdown}")
-            logical_slowdowns[self.rank_map.logical(rank)] = float(slowdown)
+            logical_slowdowns[ranks.logical(rank)] = float(slowdown)
         return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
 
     def _run(
@@ -322,10 +327,11 @@ class Runtime:
         op: str,
         straggler: int | None,
         slowdowns: Mapping[int, float] | None,
+        ranks: RankMap,
     ) -> RunRecord:
         try:
             _validate_tensor(tensor, op)
-            situation = self._situation(straggler, slowdowns)
+            situation = self._situation(straggler, slowdowns, ranks)
             chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:
             device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
@@ -340,7 +346,7 @@ class Runtime:
             return RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
         if chosen == "optcc":
             situation = optcc_situation(situation, tensor.numel() * tensor.element_size())
-        cached = self._plan(chosen, situation, tensor, op)
+        cached = self._plan(chosen, situation, tensor, op, ranks)
         if self.connections is not None:  # OptCC's sends hold their link as its timetable has them
             optcc_bound = self.config.optcc.send_buffer if chosen == "optcc" else None
             self.connections.bound(optcc_bound or self._send_buffer)
@@ -351,7 +357,7 @@ class Runtime:
                 flat,
                 cached.scratch_for(flat),
                 cached.plan,
-                self.rank_map,
+                ranks,
                 cached.plan_id,
                 self.timeout,
                 self.reverse_group,
@@ -361,7 +367,7 @@ class Runtime:
                 tensor.div_(n)
         return RunRecord(algorithm, chosen, timings, cached.plan)
 
-    def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str) -> _CachedPlan:
+    def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str, ranks: RankMap) -> _CachedPlan:
         slowdowns = tuple(sorted(situation.slowdowns.items()))
         key = (
             algorithm,
@@ -369,7 +375,7 @@ class Runtime:
             tensor.numel(),
             tensor.dtype,
             tensor.device.type,
-            self.rank_map.to_physical,
+            ranks.to_physical,
             situation.straggler,
             slowdowns,
             situation.segments,
@@ -382,7 +388,7 @@ class Runtime:
             self._cache.move_to_end(key)
             return cached
         schedule = self._schedule(algorithm, situation)
-        logical_rank = self.rank_map.logical(self.group.rank())
+        logical_rank = ranks.logical(self.group.rank())
         # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
         divide_by = situation.world_size if op == "avg" and tensor.device.type == "cpu" else 0
         (plan,) = lower(
@@ -396,7 +402,7 @@ class Runtime:
         # the chunk sizes too: ranks whose LP solvers disagreed must not exchange bytes
         sizes = zlib.crc32(repr(schedule.chunk_sizes).encode())
         ident = (
-            f"{algorithm}|{situation.world_size}|{self.rank_map.to_physical}|{situation.straggler}|{slowdowns}"
+            f"{algorithm}|{situation.world_size}|{ranks.to_physical}|{situation.straggler}|{slowdowns}"
             f"|{situation.segments}|{situation.bubble_filling}|{situation.optcc_sizing}|{sizes}|{op}"
         )
         cached = _CachedPlan(plan, plan_id(ident))
