@@ -61,3 +61,24 @@ def api_features(rank: int, n: int) -> dict[str, Any]:
     out["timings_sane"] = all(t.nbytes > 0 and t.start_ns <= t.end_ns for t in rows)
     out["timing_bytes"] = sum(t.nbytes for t in rows)
     return out
+
+
+def different_window_on_one_rank(rank: int, n: int) -> dict[str, Any]:
+    """Rank 1 alone asks for another detection window; what ``init`` raised and how long it took."""
+    import time
+
+    import stragglerkit
+
+    config = stragglerkit.Config()
+    if rank == 1:
+        config = config.replace(detection={"window": 32})
+    start = time.monotonic()
+    try:
+        stragglerkit.init(config=config)
+        error = "ok"
+        kinds: list[str] = []
+    except Exception as err:  # the test inspects type and text
+        error = f"{type(err).__name__}: {err}"
+        kinds = [kind.__name__ for kind in type(err).__mro__]
+    return {"error": error, "kinds": kinds, "seconds": time.monotonic() - start,
+            "initialized": stragglerkit.is_initialized()}
