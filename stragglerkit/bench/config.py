@@ -7,10 +7,12 @@ say what to change.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from stragglerkit.schedules.registry import names
 from stragglerkit.units import parse_size, parse_time
@@ -20,10 +22,15 @@ __all__ = [
     "DTYPES",
     "MODES",
     "BenchConfig",
+    "JsonConfig",
+    "argument_type",
+    "check_setting",
+    "check_slowdowns",
     "parse_algorithms",
     "parse_degrade",
     "parse_delay_option",
     "parse_sizes",
+    "scenario_of",
 ]
 
 BASELINE = "gloo"
@@ -31,6 +38,18 @@ BASELINE = "gloo"
 DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64")
 MODES = ("emulated", "loopback", "torchrun")
 _MAX_RANGE_STEPS = 40
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: its ``ValueError`` becomes argparse's usage error."""
+
+    def run(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return run
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -102,8 +121,70 @@ def parse_delay_option(text: str) -> float | None:
     return seconds
 
 
+def scenario_of(straggler: int | None, degrade: dict[int, float]) -> str:
+    """The fault scenario of a run: ``straggler``, ``degraded`` or ``none``."""
+    if straggler is not None:
+        return "straggler"
+    return "degraded" if degrade else "none"
+
+
+def check_slowdowns(option: str, slowdowns: dict[int, float], world_size: int) -> None:
+    """Every rank of ``slowdowns`` (rank -> l) is one of the world's and every l a finite number >= 1."""
+    bad = [r for r in slowdowns if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"{option} names rank {bad[0]}, which is not a rank of 0..{world_size - 1}")
+    slow = [r for r, slowdown in slowdowns.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
+    if slow:
+        raise ValueError(f"{option} slowdown of rank {slow[0]} must be a finite number >= 1")
+
+
+def check_setting(
+    world_size: int,
+    mode: str,
+    bandwidth: float | None,
+    straggler: int | None,
+    delay: float | None,
+    degrade: dict[int, float],
+) -> None:
+    """The checks both benches (:class:`BenchConfig`, :class:`~stragglerkit.bench.train_config.TrainConfig`)
+    make: the ranks, the mode, the NIC rate, and one fault scenario on ranks of the world."""
+    n = world_size
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"--world-size must be an integer >= 2, got {n!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if bandwidth is not None and not (bandwidth > 0 and math.isfinite(bandwidth)):
+        raise ValueError(f"--bandwidth must be a positive rate like 1Gbit, got {bandwidth!r}")
+    if straggler is not None and not 0 <= straggler < n:
+        raise ValueError(f"--straggler {straggler} is not a rank of 0..{n - 1} (--world-size {n})")
+    if straggler is None and delay is not None:
+        raise ValueError("--delay needs --straggler RANK (which rank is late)")
+    check_slowdowns("--degrade", degrade, n)
+    if straggler is not None and degrade:
+        raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
+
+
+class JsonConfig:
+    """To and from JSON, for the launcher to hand a configuration to its ranks; the fields named
+    in ``RANK_KEYED`` are dicts keyed by rank (JSON turns their keys into strings)."""
+
+    __slots__ = ()
+
+    RANK_KEYED: ClassVar[tuple[str, ...]] = ("degrade",)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        data: dict[str, Any] = json.loads(text)
+        for name in cls.RANK_KEYED:
+            data[name] = {int(k): v for k, v in data.get(name, {}).items()}
+        return cls(**data)
+
+
 @dataclass(kw_only=True, slots=True)
-class BenchConfig:
+class BenchConfig(JsonConfig):
     """One benchmark: which algorithms, on which buffers, in which fault scenario."""
 
     world_size: int = 8
@@ -153,12 +234,7 @@ class BenchConfig:
 
     def validate(self) -> None:
         n = self.world_size
-        if not isinstance(n, int) or n < 2:
-            raise ValueError(f"--world-size must be an integer >= 2, got {n!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.bandwidth is not None and not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
-            raise ValueError(f"--bandwidth must be a positive rate like 1Gbit, got {self.bandwidth!r}")
+        check_setting(n, self.mode, self.bandwidth, self.straggler, self.delay, self.degrade)
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.iters < 1:
@@ -168,15 +244,6 @@ class BenchConfig:
         if not self.sizes or any(s <= 0 for s in self.sizes):
             raise ValueError("--sizes must name positive sizes, e.g. 32MiB or 1MiB..256MiB")
         parse_algorithms(",".join(self.algorithms))
-        if self.straggler is not None and not 0 <= self.straggler < n:
-            raise ValueError(f"--straggler {self.straggler} is not a rank of 0..{n - 1} (--world-size {n})")
-        if self.straggler is None and self.delay is not None:
-            raise ValueError("--delay needs --straggler RANK (which rank is late)")
-        bad = [r for r in self.degrade if not 0 <= r < n]
-        if bad:
-            raise ValueError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{n - 1}")
-        if self.straggler is not None and self.degrade:
-            raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
         if self.straggler is not None and self.delay is None and n % 2:
             raise ValueError(
                 f"--delay auto times StragglAR's pre-phase, which needs an even world size (got {n}); "
@@ -216,17 +283,4 @@ class BenchConfig:
     @property
     def scenario(self) -> str:
         """``straggler``, ``degraded`` or ``none``."""
-        if self.straggler is not None:
-            return "straggler"
-        if self.degrade:
-            return "degraded"
-        return "none"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> BenchConfig:
-        data: dict[str, Any] = json.loads(text)
-        data["degrade"] = {int(k): v for k, v in data.get("degrade", {}).items()}
-        return cls(**data)
+        return scenario_of(self.straggler, self.degrade)

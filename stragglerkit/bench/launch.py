@@ -9,7 +9,9 @@
 
 A group of ranks runs one :class:`~stragglerkit.bench.worker.Job`; each rank is
 ``stragglerkit.bench.worker.main``; rank 0 writes the case records to a file that the launcher
-reads. Every process started here is ended, and every namespace removed, on the way out.
+reads. Every process started here is ended, and every namespace removed, on the way out. The
+training bench (:mod:`stragglerkit.bench.train`) starts its ranks with the same functions
+(:func:`run_ranks`, :func:`loopback_ranks`, :func:`cluster_ranks`, :func:`torchrun_device`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,29 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.worker import Job
 from stragglerkit.errors import StragglerKitError
 
-__all__ = ["LaunchResult", "detect_mode", "jobs_for", "launch"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "EnvFor",
+    "LaunchResult",
+    "Starter",
+    "by_mode",
+    "cluster_ranks",
+    "detect_mode",
+    "jobs_for",
+    "launch",
+    "loopback_ranks",
+    "run_ranks",
+    "torchrun_device",
+    "torchrun_finish",
+]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _DEFAULT_ALPHA = 50e-6
@@ -79,7 +97,7 @@ def jobs_for(config: BenchConfig) -> list[Job]:
     return jobs
 
 
-# --------------------------------------------------------------------------- spawning ranks
+# --------------------------------------------------------------------------- spawning ranks (both benches)
 
 
 def _free_port() -> int:
@@ -94,27 +112,66 @@ def _python_env() -> dict[str, str]:
 
 
 Starter = Callable[[int, list[str], dict[str, str], Any], "subprocess.Popen[Any]"]
+"""Starts rank ``r``'s process: ``(rank, argv, environment additions, stderr)``."""
+EnvFor = Callable[[int], dict[str, str]]
+"""The torch.distributed environment of rank ``r``."""
 
 
-def _run_group(
-    config: BenchConfig, job: Job, workdir: Path, start: Starter, env_for: Callable[[int], dict[str, str]]
-) -> list[dict[str, Any]]:
-    """Start every rank of ``job``, wait for all, return rank 0's case records."""
-    tag = f"{job.scenario}-{len(list(workdir.glob('job-*.json')))}"
-    config_path, job_path, out_path = workdir / "config.json", workdir / f"job-{tag}.json", workdir / f"out-{tag}.json"
-    config_path.write_text(config.to_json(), encoding="utf-8")
-    job_path.write_text(json.dumps(asdict(job)), encoding="utf-8")
-    entry = "import sys; from stragglerkit.bench.worker import main; sys.exit(main())"
-    argv = [sys.executable, "-c", entry, str(config_path), str(job_path), str(out_path)]
-    logs = [open(workdir / f"rank{r}-{tag}.log", "w+b") for r in range(config.world_size)]
+def loopback_ranks(world_size: int) -> tuple[Starter, EnvFor]:
+    """Local processes over 127.0.0.1, meeting on a free port."""
+    port = _free_port()
+
+    def env_for(rank: int) -> dict[str, str]:
+        return {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+
+    def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(argv, env={**os.environ, **env}, stderr=stderr)
+
+    return start, env_for
+
+
+def cluster_ranks(cluster: Any, port: int) -> tuple[Starter, EnvFor]:
+    """One process per host of the emulated ``cluster``, meeting on ``port``."""
+
+    def env_for(rank: int) -> dict[str, str]:
+        return dict(cluster.torch_env(rank, port=port))
+
+    def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
+        return cluster.popen(rank, argv, env=env, stderr=stderr)
+
+    return start, env_for
+
+
+def run_ranks(
+    world_size: int,
+    timeout: float,
+    module: str,
+    args: list[str],
+    ranks: tuple[Starter, EnvFor],
+    logs_at: Path,
+    scenario: str,
+) -> None:
+    """Run ``module``'s ``main`` on every rank with ``args``, wait for all, and raise a
+    :class:`StragglerKitError` naming the ranks that failed (with the end of one's stderr). Rank 0's
+    stderr goes to the terminal, the others' to ``{logs_at}-rank{r}.log``."""
+    start, env_for = ranks
+    entry = f"import sys; from {module} import main; sys.exit(main())"
+    argv = [sys.executable, "-c", entry, *args]
+    logs = [open(f"{logs_at}-rank{r}.log", "w+b") for r in range(world_size)]
     procs: list[subprocess.Popen[Any]] = []
     try:
-        for rank in range(config.world_size):
+        for rank in range(world_size):
             stderr = None if rank == 0 else logs[rank]
             procs.append(start(rank, argv, {**_python_env(), **env_for(rank)}, stderr))
-        failed = _wait_all(procs, config.timeout)
+        failed = _wait_all(procs, timeout)
         if failed:
-            raise StragglerKitError(_failure_text(failed, logs, job))
+            raise StragglerKitError(_failure_text(failed, logs, scenario))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -122,9 +179,6 @@ def _run_group(
                 proc.wait(timeout=10)
         for log in logs:
             log.close()
-    data = json.loads(out_path.read_text(encoding="utf-8"))
-    cases: list[dict[str, Any]] = data["cases"]
-    return cases
 
 
 def _wait_all(procs: list[subprocess.Popen[Any]], timeout: float) -> list[tuple[int, int | None]]:
@@ -143,8 +197,8 @@ def _wait_all(procs: list[subprocess.Popen[Any]], timeout: float) -> list[tuple[
     return [(r, p.poll()) for r, p in enumerate(procs) if p.poll() != 0]
 
 
-def _failure_text(failed: list[tuple[int, int | None]], logs: list[Any], job: Job) -> str:
-    lines = [f"bench ranks failed in the {job.scenario!r} scenario:"]
+def _failure_text(failed: list[tuple[int, int | None]], logs: list[Any], scenario: str) -> str:
+    lines = [f"bench ranks failed in the {scenario!r} scenario:"]
     for rank, code in failed:
         state = "timed out" if code is None else f"exit code {code}"
         lines.append(f"  rank {rank}: {state}")
@@ -160,72 +214,13 @@ def _failure_text(failed: list[tuple[int, int | None]], logs: list[Any], job: Jo
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- the three modes
+def torchrun_device(world_size: int, timeout: float | None = None) -> tuple[str, torch.device]:
+    """Under torchrun: join the process group (NCCL with a GPU, gloo otherwise) and check that it
+    has ``world_size`` ranks; ``(backend, this rank's device)``."""
+    import datetime
 
-
-def _launch_loopback(config: BenchConfig, workdir: Path) -> LaunchResult:
-    cases: list[dict[str, Any]] = []
-    for job in jobs_for(config):
-        port = _free_port()
-
-        def env_for(rank: int, port: int = port) -> dict[str, str]:
-            return {
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(config.world_size),
-                "GLOO_SOCKET_IFNAME": "lo",
-            }
-
-        def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
-            return subprocess.Popen(argv, env={**os.environ, **env}, stderr=stderr)
-
-        cases.extend(_run_group(config, job, workdir, start, env_for))
-    return LaunchResult(mode="loopback", why="", cases=cases, alpha=config.alpha or _DEFAULT_ALPHA)
-
-
-def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
-    from stragglerkit.testbed import EmulatedCluster, NicDegradation
-
-    assert config.bandwidth is not None
-    cluster_config = EmulatedCluster.Config(
-        hosts=config.world_size,
-        bandwidth=config.bandwidth,
-        tcp_send_buffer=config.tcp_send_buffer,
-        tcp_congestion_control=config.tcp_congestion_control,
-        tcp_slow_start_after_idle=config.tcp_slow_start_after_idle,
-        fair_queueing=config.fair_queueing,
-    )
-    cases: list[dict[str, Any]] = []
-    with EmulatedCluster(cluster_config) as cluster:
-        description = cluster.describe()
-        alpha = config.alpha
-        if alpha is None:
-            alpha = statistics.median(cluster.ping(0, 1, rounds=20)) / 2.0
-        for index, job in enumerate(jobs_for(config)):
-
-            def env_for(rank: int, port: int = 29500 + index) -> dict[str, str]:
-                return cluster.torch_env(rank, port=port)
-
-            def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
-                return cluster.popen(rank, argv, env=env, stderr=stderr)
-
-            if job.scenario == "degraded":
-                with NicDegradation(config.degrade).applied(cluster, verify=True) as rates:
-                    description["degraded_links"] = [
-                        [r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)
-                    ]
-                    cases.extend(_run_group(config, job, workdir, start, env_for))
-            else:
-                cases.extend(_run_group(config, job, workdir, start, env_for))
-    return LaunchResult(mode="emulated", why="", cases=cases, cluster=description, alpha=alpha)
-
-
-def _launch_torchrun(config: BenchConfig) -> LaunchResult:
     import torch
     import torch.distributed as dist
-
-    from stragglerkit.bench.worker import run_job
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available()
@@ -234,18 +229,103 @@ def _launch_torchrun(config: BenchConfig) -> LaunchResult:
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
-    if dist.get_world_size() != config.world_size:
+        if timeout is None:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    if dist.get_world_size() != world_size:
         raise ValueError(
-            f"--world-size {config.world_size} differs from torchrun's WORLD_SIZE={dist.get_world_size()}; "
+            f"--world-size {world_size} differs from torchrun's WORLD_SIZE={dist.get_world_size()}; "
             "leave --world-size out under torchrun"
         )
-    cases: list[dict[str, Any]] = []
-    for job in jobs_for(config):
-        cases.extend(run_job(config, job, device))
+    return backend, device
+
+
+def torchrun_finish() -> bool:
+    """Under torchrun: wait for every rank and leave the process group; is this rank 0 (the reporter)?"""
+    import torch.distributed as dist
+
     reporter = dist.get_rank() == 0
     dist.barrier()
     dist.destroy_process_group()
+    return reporter
+
+
+Result = TypeVar("Result")
+
+
+def by_mode(
+    mode: str,
+    prefix: str,
+    torchrun: Callable[[], Result],
+    emulated: Callable[[Path], Result],
+    loopback: Callable[[Path], Result],
+) -> Result:
+    """Call the launcher of ``mode``; the emulated and loopback ones get a scratch folder, removed after."""
+    if mode == "torchrun":
+        return torchrun()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return (emulated if mode == "emulated" else loopback)(Path(tmp))
+
+
+# --------------------------------------------------------------------------- the AllReduce bench
+
+
+def _run_group(config: BenchConfig, job: Job, workdir: Path, ranks: tuple[Starter, EnvFor]) -> list[dict[str, Any]]:
+    """Run ``job`` on every rank; rank 0's case records."""
+    tag = f"{job.scenario}-{len(list(workdir.glob('job-*.json')))}"
+    config_path, job_path, out_path = workdir / "config.json", workdir / f"job-{tag}.json", workdir / f"out-{tag}.json"
+    config_path.write_text(config.to_json(), encoding="utf-8")
+    job_path.write_text(json.dumps(asdict(job)), encoding="utf-8")
+    args = [str(config_path), str(job_path), str(out_path)]
+    run_ranks(config.world_size, config.timeout, "stragglerkit.bench.worker", args, ranks, workdir / tag, job.scenario)
+    data = json.loads(out_path.read_text(encoding="utf-8"))
+    cases: list[dict[str, Any]] = data["cases"]
+    return cases
+
+
+def _launch_loopback(config: BenchConfig, workdir: Path) -> LaunchResult:
+    cases: list[dict[str, Any]] = []
+    for job in jobs_for(config):
+        cases.extend(_run_group(config, job, workdir, loopback_ranks(config.world_size)))
+    return LaunchResult(mode="loopback", why="", cases=cases, alpha=config.alpha or _DEFAULT_ALPHA)
+
+
+def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
+    from stragglerkit.testbed import EmulatedCluster, NicDegradation
+
+    assert config.bandwidth is not None
+    tcp = ("tcp_send_buffer", "tcp_congestion_control", "tcp_slow_start_after_idle", "fair_queueing")
+    cluster_config = EmulatedCluster.Config(
+        hosts=config.world_size, bandwidth=config.bandwidth, **{name: getattr(config, name) for name in tcp}
+    )
+    cases: list[dict[str, Any]] = []
+    with EmulatedCluster(cluster_config) as cluster:
+        description = cluster.describe()
+        alpha = config.alpha
+        if alpha is None:
+            alpha = statistics.median(cluster.ping(0, 1, rounds=20)) / 2.0
+        for index, job in enumerate(jobs_for(config)):
+            ranks = cluster_ranks(cluster, port=29500 + index)
+            if job.scenario == "degraded":
+                with NicDegradation(config.degrade).applied(cluster, verify=True) as rates:
+                    description["degraded_links"] = [
+                        [r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)
+                    ]
+                    cases.extend(_run_group(config, job, workdir, ranks))
+            else:
+                cases.extend(_run_group(config, job, workdir, ranks))
+    return LaunchResult(mode="emulated", why="", cases=cases, cluster=description, alpha=alpha)
+
+
+def _launch_torchrun(config: BenchConfig) -> LaunchResult:
+    from stragglerkit.bench.worker import run_job
+
+    backend, device = torchrun_device(config.world_size)
+    cases: list[dict[str, Any]] = []
+    for job in jobs_for(config):
+        cases.extend(run_job(config, job, device))
+    reporter = torchrun_finish()
     return LaunchResult(
         mode="torchrun", why=backend, cases=cases, alpha=config.alpha or _DEFAULT_ALPHA, is_reporter=reporter
     )
@@ -253,13 +333,12 @@ def _launch_torchrun(config: BenchConfig) -> LaunchResult:
 
 def launch(config: BenchConfig, why: str = "") -> LaunchResult:
     """Run every job of ``config`` in ``config.mode``; the case records and the setting."""
-    if config.mode == "torchrun":
-        result = _launch_torchrun(config)
-    else:
-        with tempfile.TemporaryDirectory(prefix="stragglerkit-bench-") as tmp:
-            if config.mode == "emulated":
-                result = _launch_emulated(config, Path(tmp))
-            else:
-                result = _launch_loopback(config, Path(tmp))
+    result = by_mode(
+        config.mode,
+        "stragglerkit-bench-",
+        lambda: _launch_torchrun(config),
+        lambda workdir: _launch_emulated(config, workdir),
+        lambda workdir: _launch_loopback(config, workdir),
+    )
     result.why = why or result.why
     return result

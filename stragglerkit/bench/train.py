@@ -24,20 +24,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stragglerkit.bench.config import parse_degrade
-from stragglerkit.bench.launch import LaunchResult, _failure_text, _free_port, _python_env, _wait_all
+from stragglerkit.bench.config import argument_type, parse_degrade
+from stragglerkit.bench.launch import (
+    EnvFor,
+    LaunchResult,
+    Starter,
+    by_mode,
+    cluster_ranks,
+    loopback_ranks,
+    run_ranks,
+    torchrun_device,
+    torchrun_finish,
+)
 from stragglerkit.bench.results import header_record
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
 from stragglerkit.bench.train_report import print_summary, summarize, write_json
-from stragglerkit.bench.worker import Job
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.units import parse_size
 
@@ -85,15 +92,7 @@ ALLREDUCE_ONLY = (
 def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     """The ``--mode train`` options of ``stragglerkit bench`` (defaults: TrainConfig's)."""
 
-    def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-        def run(text: str) -> Any:
-            try:
-                return parse(text)
-            except ValueError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
-        return run
-
+    checked = argument_type
     group = bench.add_argument_group("--mode train", "a short DDP training, plain and with the stragglerkit hook")
     group.add_argument("--steps", type=int, help="training steps (default 120)")
     group.add_argument(
@@ -252,65 +251,32 @@ def run_train(
 
 def launch_train(config: TrainConfig, why: str = "") -> tuple[LaunchResult, dict[str, Any] | None]:
     """Run the ranks in ``config.mode``; the setting and rank 0's record (None on torchrun ranks > 0)."""
-    if config.mode == "torchrun":
-        launched, record = _launch_torchrun(config)
-    else:
-        with tempfile.TemporaryDirectory(prefix="stragglerkit-train-") as tmp:
-            if config.mode == "emulated":
-                launched, record = _launch_emulated(config, Path(tmp))
-            else:
-                launched, record = _launch_loopback(config, Path(tmp))
+    launched, record = by_mode(
+        config.mode,
+        "stragglerkit-train-",
+        lambda: _launch_torchrun(config),
+        lambda workdir: _launch_emulated(config, workdir),
+        lambda workdir: _launch_loopback(config, workdir),
+    )
     launched.why = why or launched.why
     return launched, record
 
 
-Starter = Callable[[int, list[str], dict[str, str], Any], "subprocess.Popen[Any]"]
-
-
 def _run_ranks(
-    config: TrainConfig, workdir: Path, start: Starter, env_for: Callable[[int], dict[str, str]], control: Path | None
+    config: TrainConfig, workdir: Path, ranks: tuple[Starter, EnvFor], control: Path | None
 ) -> dict[str, Any]:
     """Start every rank, wait for all, return rank 0's record."""
     config_path, out_path = workdir / "train-config.json", workdir / "train-out.json"
     config_path.write_text(config.to_json(), encoding="utf-8")
-    entry = "import sys; from stragglerkit.bench.train_worker import main; sys.exit(main())"
-    argv = [sys.executable, "-c", entry, str(config_path), str(out_path), *([str(control)] if control else [])]
-    logs = [open(workdir / f"train-rank{r}.log", "w+b") for r in range(config.world_size)]
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        for rank in range(config.world_size):
-            stderr = None if rank == 0 else logs[rank]
-            procs.append(start(rank, argv, {**_python_env(), **env_for(rank)}, stderr))
-        failed = _wait_all(procs, config.timeout)
-        if failed:
-            raise StragglerKitError(_failure_text(failed, logs, Job(scenario=f"train, {config.scenario}")))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-        for log in logs:
-            log.close()
+    args = [str(config_path), str(out_path), *([str(control)] if control else [])]
+    module = "stragglerkit.bench.train_worker"
+    run_ranks(config.world_size, config.timeout, module, args, ranks, workdir / "train", f"train, {config.scenario}")
     record: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
     return record
 
 
 def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
-    port = _free_port()
-
-    def env_for(rank: int) -> dict[str, str]:
-        return {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(config.world_size),
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
-
-    def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
-        return subprocess.Popen(argv, env={**os.environ, **env}, stderr=stderr)
-
-    record = _run_ranks(config, workdir, start, env_for, None)
+    record = _run_ranks(config, workdir, loopback_ranks(config.world_size), None)
     return LaunchResult(mode="loopback", why=""), record
 
 
@@ -380,45 +346,21 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
     with EmulatedCluster(cluster_config) as cluster:
         description = cluster.describe()
 
-        def env_for(rank: int) -> dict[str, str]:
-            return cluster.torch_env(rank, port=29600)
-
-        def start(rank: int, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[Any]:
-            return cluster.popen(rank, argv, env=env, stderr=stderr)
-
+        ranks = cluster_ranks(cluster, port=29600)
         if config.degrade:
             again = config.reshaped if config.reshape_at is not None else None
             with _Reshaper(cluster, config.degrade, control, again) as reshaper:
-                record = _run_ranks(config, workdir, start, env_for, control)
+                record = _run_ranks(config, workdir, ranks, control)
             description.update(reshaper.measured)
         else:
-            record = _run_ranks(config, workdir, start, env_for, None)
+            record = _run_ranks(config, workdir, ranks, None)
     return LaunchResult(mode="emulated", why="", cluster=description), record
 
 
 def _launch_torchrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any] | None]:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
     from stragglerkit.bench.train_worker import train
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available()
-    backend = "nccl" if use_cuda else "gloo"
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout))
-    if dist.get_world_size() != config.world_size:
-        raise ValueError(
-            f"--world-size {config.world_size} differs from torchrun's WORLD_SIZE={dist.get_world_size()}; "
-            "leave --world-size out under torchrun"
-        )
+    backend, device = torchrun_device(config.world_size, timeout=config.timeout)
     record = train(config, device)
-    reporter = dist.get_rank() == 0
-    dist.barrier()
-    dist.destroy_process_group()
+    reporter = torchrun_finish()
     return LaunchResult(mode="torchrun", why=backend, is_reporter=reporter), record if reporter else None

@@ -8,12 +8,11 @@ say what to change (the command line turns them into exit status 2).
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from stragglerkit.bench.config import MODES
+from stragglerkit.bench.config import JsonConfig, check_setting, check_slowdowns, scenario_of
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.units import parse_time
 
@@ -43,18 +42,8 @@ def parse_jitter(text: str) -> float:
     return seconds
 
 
-def _check_slowdowns(option: str, slowdowns: dict[int, float], world_size: int) -> None:
-    """Every rank of ``slowdowns`` (rank -> l) is one of the world's and every l a finite number >= 1."""
-    bad = [r for r in slowdowns if not 0 <= r < world_size]
-    if bad:
-        raise ValueError(f"{option} names rank {bad[0]}, which is not a rank of 0..{world_size - 1}")
-    slow = [r for r, slowdown in slowdowns.items() if not (slowdown >= 1.0 and math.isfinite(slowdown))]
-    if slow:
-        raise ValueError(f"{option} slowdown of rank {slow[0]} must be a finite number >= 1")
-
-
 @dataclass(kw_only=True, slots=True)
-class TrainConfig:
+class TrainConfig(JsonConfig):
     """A short DDP training, plain and with the stragglerkit hook, in one fault scenario.
 
     Example::
@@ -118,19 +107,15 @@ class TrainConfig:
     timeout: float = 600.0
     """Seconds the launcher waits for the ranks."""
 
+    RANK_KEYED: ClassVar[tuple[str, ...]] = ("degrade", "reshape_to")
+
     def __post_init__(self) -> None:
         self.degrade = {int(k): float(v) for k, v in self.degrade.items()}
         self.moves = [(int(s), int(r)) for s, r in self.moves]
         self.validate()
 
     def validate(self) -> None:
-        n = self.world_size
-        if not isinstance(n, int) or n < 2:
-            raise ValueError(f"--world-size must be an integer >= 2, got {n!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.bandwidth is not None and not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
-            raise ValueError(f"--bandwidth must be a positive rate like 1Gbit, got {self.bandwidth!r}")
+        check_setting(self.world_size, self.mode, self.bandwidth, self.straggler, self.delay, self.degrade)
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"--steps must be an integer >= 1, got {self.steps!r}")
         if not _MIN_MODEL_BYTES <= self.model_bytes <= _MAX_MODEL_BYTES:
@@ -149,10 +134,6 @@ class TrainConfig:
 
     def _validate_faults(self) -> None:
         n = self.world_size
-        if self.straggler is not None and not 0 <= self.straggler < n:
-            raise ValueError(f"--straggler {self.straggler} is not a rank of 0..{n - 1} (--world-size {n})")
-        if self.straggler is None and self.delay is not None:
-            raise ValueError("--delay needs --straggler RANK (which rank is late)")
         if self.delay is not None and not (self.delay >= 0 and math.isfinite(self.delay)):
             raise ValueError(f"--delay must be a time >= 0, got {self.delay!r}")
         if not (self.auto_delay_scale > 0 and math.isfinite(self.auto_delay_scale)):
@@ -171,9 +152,6 @@ class TrainConfig:
             if rank == previous_rank:
                 raise ValueError(f"--move-straggler-at {step} {rank}: rank {rank} is already the straggler then")
             previous_step, previous_rank = step, rank
-        _check_slowdowns("--degrade", self.degrade, n)
-        if self.straggler is not None and self.degrade:
-            raise ValueError("give either --straggler or --degrade in one run, not both (one scenario per run)")
         if self.degrade and self.mode != "emulated":
             where = "over loopback there is no NIC" if self.mode == "loopback" else "under torchrun nothing is"
             raise ValueError(
@@ -193,7 +171,7 @@ class TrainConfig:
                     f"{option} {self.reshape_at} must come after --from-step {self.from_step} and before "
                     f"--steps {self.steps}"
                 )
-            _check_slowdowns("--reshape-at", self.reshape_to, n)
+            check_slowdowns("--reshape-at", self.reshape_to, n)
         if not (self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"--jitter must be a time >= 0, got {self.jitter!r}")
         if not isinstance(self.from_step, int) or self.from_step < 0:
@@ -213,13 +191,8 @@ class TrainConfig:
     @property
     def scenario(self) -> str:
         """``straggler``, ``degraded``, ``jitter`` (jitter alone) or ``none``."""
-        if self.straggler is not None:
-            return "straggler"
-        if self.degrade:
-            return "degraded"
-        if self.jitter > 0:
-            return "jitter"
-        return "none"
+        scenario = scenario_of(self.straggler, self.degrade)
+        return "jitter" if scenario == "none" and self.jitter > 0 else scenario
 
     @property
     def reshaped(self) -> dict[int, float]:
@@ -253,14 +226,3 @@ class TrainConfig:
             starts.add(self.reshape_at)
         ordered = [*sorted(starts), self.steps]
         return [range(first, stop) for first, stop in itertools.pairwise(ordered)]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> TrainConfig:
-        data: dict[str, Any] = json.loads(text)
-        data["degrade"] = {int(k): v for k, v in data.get("degrade", {}).items()}
-        data["reshape_to"] = {int(k): v for k, v in data.get("reshape_to", {}).items()}
-        data["moves"] = [tuple(m) for m in data.get("moves", [])]
-        return cls(**data)

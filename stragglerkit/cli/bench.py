@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,23 @@ from stragglerkit.units import parse_bandwidth, parse_size, parse_time
 
 __all__ = ["add_parser", "cmd_bench"]
 
+_AS_GIVEN = (
+    "sizes",
+    "dtype",
+    "iters",
+    "warmup",
+    "algorithms",
+    "straggler",
+    "delay",
+    "alpha",
+    "tcp_send_buffer",
+    "tcp_congestion_control",
+    "fair_queueing",
+    "tcp_slow_start_after_idle",
+    "timeout",
+)
+"""The options that become :class:`~stragglerkit.bench.BenchConfig` fields of the same name unchanged."""
+
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from stragglerkit.bench import BenchConfig, detect_mode, run
@@ -20,16 +38,11 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     Config.from_env()  # a bad configuration file or STRAGGLERKIT_* value stops here, not in every rank
     mode, why = detect_mode(args.loopback)
-    if mode == "torchrun" and args.world_size is not None:
-        import os
-
-        if args.world_size != int(os.environ["WORLD_SIZE"]):
-            raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
     world_size = args.world_size if args.world_size is not None else 8
     if mode == "torchrun":
-        import os
-
         world_size = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, world_size):
+            raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
     bandwidth = args.bandwidth
     if bandwidth is None and mode == "emulated":
         bandwidth = parse_bandwidth("1Gbit")
@@ -45,22 +58,10 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = BenchConfig(
         world_size=world_size,
         bandwidth=bandwidth,
-        sizes=args.sizes,
-        dtype=args.dtype,
-        iters=args.iters,
-        warmup=args.warmup,
-        algorithms=args.algorithms,
-        straggler=args.straggler,
-        delay=args.delay,
         degrade=dict(args.degrade or []),
         mode=mode,
-        alpha=args.alpha,
-        tcp_send_buffer=args.tcp_send_buffer,
-        tcp_congestion_control=args.tcp_congestion_control,
-        fair_queueing=args.fair_queueing,
-        tcp_slow_start_after_idle=args.tcp_slow_start_after_idle,
         fault_free_baseline=not args.no_fault_free_baseline,
-        timeout=args.timeout,
+        **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     if mode != "torchrun" or os_rank() == 0:
         print(f"stragglerkit bench: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
@@ -73,8 +74,6 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def os_rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from stragglerkit.bench.config import argument_type
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.registry import Situation, names
 
@@ -42,14 +42,8 @@ def algorithm_list(text: str) -> list[str]:
     return chosen
 
 
-def unit(parser: Any) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            return parser(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
+unit = argument_type
+"""A value parser as an argparse ``type`` (its ``ValueError`` becomes a usage error)."""
 
 
 def situation_from_args(args: argparse.Namespace, world_size: int) -> Situation:
