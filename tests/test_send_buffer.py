@@ -1,11 +1,12 @@
-"""STRAGGLERKIT_TCP_SEND_BUFFER: the runtime's own gloo groups with a bounded TCP send buffer.
+"""Config.executor.send_buffer: the runtime's own gloo groups with a bounded TCP send buffer.
 
 Real gloo groups over loopback: the connections that creating a group opened report the asked
 send buffer, the AllReduce over them equals torch's own on every rank, and the runtime is shared
 across calls (its groups are made once); unset, that is the default 1 MiB; with ``off`` the
 runtime sends over the user's group and leaves every buffer to the kernel. While an OptCC plan
-runs the connections hold ``STRAGGLERKIT_OPTCC_SEND_BUFFER`` (default 128 KiB), and the usual
-bound again for every other plan.
+runs the connections hold ``Config.optcc.send_buffer`` (default 128 KiB), and the usual bound
+again for every other plan. The ranks set them with ``STRAGGLERKIT_TCP_SEND_BUFFER`` and
+``STRAGGLERKIT_OPTCC_SEND_BUFFER``, which ``stragglerkit.init`` reads.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ import torch
 import torch.distributed as dist
 from _dist import run_group
 
-from stragglerkit.runtime.send_buffer import (
-    DEFAULT_OPTCC_SEND_BUFFER,
-    DEFAULT_SEND_BUFFER,
-    ENV,
-    OPTCC_ENV,
-    BoundedConnections,
-    new_group_with_send_buffer,
-    optcc_send_buffer_from_env,
-    send_buffer_from_env,
-    socket_inodes,
-)
+from stragglerkit.config import Config
+from stragglerkit.errors import ConfigError
+from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer, socket_inodes
+
+ENV = "STRAGGLERKIT_TCP_SEND_BUFFER"
+OPTCC_ENV = "STRAGGLERKIT_OPTCC_SEND_BUFFER"
+DEFAULT_SEND_BUFFER = 1024 * 1024
+DEFAULT_OPTCC_SEND_BUFFER = 128 * 1024
 
 
 @contextlib.contextmanager
@@ -51,35 +49,32 @@ def send_buffer_env(value: str | None, name: str = ENV) -> Iterator[None]:
             os.environ[name] = before
 
 
-def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
-    assert send_buffer_from_env() == DEFAULT_SEND_BUFFER  # the default
-    monkeypatch.setenv(ENV, "on")
-    assert send_buffer_from_env() == DEFAULT_SEND_BUFFER == 1024 * 1024
-    monkeypatch.setenv(ENV, "256KiB")
-    assert send_buffer_from_env() == 256 * 1024
-    for off in ("off", "OFF", "kernel", "0"):
-        monkeypatch.setenv(ENV, off)
-        assert send_buffer_from_env() is None
-    for bad, message in (("lots", "is not a size"), ("1KiB", "below 8KiB")):
-        monkeypatch.setenv(ENV, bad)
-        with pytest.raises(ValueError, match=message):
-            send_buffer_from_env()
+def _send_buffers(environ: dict[str, str]) -> tuple[int | None, int | None]:
+    """(executor.send_buffer, optcc.send_buffer) of the configuration ``init`` builds from ``environ``."""
+    config = Config.from_env(environ)
+    return config.executor.send_buffer, config.optcc.send_buffer
 
 
-def test_the_optcc_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(OPTCC_ENV, raising=False)
-    assert optcc_send_buffer_from_env() == DEFAULT_OPTCC_SEND_BUFFER == 128 * 1024
-    monkeypatch.setenv(OPTCC_ENV, "on")
-    assert optcc_send_buffer_from_env() == DEFAULT_OPTCC_SEND_BUFFER
-    monkeypatch.setenv(OPTCC_ENV, "64KiB")
-    assert optcc_send_buffer_from_env() == 64 * 1024
-    monkeypatch.setenv(OPTCC_ENV, "Off")
-    assert optcc_send_buffer_from_env() is None
-    for bad, message in (("small", "is not a size"), ("4KiB", "is below 8KiB")):
-        monkeypatch.setenv(OPTCC_ENV, bad)
-        with pytest.raises(ValueError, match=f"{OPTCC_ENV}={bad!r} " + message):
-            optcc_send_buffer_from_env()
+def test_the_setting_is_read_and_checked() -> None:
+    assert Config().executor.send_buffer == DEFAULT_SEND_BUFFER == 1024 * 1024  # the default
+    assert _send_buffers({})[0] == DEFAULT_SEND_BUFFER
+    assert _send_buffers({ENV: "256KiB"})[0] == 256 * 1024
+    for off in ("off", "OFF", "kernel"):
+        assert _send_buffers({ENV: off})[0] is None
+    for bad, message in (("lots", "cannot read 'lots' as a size"), ("1KiB", "at least 8192 bytes"),
+                         ("0", "at least 8192 bytes"), ("on", "cannot read 'on' as a size")):
+        with pytest.raises(ConfigError, match=f"{ENV}={bad!r}: .*{message}"):
+            _send_buffers({ENV: bad})
+
+
+def test_the_optcc_setting_is_read_and_checked() -> None:
+    assert Config().optcc.send_buffer == DEFAULT_OPTCC_SEND_BUFFER == 128 * 1024
+    assert _send_buffers({})[1] == DEFAULT_OPTCC_SEND_BUFFER
+    assert _send_buffers({OPTCC_ENV: "64KiB"})[1] == 64 * 1024
+    assert _send_buffers({OPTCC_ENV: "Off"})[1] is None
+    for bad, message in (("small", "cannot read 'small' as a size"), ("4KiB", "at least 8192 bytes")):
+        with pytest.raises(ConfigError, match=f"{OPTCC_ENV}={bad!r}: .*{message}"):
+            _send_buffers({OPTCC_ENV: bad})
 
 
 def test_bounded_connections_set_every_live_socket_and_skip_reused_descriptors() -> None:
@@ -161,14 +156,14 @@ def test_a_buffer_the_kernel_caps_is_warned_of() -> None:
 
 def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, object]:
     import stragglerkit
-    from stragglerkit.runtime.api import runtime_for
+    from stragglerkit.runtime.session import session_for
 
-    runtime = runtime_for()
+    stragglerkit.init()
+    runtime = session_for().runtime
     sizes = _connected_send_buffers()
     out: dict[str, object] = {
         "connections": runtime.send_buffer_connections,
         "own_group": runtime.data_group is not dist.distributed_c10d._get_default_group(),
-        "shared": runtime_for() is runtime,
         "sizes": sizes,
     }
     # the large ring is observed with concurrent waits over bounded connections (concurrent_waits)
@@ -183,10 +178,11 @@ def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, obj
             kwargs = {"slowdowns": {1: 2.0}}
         stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs)  # type: ignore[arg-type]
         out[name] = bool(torch.equal(x, expected))
+    out["shared"] = session_for().runtime is runtime and runtime.send_buffer_connections == out["connections"]
     return out
 
 
-@pytest.mark.parametrize("value", ["64KiB", "on", None])
+@pytest.mark.parametrize("value", ["64KiB", "1MiB", None])
 def test_all_reduce_over_the_runtimes_bounded_groups_is_exact(value: str | None) -> None:
     asked = 64 * 1024 if value == "64KiB" else DEFAULT_SEND_BUFFER
     asked = min(asked, 2 * _wmem_max())  # what the kernel grants (the runtime warns of less)
@@ -213,9 +209,10 @@ def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str) -> None:
 
 def _bounds_follow_the_plan(rank: int, world_size: int) -> dict[str, object]:
     import stragglerkit
-    from stragglerkit.runtime.api import runtime_for
+    from stragglerkit.runtime.session import session_for
 
-    runtime = runtime_for()
+    stragglerkit.init()
+    runtime = session_for().runtime
     assert runtime.connections is not None
     out: dict[str, object] = {"start": runtime.connections.sizes()}
     for name, algorithm, kwargs in (
