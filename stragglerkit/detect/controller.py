@@ -84,43 +84,7 @@ __all__ = [
 class Controller(ProbeSchedule, SwitchVerifier):
     """Plans, decisions and events; rank 0 decides (see the module docstring)."""
 
-    __slots__ = (
-        "_blocked",
-        "_bucket_window",
-        "_checking",
-        "_ends",
-        "_exchange_event",
-        "_exchange_target",
-        "_last_doubt",
-        "_last_finish",
-        "_last_sizes",
-        "_lateness",
-        "_log_path",
-        "_periods",
-        "_plain_tails",
-        "_plan_checking",
-        "_plan_start",
-        "_planned_for",
-        "_probe_event",
-        "_probe_maxima",
-        "_probe_target",
-        "_quiet_since",
-        "_readings",
-        "_seq",
-        "_step_times",
-        "_tail_medians",
-        "_tail_reference",
-        "_verify",
-        "config",
-        "detector",
-        "events",
-        "exchange_every",
-        "model",
-        "plan",
-        "probe_every",
-        "rank",
-        "world_size",
-    )
+    __slots__ = ()
 
     def __init__(self, world_size: int, rank: int, config: ControllerConfig, log_path: str | None = None) -> None:
         self.world_size = world_size

@@ -13,6 +13,26 @@ __all__ = ["BASELINE_CHOICES", "ControllerConfig"]
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
 
+_AT_LEAST_0 = (
+    "warmup_steps",
+    "settle_steps",
+    "cooldown_steps",
+    "probe_every",
+    "quiet_probe_every",
+    "plan_probe_every",
+    "clock_sync_every",
+    "quiet_exchange_every",
+)
+_AT_LEAST_1 = (
+    "exchange_every",
+    "verify_steps",
+    "max_buckets",
+    "fit_samples",
+    "quiet_after",
+    "alarm_steps",
+    "healthy_memory_steps",
+)
+
 
 @dataclass(kw_only=True, slots=True)
 class ControllerConfig:
@@ -121,29 +141,10 @@ class ControllerConfig:
         return self.baseline == "allreduce" and busy > 0 and quiet not in (0, busy)
 
     def __post_init__(self) -> None:
-        for name in (
-            "warmup_steps",
-            "settle_steps",
-            "cooldown_steps",
-            "probe_every",
-            "quiet_probe_every",
-            "plan_probe_every",
-            "clock_sync_every",
-            "quiet_exchange_every",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"ControllerConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in (
-            "exchange_every",
-            "verify_steps",
-            "max_buckets",
-            "fit_samples",
-            "quiet_after",
-            "alarm_steps",
-            "healthy_memory_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ControllerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for least, names in ((0, _AT_LEAST_0), (1, _AT_LEAST_1)):
+            for name in names:
+                if getattr(self, name) < least:
+                    raise ValueError(f"ControllerConfig.{name} must be >= {least}, got {getattr(self, name)}")
         if self.baseline not in BASELINE_CHOICES:
             raise ValueError(
                 f"ControllerConfig.baseline must be one of {', '.join(BASELINE_CHOICES)}, got {self.baseline!r}"

@@ -3,8 +3,8 @@
 :class:`ProbeSchedule` is the part of :class:`~stragglerkit.detect.controller.Controller` that sets
 the probe interval (busy, backed off while the links prove healthy, the plan's own under OptCC and
 the balanced ring) and the exchange interval (short while anything is in question, long once all is
-quiet), and records why each changed as ``probing`` and ``exchange`` events. Its state lives in the
-controller's slots; :meth:`ProbeSchedule._init_probe_schedule` sets it.
+quiet), and records why each changed as ``probing`` and ``exchange`` events. Its state is declared in
+:class:`~stragglerkit.detect.controller_state.ControllerState`; :meth:`ProbeSchedule._init_probe_schedule` sets it.
 """
 
 from __future__ import annotations
@@ -12,41 +12,21 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from stragglerkit.detect.controller_config import ControllerConfig
-from stragglerkit.detect.detector import Detector
+from stragglerkit.detect.controller_state import ControllerState
 from stragglerkit.detect.plans import Plan
 
 __all__ = ["ProbeSchedule", "off_plan"]
 
 
-class ProbeSchedule:
+class ProbeSchedule(ControllerState):
     """Probe and exchange intervals of the controller (a mixin: the controller holds the state)."""
 
-    if not TYPE_CHECKING:  # the controller declares the slots; to the type checker they are its attributes
-        __slots__ = ()
-
-    config: ControllerConfig
-    plan: Plan
-    detector: Detector
-    probe_every: int
-    exchange_every: int
-    _probe_target: int
-    _probe_event: dict[str, Any] | None
-    _probe_maxima: deque[float]
-    _plain_tails: deque[tuple[int, float]]
-    _tail_reference: float
-    _tail_medians: deque[tuple[int, float]]
-    _quiet_since: int
-    _checking: bool
-    _plan_checking: bool
-    _exchange_target: int
-    _exchange_event: dict[str, Any] | None
-    _last_doubt: int
-    _readings: deque[tuple[tuple[int, ...], np.ndarray]]
+    __slots__ = ()
 
     def _init_probe_schedule(self, config: ControllerConfig) -> None:
         """Set the intervals from ``config`` and start with nothing measured."""

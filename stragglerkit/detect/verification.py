@@ -4,43 +4,29 @@
 ships a switch with the predictions and the measurements before it, judges it once
 ``verify_steps`` steps ran under the new plan (by the step period, or the AllReduce part where the
 step ends are missing), and rolls back a switch that did not pay, blocking the rejected plan for
-``cooldown_steps``. Its state lives in the controller's slots.
+``cooldown_steps``. Its state is declared in
+:class:`~stragglerkit.detect.controller_state.ControllerState`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stragglerkit.detect.controller_config import ControllerConfig
-from stragglerkit.detect.detector import Detector, Finding
-from stragglerkit.detect.model import OnlineModel
+from stragglerkit.detect.controller_state import ControllerState
+from stragglerkit.detect.detector import Finding
 from stragglerkit.detect.plans import ALLREDUCE_PART, STEP_PERIOD, Decision, Plan
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 
 __all__ = ["SwitchVerifier"]
 
 
-class SwitchVerifier:
+class SwitchVerifier(ControllerState):
     """Switch, verify, roll back (a mixin: the controller holds the state)."""
 
-    if not TYPE_CHECKING:  # the controller declares the slots; to the type checker they are its attributes
-        __slots__ = ()
-
-    config: ControllerConfig
-    plan: Plan
-    detector: Detector
-    model: OnlineModel
-    exchange_every: int
-    _blocked: dict[tuple[object, ...], int]
-    _verify: dict[str, Any] | None
-    _last_sizes: list[int]
-    _step_times: deque[tuple[int, float]]
-    _periods: deque[tuple[int, float]]
-    _bucket_window: deque[np.ndarray]
+    __slots__ = ()
 
     if TYPE_CHECKING:
 

@@ -200,8 +200,8 @@ def _check_rounds(sched: Schedule) -> None:
             seen[key] = index
 
 
-def _match_messages(sched: Schedule) -> None:
-    """Pair the k-th send a->b with the k-th receive on b from a and compare them."""
+def _channels(sched: Schedule) -> tuple[dict[tuple[int, int], list[int]], dict[tuple[int, int], list[int]]]:
+    """Per channel ``(src, dst)``: the sender's send ops and the receiver's receive ops, in program order."""
     sends: dict[tuple[int, int], list[int]] = {}
     recvs: dict[tuple[int, int], list[int]] = {}
     for rank, rank_ops in enumerate(sched.ops):
@@ -212,6 +212,12 @@ def _match_messages(sched: Schedule) -> None:
             elif op.is_receive:
                 assert op.peer is not None
                 recvs.setdefault((op.peer, rank), []).append(index)
+    return sends, recvs
+
+
+def _match_messages(sched: Schedule) -> None:
+    """Pair the k-th send a->b with the k-th receive on b from a and compare them."""
+    sends, recvs = _channels(sched)
     for channel in sorted(set(sends) | set(recvs)):
         src, dst = channel
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
@@ -265,16 +271,7 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
             pending[rank][index] = len(set(op.depends))
 
     # per-channel program order of sends and receives, and how many were posted
-    chan_sends: dict[tuple[int, int], list[int]] = {}
-    chan_recvs: dict[tuple[int, int], list[int]] = {}
-    for rank, rank_ops in enumerate(sched.ops):
-        for index, op in enumerate(rank_ops):
-            if op.kind is OpKind.SEND:
-                assert op.peer is not None
-                chan_sends.setdefault((rank, op.peer), []).append(index)
-            elif op.is_receive:
-                assert op.peer is not None
-                chan_recvs.setdefault((op.peer, rank), []).append(index)
+    chan_sends, chan_recvs = _channels(sched)
     posted_sends: dict[tuple[int, int], int] = {c: 0 for c in chan_sends}
     posted_recvs: dict[tuple[int, int], int] = {c: 0 for c in chan_recvs}
     dep_ready_sends: dict[tuple[int, int], set[int]] = {c: set() for c in chan_sends}

@@ -183,6 +183,7 @@ import dataclasses
 import functools
 import math
 from fractions import Fraction
+from typing import TypedDict, Unpack
 
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.chunk_sizing import MAX_FLOWS, flow_graph, makespan, optimal_chunk_weights
@@ -196,6 +197,7 @@ __all__ = [
     "SIZINGS",
     "Flow",
     "OptccPlan",
+    "PlanOptions",
     "default_ramp",
     "lp_sized",
     "optcc",
@@ -379,15 +381,21 @@ def _lp_weights(equal: OptccPlan, slowdowns: tuple[tuple[int, float], ...]) -> t
     return optimal_chunk_weights(equal.lower(), dict(slowdowns))
 
 
+class PlanOptions(TypedDict, total=False):
+    """The optional arguments of :func:`optcc` after ``gpus_per_server`` (:func:`optcc_plan`'s defaults)."""
+
+    orderings: int
+    bubble_filling: bool
+    ramp: int | None
+    sizing: str
+
+
 def optcc(
     world_size: int,
     slowdowns: dict[int, float],
     segments: int = 64,
     gpus_per_server: int = 1,
-    orderings: int = 1,
-    bubble_filling: bool = True,
-    ramp: int | None = None,
-    sizing: str = "closed_form",
+    **options: Unpack[PlanOptions],
 ) -> Schedule:
     """OptCC AllReduce for ``world_size`` ranks of which those in ``slowdowns`` have slow NICs.
 
@@ -404,7 +412,7 @@ def optcc(
         sched = optcc(5, {0: 2.0}, segments=4)
         check(sched)
     """
-    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, orderings, bubble_filling, ramp, sizing)
+    plan = optcc_plan(world_size, slowdowns, segments, gpus_per_server, **options)
     if gpus_per_server == 1:
         return plan.lower()
 
