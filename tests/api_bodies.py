@@ -82,3 +82,141 @@ def different_window_on_one_rank(rank: int, n: int) -> dict[str, Any]:
         kinds = [kind.__name__ for kind in type(err).__mro__]
     return {"error": error, "kinds": kinds, "seconds": time.monotonic() - start,
             "initialized": stragglerkit.is_initialized()}
+
+
+PROGRAM_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
+PROGRAM_SIZES = (0, 1, 7, 100_003)
+
+
+def program_input(rank: int, dtype: torch.dtype, numel: int, salt: int = 0) -> torch.Tensor:
+    """What rank ``rank`` reduces in :func:`torch_program` (the test rebuilds every rank's input)."""
+    seed = 7919 * rank + 31 * numel + PROGRAM_DTYPES.index(dtype) + 100_003 * salt
+    gen = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(numel, generator=gen, dtype=torch.float64) * 10).to(dtype)
+    return torch.randint(-(1 << 40), 1 << 40, (numel,), generator=gen, dtype=dtype)
+
+
+def torch_program(rank: int, n: int, library: str) -> dict[str, Any]:
+    """A program written for ``torch.distributed.all_reduce``; ``library="stragglerkit"`` runs it with
+    ``stragglerkit.all_reduce`` after one ``stragglerkit.init()`` (and one for its subgroup)."""
+    import torch.distributed as dist
+
+    import stragglerkit
+
+    reduce = dist.all_reduce
+    if library == "stragglerkit":
+        stragglerkit.init()
+        reduce = stragglerkit.all_reduce  # type: ignore[assignment]
+    members = list(range(n - 1))  # a user's subgroup: every rank but the last
+    subgroup = dist.new_group(members)
+    if library == "stragglerkit" and rank in members:
+        stragglerkit.init(group=subgroup)
+    results: dict[str, bytes] = {}  # the tensors' bytes (tensors would travel as shared memory)
+    work_api: dict[str, bool] = {}
+    for dtype in PROGRAM_DTYPES:
+        for numel in PROGRAM_SIZES:
+            case = f"{str(dtype).removeprefix('torch.')}/{numel}"
+            t = program_input(rank, dtype, numel)
+            work = reduce(t, dist.ReduceOp.SUM, None, True)
+            work_api[f"{case}/wait"] = work.wait() is True
+            work_api[f"{case}/future"] = work.get_future().wait()[0] is t
+            work_api[f"{case}/completed"] = work.is_completed()
+            results[f"{case}/sum_async"] = t.view(torch.uint8).numpy().tobytes()
+            if dtype.is_floating_point:
+                t = program_input(rank, dtype, numel, salt=1)
+                assert reduce(t, dist.ReduceOp.AVG) is None
+                results[f"{case}/avg"] = t.view(torch.uint8).numpy().tobytes()
+            if rank in members:
+                t = program_input(rank, dtype, numel, salt=2)
+                assert reduce(t, op=dist.ReduceOp.SUM, group=subgroup) is None
+                results[f"{case}/subgroup"] = t.view(torch.uint8).numpy().tobytes()
+    return {"results": results, "work_api": work_api}
+
+
+def before_init(rank: int, n: int) -> dict[str, str]:
+    """stragglerkit used after dist.init_process_group but before stragglerkit.init."""
+    import stragglerkit
+
+    out = {}
+    for name, call in (
+        ("all_reduce", lambda: stragglerkit.all_reduce(torch.ones(3))),
+        ("last_run", stragglerkit.last_run),
+    ):
+        try:
+            call()
+            out[name] = "ok"
+        except Exception as err:  # the test inspects type and text
+            out[name] = f"{type(err).__name__}: {err}"
+    out["is_initialized"] = str(stragglerkit.is_initialized())
+    return out
+
+
+def unsupported_op_on_rank_0(rank: int, n: int) -> dict[str, Any]:
+    """Rank 0 passes ReduceOp.MAX, the others SUM, on the first call after init."""
+    import time
+
+    import torch.distributed as dist
+
+    import stragglerkit
+
+    stragglerkit.init()
+    op = dist.ReduceOp.MAX if rank == 0 else dist.ReduceOp.SUM
+    start = time.monotonic()
+    try:
+        stragglerkit.all_reduce(torch.ones(1000), op)
+        error, kinds, peer = "ok", [], None
+    except Exception as err:  # the test inspects type and text
+        error = f"{type(err).__name__}: {err}"
+        kinds = [kind.__name__ for kind in type(err).__mro__]
+        peer = getattr(err, "peer", None)
+    return {"error": error, "kinds": kinds, "peer": peer, "seconds": time.monotonic() - start}
+
+
+def what_ran(rank: int, n: int) -> dict[str, Any]:
+    """last_run() before any call and after calls naming StragglAR, auto with a straggler, and ring."""
+    import stragglerkit
+
+    stragglerkit.init()
+    out: dict[str, Any] = {"before": stragglerkit.last_run()}
+    for name, kwargs in (
+        ("stragglar", {"algorithm": "stragglar", "straggler": 1}),
+        ("auto_straggler", {"straggler": 1}),
+        ("ring", {"algorithm": "ring"}),
+    ):
+        t = torch.full((1001,), float(rank + 1))
+        stragglerkit.all_reduce(t, **kwargs)  # type: ignore[arg-type]
+        record = stragglerkit.last_run()
+        assert record is not None
+        out[name] = (record.requested, record.algorithm, bool(torch.all(t == n * (n + 1) / 2)))
+    work = stragglerkit.all_reduce(torch.ones(10), async_op=True, algorithm="stragglar", straggler=3)
+    assert work is not None
+    out["async"] = work.result().algorithm
+    return out
+
+
+def init_twice_then_again(rank: int, n: int) -> dict[str, Any]:
+    """init twice (refused), destroy, init again with another configuration, and reduce."""
+    import stragglerkit
+
+    stragglerkit.init()
+    out: dict[str, Any] = {}
+    try:
+        stragglerkit.init()
+        out["second"] = "ok"
+    except Exception as err:  # the test inspects type and text
+        out["second"] = f"{type(err).__name__}: {err}"
+    t = torch.full((5,), float(rank))
+    stragglerkit.all_reduce(t)  # the first session still works
+    out["first_sum"] = t.tolist()
+    stragglerkit.destroy()
+    out["after_destroy"] = stragglerkit.is_initialized()
+    stragglerkit.init(config=stragglerkit.Config().replace(executor={"timeout": 60.0}))
+    from stragglerkit.runtime.session import session_for
+
+    out["timeout"] = session_for().runtime.timeout
+    t = torch.full((5,), float(rank))
+    stragglerkit.all_reduce(t, algorithm="direct", straggler=0)
+    out["second_sum"] = t.tolist()
+    stragglerkit.destroy()
+    return out
