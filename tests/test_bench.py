@@ -242,7 +242,7 @@ def test_the_main_jobs_degraded_command_runs(tmp_path: Path) -> None:
 
 
 def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
-    from stragglerkit.runtime.api import optcc_segments
+    from stragglerkit.runtime.policy import optcc_segments
 
     assert optcc_segments(32 * 2**20, 8) == 9  # 32 MiB / (7 * 512 KiB)
     assert optcc_segments(2**30, 8) == 64  # capped
@@ -254,18 +254,12 @@ def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
     assert optcc_segments(7 * 2**20, 3) == 7  # 512 KiB messages already give more
 
 
-def test_optcc_message_bytes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.errors import StragglerKitError
-    from stragglerkit.runtime.api import optcc_segments
+def test_optcc_segments_for_another_message_size() -> None:
+    from stragglerkit.runtime.policy import OPTCC_MESSAGE_BYTES, optcc_segments
 
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "128KiB")
-    assert optcc_segments(32 * 2**20, 8) == 36
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", "131072")
-    assert optcc_segments(32 * 2**20, 8) == 36
-    for bad in ("lots", "0", "-5"):
-        monkeypatch.setenv("STRAGGLERKIT_OPTCC_MESSAGE_BYTES", bad)
-        with pytest.raises(StragglerKitError, match=f"STRAGGLERKIT_OPTCC_MESSAGE_BYTES='{bad}' is not a positive size"):
-            optcc_segments(32 * 2**20, 8)
+    assert OPTCC_MESSAGE_BYTES == 512 * 1024
+    assert optcc_segments(32 * 2**20, 8, message_bytes=128 * 1024) == 36
+    assert optcc_segments(32 * 2**20, 8, message_bytes=131072) == 36
 
 
 def test_cpu_counters_from_proc_stat(tmp_path: Path) -> None:

@@ -283,10 +283,12 @@ def test_without_bubble_filling_the_l_below_2_plan_has_no_fills_and_is_correct(p
 
 
 def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.runtime.api import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
+    from stragglerkit.runtime import policy
+    from stragglerkit.runtime.policy import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
     from stragglerkit.sim.simulator import Network, simulate
 
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")  # the runtime's default is auto
+    assert policy.OPTCC_SIZING == "auto"  # the runtime's sizing
+    monkeypatch.setattr(policy, "OPTCC_SIZING", "closed_form")
     # shallow pipelines and l near 2: the fills' head and tail cost more than the bubbles they fill
     assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
     assert not optcc_bubble_filling(8, {3: 1.5}, segments=3)
@@ -296,10 +298,10 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
     # at k = 36, far below l = 2
     assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=18)
     assert optcc_bubble_filling(8, {3: 8 / 7}, segments=36)
-    # with LP sizes on both plans (STRAGGLERKIT_OPTCC_SIZING=auto) they gain 2.6 % at k = 9
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "auto")
+    # with LP sizes on both plans (OPTCC_SIZING = "auto") they gain 2.6 % at k = 9
+    monkeypatch.setattr(policy, "OPTCC_SIZING", "auto")
     assert optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_SIZING", "closed_form")
+    monkeypatch.setattr(policy, "OPTCC_SIZING", "closed_form")
     # nothing to choose: l >= 2 has no fills, several degraded ranks none either
     assert optcc_bubble_filling(8, {3: 2.0}, segments=3)
     assert optcc_bubble_filling(8, {1: 1.5, 5: 1.5}, segments=3)
@@ -320,35 +322,19 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
 
 
 def test_plans_too_large_to_simulate_run_without_fills_unsimulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.runtime import api
+    from stragglerkit.runtime import policy
     from stragglerkit.sim import simulator
 
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("a plan too large to simulate was simulated")
 
     monkeypatch.setattr(simulator, "simulate", no_simulation)
-    api._bubble_filling_pays.cache_clear()
-    assert 64 * 64 * 9 > api.BUBBLE_FILLING_SIMULATED_MAX
-    assert not api.optcc_bubble_filling(64, {3: 8 / 7}, segments=9)
-    assert not api.optcc_bubble_filling(17, {3: 1.5}, segments=64)
-    assert api.optcc_bubble_filling(64, {3: 2.0}, segments=9)  # l >= 2: nothing to choose
-    api._bubble_filling_pays.cache_clear()
-
-
-def test_the_bubble_filling_setting_overrides_the_simulators_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.errors import StragglerKitError
-    from stragglerkit.runtime.api import optcc_bubble_filling, optcc_situation
-
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "off")
-    assert not optcc_bubble_filling(8, {3: 8 / 7}, segments=36)  # the simulator would fill
-    assert optcc_situation(Situation(world_size=8, slowdowns={3: 8 / 7}), 32 * 2**20).bubble_filling is False
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "on")
-    assert optcc_bubble_filling(8, {3: 1.97}, segments=9)  # the simulator would not
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "auto")
-    assert not optcc_bubble_filling(8, {3: 1.97}, segments=9)
-    monkeypatch.setenv("STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "sometimes")
-    with pytest.raises(StragglerKitError, match="STRAGGLERKIT_OPTCC_BUBBLE_FILLING='sometimes' is not auto, on or off"):
-        optcc_bubble_filling(8, {3: 8 / 7}, segments=9)
+    policy._bubble_filling_pays.cache_clear()
+    assert 64 * 64 * 9 > policy.BUBBLE_FILLING_SIMULATED_MAX
+    assert not policy.optcc_bubble_filling(64, {3: 8 / 7}, segments=9)
+    assert not policy.optcc_bubble_filling(17, {3: 1.5}, segments=64)
+    assert policy.optcc_bubble_filling(64, {3: 2.0}, segments=9)  # l >= 2: nothing to choose
+    policy._bubble_filling_pays.cache_clear()
 
 
 def test_the_ramp_makes_the_end_segments_smaller() -> None:
