@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stragglerkit.cli.options import unit
+from stragglerkit.cli.options import command_parser, unit
 from stragglerkit.units import parse_bandwidth, parse_size, parse_time
 
 __all__ = ["add_parser", "cmd_bench"]
@@ -81,7 +81,8 @@ def add_parser(sub: Any) -> None:
     """Add ``bench`` to the subcommands ``sub``."""
     from stragglerkit.bench import parse_algorithms, parse_degrade, parse_delay_option, parse_sizes
 
-    bench = sub.add_parser(
+    bench = command_parser(
+        sub,
         "bench",
         # whole option names only: --degrade is also the start of --degraded-threshold (train mode)
         allow_abbrev=False,
@@ -95,7 +96,6 @@ def add_parser(sub: Any) -> None:
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
         "  stragglerkit bench --mode train --straggler 7 --delay auto --from-step 20 --steps 120\n"
         "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
     bench.add_argument(

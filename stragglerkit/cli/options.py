@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from stragglerkit.bench.config import argument_type
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.registry import Situation, names
 
-__all__ = ["add_situation_options", "algorithm_list", "degrade", "int_list", "situation_from_args", "unit"]
+__all__ = [
+    "add_situation_options",
+    "algorithm_list",
+    "command_parser",
+    "degrade",
+    "int_list",
+    "situation_from_args",
+    "unit",
+]
 
 
 def degrade(text: str) -> tuple[int, float]:
@@ -84,3 +93,11 @@ def add_situation_options(parser: argparse.ArgumentParser) -> None:
         help="GPUs per server (default 1): ranks v*g..v*g+g-1 share a server, talk over NVLink, and a degraded "
         "rank degrades its whole server (PXN); OptCC plans on the servers",
     )
+
+
+def command_parser(sub: Any, name: str, **options: Any) -> argparse.ArgumentParser:
+    """Add the command ``name`` to the subcommands ``sub``, its epilog printed as written."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, formatter_class=argparse.RawDescriptionHelpFormatter, **options
+    )
+    return parser

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from stragglerkit.cli.options import add_situation_options, situation_from_args
+from stragglerkit.cli.options import add_situation_options, command_parser, situation_from_args
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 from stragglerkit.schedules.registry import generate, names
@@ -123,7 +123,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Add ``schedule`` to the subcommands ``sub``."""
-    sched = sub.add_parser(
+    sched = command_parser(
+        sub,
         "schedule",
         help="build, check and print one algorithm's schedule",
         description="Build an AllReduce schedule, prove it correct with the symbolic checker, and print it "
@@ -131,7 +132,6 @@ def add_parser(sub: Any) -> None:
         epilog="examples:\n  stragglerkit schedule stragglar --world-size 8\n"
         "  stragglerkit schedule ring --world-size 16 --summary-json\n"
         "  stragglerkit schedule stragglar --world-size 256 --straggler 5 --json s.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sched.add_argument("algorithm", choices=names(), help="which algorithm")
     sched.add_argument("--world-size", "-n", type=int, required=True, help="number of ranks")

@@ -7,7 +7,14 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from stragglerkit.cli.options import add_situation_options, algorithm_list, int_list, situation_from_args, unit
+from stragglerkit.cli.options import (
+    add_situation_options,
+    algorithm_list,
+    command_parser,
+    int_list,
+    situation_from_args,
+    unit,
+)
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.units import format_bytes, format_seconds, parse_bandwidth, parse_size, parse_time
@@ -150,7 +157,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Add ``simulate`` to the subcommands ``sub``."""
-    sim = sub.add_parser(
+    sim = command_parser(
+        sub,
         "simulate",
         help="predict AllReduce times on a simulated network",
         description="Simulate algorithms on a network of per-rank NICs (flow level, max-min fair sharing) "
@@ -158,7 +166,6 @@ def add_parser(sub: Any) -> None:
         epilog="example (the StragglAR paper's analytic comparison):\n"
         "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
         "--size 1GiB --alpha 3us --bandwidth 450GB/s",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sim.add_argument(
         "--algorithms", type=algorithm_list, default=["ring", "rhd", "stragglar"], help="comma-separated list"

@@ -200,6 +200,18 @@ def _check_rounds(sched: Schedule) -> None:
             seen[key] = index
 
 
+def _add_in(buf: list[int], chunk: int, data: int, rank: int, index: int, op: Op, full: int) -> bool:
+    """Add the contributions ``data`` to ``rank``'s ``chunk`` (op ``index`` does); does the chunk hold
+    every contribution (``full``) now? Raises on double counting."""
+    if buf[chunk] & data:
+        raise ScheduleError(
+            f"double counting: {_where(rank, index, op)} adds contributions {format_ranks(data)} to chunk "
+            f"{chunk}, which already holds {format_ranks(buf[chunk])} (overlap {format_ranks(buf[chunk] & data)})"
+        )
+    buf[chunk] |= data
+    return buf[chunk] == full
+
+
 def _channels(sched: Schedule) -> tuple[dict[tuple[int, int], list[int]], dict[tuple[int, int], list[int]]]:
     """Per channel ``(src, dst)``: the sender's send ops and the receiver's receive ops, in program order."""
     sends: dict[tuple[int, int], list[int]] = {}
@@ -300,14 +312,7 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
         if recv_op.kind is OpKind.RECV_REDUCE:
             buf = buffers[dst]
             for offset, chunk in enumerate(range(start, stop)):
-                if buf[chunk] & data[offset]:
-                    raise ScheduleError(
-                        f"double counting: {_where(dst, recv_index, recv_op)} adds contributions "
-                        f"{format_ranks(data[offset])} to chunk {chunk}, which already holds "
-                        f"{format_ranks(buf[chunk])} (overlap {format_ranks(buf[chunk] & data[offset])})"
-                    )
-                buf[chunk] |= data[offset]
-                if completed is not None and buf[chunk] == full:
+                if _add_in(buf, chunk, data[offset], dst, recv_index, recv_op, full) and completed is not None:
                     completed[dst][recv_index] += 1
         elif recv_op.scratch is not None:
             scratch[dst][recv_op.scratch] = data
@@ -363,14 +368,7 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
             start = op.chunks[0]
             for offset, chunk in enumerate(range(start, op.chunks[1])):
                 if op.kind is OpKind.REDUCE:
-                    if buf[chunk] & data[offset]:
-                        raise ScheduleError(
-                            f"double counting: {_where(rank, index, op)} adds contributions "
-                            f"{format_ranks(data[offset])} to chunk {chunk}, which already holds "
-                            f"{format_ranks(buf[chunk])}"
-                        )
-                    buf[chunk] |= data[offset]
-                    if completed is not None and buf[chunk] == full:
+                    if _add_in(buf, chunk, data[offset], rank, index, op, full) and completed is not None:
                         completed[rank][index] += 1
                 else:
                     buf[chunk] = data[offset]

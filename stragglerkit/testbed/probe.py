@@ -47,6 +47,14 @@ def _listen(addr: str, port: int, timeout: float) -> socket.socket:
     return server
 
 
+def _accept(addr: str, port: int, timeout: float) -> socket.socket:
+    """Listen on ``addr:port`` for one peer; its connection, with ``timeout`` on every call."""
+    with _listen(addr, port, timeout) as server:
+        conn, _ = server.accept()
+    conn.settimeout(timeout)
+    return conn
+
+
 def _connect(addr: str, port: int, timeout: float) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:  # the peer may not be listening yet; bounded by the deadline
@@ -83,10 +91,7 @@ def _kernel_timestamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
 
 def recv(addr: str, port: int, nbytes: int, skip: int, timeout: float) -> dict[str, object]:
     deadline = time.monotonic() + timeout
-    with _listen(addr, port, timeout) as server:
-        conn, _ = server.accept()
-    with conn:
-        conn.settimeout(timeout)
+    with _accept(addr, port, timeout) as conn:
         conn.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
@@ -141,10 +146,7 @@ def send(addr: str, port: int, nbytes: int, timeout: float) -> dict[str, float]:
 
 def echo(addr: str, port: int, rounds: int, size: int, timeout: float) -> dict[str, float]:
     deadline = time.monotonic() + timeout
-    with _listen(addr, port, timeout) as server:
-        conn, _ = server.accept()
-    with conn:
-        conn.settimeout(timeout)
+    with _accept(addr, port, timeout) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = bytearray(size)
         view = memoryview(buf)
