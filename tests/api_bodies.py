@@ -44,13 +44,10 @@ def api_features(rank: int, n: int) -> dict[str, Any]:
 
     # a remapped group: logical rank i is played by group rank mapping[i]
     runtime = session_for().runtime
-    runtime.set_rank_map([(r + 1) % n for r in range(n)])
     x = torch.arange(10, dtype=torch.float64) * (rank + 1)
-    stragglerkit.all_reduce(x, algorithm="ring")
-    record = stragglerkit.last_run()
+    record = runtime.all_reduce(x, algorithm="ring", rank_map=[(r + 1) % n for r in range(n)])
     out["remapped_ok"] = bool(torch.equal(x, torch.arange(10, dtype=torch.float64) * (n * (n + 1) // 2)))
     out["remapped_peers"] = sorted({t.peer for t in record.timings.records()})
-    runtime.set_rank_map(None)
 
     # timings: one row per message of this rank, positive byte counts, post <= completion
     x = torch.ones(4096)
