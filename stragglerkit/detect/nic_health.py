@@ -67,13 +67,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from stragglerkit.runtime.executor import OpTiming
-
 __all__ = [
     "LINK_MESSAGES",
+    "MessageTiming",
     "RingLinkMessages",
     "SysfsLink",
     "local_link_speed",
@@ -112,7 +112,22 @@ class RingLinkMessages:
     recv_bytes: np.ndarray
 
 
-def ring_link_messages(timings: Iterable[OpTiming], start_ns: int, most: int = LINK_MESSAGES) -> RingLinkMessages:
+class MessageTiming(Protocol):
+    """One completed message as the executor reports it (:class:`stragglerkit.runtime.executor.OpTiming`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def peer(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+
+
+def ring_link_messages(timings: Iterable[MessageTiming], start_ns: int, most: int = LINK_MESSAGES) -> RingLinkMessages:
     """This rank's ring messages (see :class:`RingLinkMessages`), times relative to ``start_ns``.
 
     ``timings``: the executor's per-op records of one ring run; ``start_ns``: a
