@@ -13,6 +13,7 @@ So ``pip install .`` into an environment with torch keeps that torch, exactly as
 
 from __future__ import annotations
 
+import site
 import sys
 import sysconfig
 from typing import Any
@@ -31,7 +32,7 @@ def _see_installed_torch() -> bool:
         paths = sysconfig.get_paths()
         for key in ("purelib", "platlib"):
             if paths[key] not in sys.path:
-                sys.path.append(paths[key])
+                site.addsitedir(paths[key])  # appends, and reads the .pth files there
         try:
             import torch  # noqa: F401
         except ImportError:
