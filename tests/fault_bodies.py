@@ -39,6 +39,16 @@ def _call(x: torch.Tensor, **kwargs: Any) -> str:
     return str(_attempt(x, **kwargs)["error"])
 
 
+def blames_its_peer(out: dict[str, Any], culprit: int) -> bool:
+    """A PeerError whose ``peer`` is the rank its message blames: ``culprit``, found by this rank
+    itself, or the rank whose abort note stopped this one (which may have been told first)."""
+    error, peer = out["error"], out["peer"]
+    if not error.startswith("PeerError") or peer is None:
+        return False
+    told = f"aborted because rank {peer} failed" in error
+    return told or (peer == culprit and f"rank {culprit} (logical" in error)
+
+
 def bad_arguments_everywhere(rank: int, n: int) -> dict[str, Any]:
     """Every rank makes the same bad calls (local ConfigErrors), then a good call must still work."""
     _init()

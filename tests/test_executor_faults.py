@@ -73,7 +73,7 @@ def test_size_mismatch_is_caught_on_every_rank_before_data_moves(wait_mode: str)
         assert "mismatch" in out["error"], (rank, out)
     for rank in (1, 3):  # ring neighbours of rank 2: found it themselves or were told by rank 2
         assert "rank 2" in results[rank]["error"]
-        assert results[rank]["error"].startswith("PeerError") and results[rank]["peer"] == 2, results[rank]
+        assert fault_bodies.blames_its_peer(results[rank], 2), results[rank]
     detailed = [out["error"] for out in results.values() if "mismatch detected before any data moved" in out["error"]]
     assert detailed and all("1000 elements of Float" in e and "1001 elements" in e for e in detailed), detailed
     assert results[2]["unchanged"], "the mismatched rank's tensor was written"
