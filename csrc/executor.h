@@ -62,7 +62,7 @@ struct PlanTables {
   c10::intrusive_ptr<c10d::ProcessGroup> reverse_group;
   // Observe completions concurrently, one waiter thread per (peer, direction) channel
   // (channel_waiters.h), instead of blocking in `wait_order`. For CPU tensors on gloo; the policy
-  // (which buckets) lives in Python (runtime/api.py).
+  // (which buckets) lives in Python (runtime/executor.py, concurrent_waits).
   bool concurrent_waits = false;
 };
 

@@ -133,7 +133,8 @@ void reduce_add_span(void* dst, const void* src, int64_t count, c10::ScalarType 
     }
     return;
   }
-  // The lowering fuses the division on CPU only (runtime/api.py): CUDA divides after the run.
+  // The runtime fuses the division on CPU only (runtime/runtime.py, runtime/plan.py's divide_by):
+  // CUDA divides after the run.
   TORCH_CHECK(divisor == 0, "stragglerkit: a fused averaging reduction runs on CPU only, got device ", device);
 #ifdef STRAGGLERKIT_CUDA
   if (device.is_cuda()) {

@@ -52,12 +52,14 @@ def _rank_main(args: argparse.Namespace) -> None:
     runs = []
     for _ in range(args.iters):
         dist.barrier()
-        handle = stragglerkit.all_reduce_async(ring_buffer, algorithm="ring")
+        ring = stragglerkit.all_reduce(ring_buffer, async_op=True, algorithm="ring")
+        assert ring is not None
         work = None
         if other is not None:
             time.sleep(args.concurrent_after)
             work = dist.all_reduce(other, async_op=True)
-        record = handle.wait(120)
+        ring.wait(120)
+        record = ring.result()
         if work is not None:
             work.wait()
         ops = [[t.kind, t.peer, t.nbytes, t.start_ns, t.end_ns] for t in record.timings.records()]

@@ -137,7 +137,7 @@ def switch_from_env(name: str, default: _Default) -> bool | _Default:
 
     Example::
 
-        switch_from_env("STRAGGLERKIT_POST_AHEAD", True)  # True unless set to off (or 0, false, no)
+        switch_from_env("MY_FEATURE", True)  # True unless MY_FEATURE is set to off (or 0, false, no)
     """
     text = os.environ.get(name, "").strip()
     if not text:

@@ -97,7 +97,7 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
 
 
 def _lower_bound(case: dict[str, Any], bandwidth: float | None) -> float | None:
-    """OptCC's lower bound (optcc.txt Theorems 1 and 2) for the degraded NICs, in seconds."""
+    """OptCC's lower bound (OptCC paper, Theorems 1 and 2) for the degraded NICs, in seconds."""
     slowdowns = [float(v) for v in case["slowdowns"].values()]
     if not slowdowns or bandwidth is None or case["world_size"] < 3:
         return None

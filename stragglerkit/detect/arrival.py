@@ -6,7 +6,7 @@ start (the hook call, or the end of the previous bucket's AllReduce when that on
 running: one AllReduce runs at a time per rank) and when it finished. From these:
 
 * **span** = finish - start: the time this rank spent in the AllReduce, waiting included.
-* **clock-free last arriver** (stragglar.txt §2): every rank finishes an AllReduce at nearly the
+* **clock-free last arriver** (StragglAR paper, §2): every rank finishes an AllReduce at nearly the
   same moment, so the rank that arrived last is the one that waited least -- the smallest span.
   The straggler delay is ``T_rest - T_straggler``, the second smallest span minus the smallest:
   the idle time of the second-last rank, a conservative figure that needs no shared clock.
@@ -202,7 +202,7 @@ def last_arrivers(spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Clock-free: per row (step) of ``spans[step, rank]``, the last arriver and its delay.
 
     The last arriver waits least, so it is the rank with the smallest span; its delay is the second
-    smallest span minus the smallest (stragglar.txt §2: ``T_rest - T_straggler``). Rows with a NaN
+    smallest span minus the smallest (StragglAR paper, §2: ``T_rest - T_straggler``). Rows with a NaN
     give rank -1 and delay NaN.
 
     Example::

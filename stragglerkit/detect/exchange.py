@@ -10,9 +10,9 @@ vector's size follows from ``K``, the bucket limit ``B``, ``n`` and ``M``, all k
 so no size negotiation is needed. Only rank 0 decides, so the
 figures go to rank 0 alone (one gather) and rank 0's decision, the vector's head, goes to
 everyone (one broadcast): two collectives of about ``2(n-1)`` messages in all, where an
-all-gather (a ring in gloo) takes ``n(n-1)`` messages and hands every rank every vector. On 8
-ranks sharing 2 cores the all-gather cost about 1.5 % of the training step, most of what the
-exchange cost (``profiling/bench_hook_overhead.py``). Both run asynchronously on a separate gloo
+all-gather (a ring in gloo) takes ``n(n-1)`` messages and hands every rank every vector: on
+hosts short of cores the all-gather was most of what the exchange cost (docs/results.md, "Hook
+overhead"). Both run asynchronously on a separate gloo
 group over CPU tensors (also next to NCCL), issued once a step's first bucket was handed to its
 AllReduce and waited when the next step begins: by then every rank has contributed, so the wait
 costs nothing on the critical path. Rank 0's decision therefore reaches

@@ -16,8 +16,8 @@ slowdowns. The parameters come from the job itself:
   (``add(..., slowest=l)``): a baseline's critical path
   moves its bytes at the slowest NIC's pace (exact for the ring, where every rank sends the same
   bytes each step; first order for rhd and direct). Without it the samples of a degraded
-  cluster read as a slow healthy bandwidth (72 MB/s fitted for 119.5 on the emulated cluster
-  with one NIC at 1/2). The detector confirms a degraded NIC only after a window of probes that
+  cluster would be fitted as a slow healthy bandwidth, and every prediction would carry the
+  degraded NIC twice. The detector confirms a degraded NIC only after a window of probes that
   saw it slow; the samples of those probes were added before anyone knew, so the controller
   re-tags them once it knows (:meth:`OnlineModel.rescale`, by the step each sample came from).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A

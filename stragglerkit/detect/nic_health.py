@@ -34,14 +34,12 @@ the NIC runs at ``1/l`` of the healthy bandwidth). Two sources:
   (Mbit/s) and ``/sys/class/infiniband/DEV/ports/P/{state,rate}``. A NIC that negotiated a lower
   speed than its peers' (a 100G port at 50G) shows here before any traffic.
 
-Why the busy period. An earlier estimator used only each link's first message (every rank sends
-its first chunk as it enters). It needs no pairing, but its single message per link carries the
-connection's start-up and any other traffic of that moment: on the emulated cluster (8 ranks,
-1 Gbit/s, one NIC at 1/2, a 30 MB ring) it read the degraded rank at 1.23-1.83 and healthy ones up
-to 1.31, and in training it once blamed a healthy rank. On the same runs the busy period reads
-2.15-2.18 for the degraded rank and at most 1.05 elsewhere; 1.12-1.15 for a NIC at 7/8; 2.01-2.32
-for a 7 MB ring that shares the links with a concurrent gloo AllReduce
-(``profiling/bench_link_estimate.py``; docs/detection.md has the table).
+Why the busy period. An estimate from each link's first message alone (every rank sends its
+first chunk as it enters) needs no pairing, but that single message carries the connection's
+start-up and any other traffic of that moment, so it under-reads a degraded rank and can read a
+healthy one as degraded. The busy period charges each message only the time it was on the link
+(docs/detection.md, "How it decides"; how well it reads: docs/results.md, "NIC-health estimate",
+from ``profiling/bench_link_estimate.py``).
 
 Attribution. A transfer is as slow as the slower end of its link, so a slow link blames both
 ends; but a degraded rank makes *every* link it touches slow, while its healthy neighbour has

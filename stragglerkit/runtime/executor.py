@@ -218,16 +218,15 @@ def concurrent_waits(
     the pace of its slowest stream; one waiter thread per channel observes every completion as it
     happens (csrc/channel_waiters.h). The threads cost tens of microseconds per call, so small
     buckets keep the ordered mode. A rank with at most two peers (a ring) has one stream in and
-    one out, which the global order already follows, and there the threads only cost CPU (ring on
-    4 loopback ranks, 64 MiB: 151 ms ordered, 163 ms concurrent) -- as long as a send completes
-    when it is posted, which a socket with the kernel's send buffer (up to 4 MiB) does for a
-    ring's chunks. Over connections with a bounded send buffer (``bounded_send_buffer``:
+    one out, which the global order already follows, and there the threads only cost CPU -- as
+    long as a send completes when it is posted, which a socket with the kernel's send buffer (up
+    to 4 MiB) does for a ring's chunks. Over connections with a bounded send buffer (``bounded_send_buffer``:
     ``executor.send_buffer``, runtime/send_buffer.py) a send to a slow successor completes
     only as its link drains, and in the global order the receive from the predecessor behind it is
     observed that late: its recorded end, which the NIC-health estimate reads as the link's
-    delivery, made the degraded rank's predecessor read l = 1.6-2.3 (1 MiB buffers, one NIC at 1/2;
-    at most 1.03 with concurrent waits: docs/detection.md). So with a bounded send buffer every
-    plan of a large enough bucket is observed concurrently. NCCL's ``wait()`` does not block
+    delivery, would make the degraded rank's ring predecessor read as degraded too
+    (docs/executor.md, "Observing completions"). So with a bounded send buffer every plan of a
+    large enough bucket is observed concurrently. NCCL's ``wait()`` does not block
     the host, so CUDA tensors keep the ordered mode too.
     """
     if buffer.device.type != "cpu" or dist.get_backend(group) != "gloo":
@@ -246,7 +245,7 @@ def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
 
     Gloo keeps one TCP connection per pair of ranks, and it carries one direction at a time: two
     ranks that send each other a chunk at once (StragglAR's swaps, OptCC's upload/download) take
-    twice the time of a one-way transfer (profiling/bench_pair_exchange.py). With a second group,
+    about twice the time of a one-way transfer. With a second group,
     each direction gets its own connection. NCCL needs none. Creating it is collective: every rank
     of the default group must call this at the same point.
     """

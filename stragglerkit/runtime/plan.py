@@ -28,7 +28,8 @@ Averaging: with ``divide_by = n`` the reductions after which a chunk holds all `
 (:func:`~stragglerkit.schedules.check.completing_reductions`) also divide by ``n``, so an averaging
 AllReduce needs no pass of its own over the bucket; the other ranks receive those final values by
 copy. (Without a hook DDP divides while it copies gradients into a bucket; a hook that divided the
-whole bucket again cost about 3 % of a training step on the emulated cluster, docs/detection.md.)
+whole bucket again would pay a pass of its own, a measurable part of a training step on CPU:
+docs/detection.md, "Averaging and bucket views".)
 
 Scratch: a schedule's scratch slot ``s`` gets one region (its largest use); every ``recv_reduce``
 gets its own region, so reductions never wait for scratch to be free. Scratch therefore needs at
@@ -175,13 +176,9 @@ def choose_pieces(schedule: Schedule, numel: int, element_size: int) -> int:
     Round schedules (a ``round_phase``: StragglAR, direct) keep whole chunks. Cut into pieces,
     their rounds pipeline piece by piece (:func:`refine`), which removes the bubble at each round
     boundary but lets the next round's first pieces share the NIC with the current round's last
-    ones. Measured on the emulated cluster (8 ranks, 32 MiB, straggler delay auto; StragglAR vs
-    gloo from the straggler's arrival, alternating runs; ``python profiling/round_pieces_summary.py``,
-    docs/bench.md): at 1 Gbit/s 1 MiB pieces 1.20x-1.25x (median 1.22x of 7 runs) against whole
-    chunks 1.18x-1.21x (median 1.20x of 4); at 250 Mbit/s 1.21x-1.25x (median 1.21x of 5) against
-    1.25x-1.27x (median 1.26x of 4). Pieces gain within the noise where per-round overheads
-    matter and lose where the transfers dominate, so whole chunks stay. (At most one piece of
-    overlap between rounds was worse at both rates: 1.12x-1.16x and 1.08x-1.13x.)
+    ones. On the emulated cluster pieces gained only within the noise where per-round overheads
+    matter and lost where the transfers dominate (as did allowing one piece of overlap between
+    rounds), so whole chunks stay.
     """
     if schedule.round_phase is not None:
         return 1
@@ -446,8 +443,7 @@ def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[in
     NIC carries one flow per direction). Sends are left chained: a send completes once its bytes
     are in the socket buffer, so a send posted ahead would complete early and start the rank's
     next send, to another peer, while both still drain: two flows on one NIC, which the chain
-    is there to prevent (measured: OptCC with LP sizes at 250 Mbit/s lost 2-4 % with sends
-    posted ahead too).
+    is there to prevent (OptCC with LP sizes ran slower with sends posted ahead too).
     """
     found: set[tuple[int, int]] = set()
     receives = (int(LoweredKind.RECV), int(LoweredKind.RECV_REDUCE))

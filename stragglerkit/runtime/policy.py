@@ -38,8 +38,9 @@ __all__ = [
 OPTCC_SIZING = "auto"
 """How OptCC sizes its chunks: the linear program's sizes where the model says they gain at least
 its ``LP_MIN_GAIN``, else the closed form (schedules/optcc.py, "Sizes by linear programming").
-Together with OptCC's short send queues (``Config.optcc.send_buffer``) the LP's sizes measured
-faster on the emulated cluster than always taking the closed form."""
+It relies on OptCC's short send queues (``Config.optcc.send_buffer``): the LP balances many paths
+to the same length, which holds on real links only while a send holds its link about as long as
+the plan has it (docs/optcc.md, "Sizes by linear programming")."""
 
 
 def choose_algorithm(requested: str, situation: Situation, numel: int, element_size: int = 4) -> tuple[str, str | None]:
@@ -81,8 +82,7 @@ def optcc_segments(nbytes: int, world_size: int, most: int = 64, message_bytes: 
     of messages, and each message costs a fixed overhead (latency, a wake-up of the receiving
     rank); at 64 segments a 32 MiB bucket on 8 ranks is cut into 75 KiB messages. With one
     segment the fill doubles the time and OptCC loses to a ring, so a bucket gets at least 3
-    segments as long as its messages stay at least 128 KiB (8 ranks, one NIC at 1/2, 6.7 MiB on
-    the emulated cluster: 1 segment 282 ms, 2-3 segments 206-210 ms, gloo 207 ms).
+    segments as long as its messages stay at least 128 KiB (docs/optcc.md, "In the runtime").
 
     Example::
 

@@ -6,7 +6,8 @@ its previous round's sends *completed*, so with a large buffer most of the previ
 still queued when the next one starts, and TCP shares the rank's link between the two: the earlier
 message, which its receiver's chain of rounds waits for, arrives late. A bounded buffer keeps each
 round's timing as the schedule has it (StragglAR gains most); 1 MiB does that while waking a
-sender rarely enough that it costs a training step nothing measurable (256 KiB cost 1-2 %).
+sender rarely enough that it costs a training step nothing measurable, where smaller bounds cost
+more than they gained (docs/executor.md, "Connections").
 
 A bounded buffer makes a send to a slow peer complete only as that link drains; the executor then
 observes every large plan with one waiter per channel (``concurrent_waits`` in

@@ -27,13 +27,14 @@ never above the makespan of the schedule's own sizes. ``floor`` (default 1/4) ke
 least a quarter of the mean (or its own size, if that is smaller, so that the schedule's own sizes
 stay feasible), so that no chunk turns into a message made mostly of per-message cost.
 
-What it gives OptCC (p = 8, 9 segments, over the fault-free ring; optcc.py "Sizes by linear
-programming" has the table): l = 8/7 11.4 % → 5.6 % (the paper's closed form for k = 9:
-4.9 %), l = 1.5 19.9 % → 10.6 %, l = 2 7.1 % → 6.6 % over the bound ``l·n``. The sizes come out
-as a smooth ramp: small sections where the pipeline fills and drains, large ones in its body.
-Measured on the emulated cluster the gain did not appear (the real run overlaps a rank's messages
-in its socket buffer, which the model does not), so OptCC uses these sizes only when asked
-(``sizing="auto"`` or ``"lp"``; optcc.py, "Sizes by linear programming").
+What it gives OptCC: at ``l < 2`` most of the pipeline's head goes (in the simulator, p = 8,
+l = 8/7, k = 9: 5.6 % over the fault-free ring against 11.4 % with the closed-form sizes); at
+``l >= 2`` the ramp is within 0.5 % of it (docs/optcc.md, "Sizes by linear programming"). The
+sizes come out as a smooth ramp: small sections where the pipeline fills and drains, large ones
+in its body. ``optcc(...)`` keeps its closed-form sizes unless asked (``sizing="auto"`` or
+``"lp"``); the runtime asks for ``"auto"`` (``runtime.policy.OPTCC_SIZING``) and bounds OptCC's
+send queues (``Config.optcc.send_buffer``), since the model has no socket buffer in which a rank's
+messages overlap.
 
 Cost. One LP with ``num_chunks + flows + 1`` variables (HiGHS through scipy): p = 8, k = 9, 1008
 flows, about 0.1 s. :data:`MAX_FLOWS` bounds what the generators size this way; larger plans keep
@@ -46,7 +47,7 @@ so ranks that disagree (different scipy builds) fail with a mismatch instead of 
 
 Example::
 
-    sched = optcc(8, {7: 8 / 7}, segments=9, sizing="equal")
+    sched = optcc(8, {7: 8 / 7}, segments=9, sizing="closed_form")
     weights = optimal_chunk_weights(sched, {7: 8 / 7})
     sized = dataclasses.replace(sched, chunk_sizes=weights)
     assert makespan(sized, {7: 8 / 7}) <= makespan(sched, {7: 8 / 7})

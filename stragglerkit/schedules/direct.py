@@ -1,4 +1,4 @@
-"""Direct: the straggler-aware broadcast baseline of stragglar.txt §4.1 ("Broadcast").
+"""Direct: the straggler-aware broadcast baseline of the StragglAR paper, §4.1 ("Broadcast").
 
 How it works (n ranks, logical rank ``n-1`` is the straggler ``σ``):
 
@@ -11,7 +11,7 @@ How it works (n ranks, logical rank ``n-1`` is the straggler ``σ``):
   buffer to a rank that lacks it, so ``ceil(log2(n))`` rounds after the straggler arrives, every rank
   holds it.
 
-Cost after the straggler's arrival: ``log2(n)·alpha + log2(n)·s·beta`` (stragglar.txt §4.1), i.e. it
+Cost after the straggler's arrival: ``log2(n)·alpha + log2(n)·s·beta`` (StragglAR paper, §4.1), i.e. it
 only wins for small buffers or small n, which is why it is a baseline.
 
 Nomenclature: ``holders`` are ranks already holding the full sum, ``waiting`` those still lacking it.

@@ -1,10 +1,13 @@
-"""OptCC: a pipelined AllReduce that hides the slow NIC of a degraded rank (optcc.txt §4).
+"""OptCC: a pipelined AllReduce that hides the slow NIC of a degraded rank.
+
+From the OptCC paper (Chen et al., "Don't Let a Few Network Failures Slow the Entire AllReduce"),
+§4; docs/optcc.md explains the construction and the choices below.
 
 Setting. ``p`` ranks; one *straggler* S whose NIC runs at ``1/l`` of the healthy bandwidth, and the
 ``q = p - 1`` healthy ranks arranged in a directed ring ``h_0 -> h_1 -> ... -> h_{q-1} -> h_0``
 (edge ``e_j`` goes from ``h_j`` to ``h_{j+1}``). The buffer is cut into ``k`` *segments* of ``q``
 *sections* each; section ``x`` of a segment is *owned* by ``h_x``. Every section goes through four
-stages (optcc.txt §4.1):
+stages (OptCC paper, §4.1):
 
 * S1 reduce-scatter: a chain of ``q-1`` hops ``h_{x+1} -> ... -> h_x`` adds the healthy
   contributions (never using edge ``e_x``);
@@ -60,7 +63,7 @@ all-gathered by the chain h2 -> h3 -> h0 -> h1 in windows 9..11.
 Per body (4 windows) each healthy rank sends ``2(q-1) = 6`` ring sections and one upload
 (``2s`` at l = 2): in steady state the ring and S's link are both full.
 
-Second stage ordering (``orderings=2``, optcc.txt §4.1: S3→S1→S4→S2 on the odd segments, the
+Second stage ordering (``orderings=2``, OptCC paper, §4.1: S3→S1→S4→S2 on the odd segments, the
 even ones keep S1→S2→S3→S4). Same S1 chains and the same straggler slots; for a section uploaded
 in window ``u`` (owner ``h_u``): S sends its own value in window ``u - 2q + 1`` (the download slot,
 to ``h_{u-2q+2}``, the chain's second rank, before the chain gets there); the chain thus ends at
@@ -68,11 +71,12 @@ the owner with the global sum, which starts the S4 chain in the slot that starts
 of download window ``u - 1``, or ``u - 1 + q`` for a segment's first two sections, whose slots
 the previous segment's last two use), and sends it to S in window ``u`` (S2, replacing S's copy).
 The odd segments' S3 slots are the even segments' spare ones (two bodies earlier), so the
-straggler's downloads end one body sooner; the simulated time is within 0.4 % of one ordering at
-``l < 2`` and 0.7-2.6 % above it at ``l >= 2``, where one ordering has the ramp below
-(``profiling/optcc_orderings.py``), so ``orderings=1`` stays the default.
+straggler's downloads end one body sooner. In an event-driven pipeline that buys little (the ring
+already runs at full speed before the first upload and after the last download) and it keeps
+equal segments, without the ramp below, so ``orderings=1`` is the default (docs/optcc.md, "The
+second stage ordering").
 
-Bubble filling (l < 2, optcc.txt §4.2 and App. C). A window is 2 section-times long but a
+Bubble filling (l < 2, OptCC paper, §4.2 and App. C). A window is 2 section-times long but a
 straggler flow of one section only ``l``: the straggler link idles ``(2-l)s`` per window. Each
 upload/download is therefore followed by a *fill* piece of ``(2-l)/l`` sections: in body ``b``
 (``b < k``) every healthy rank uploads its own contribution of fill chunk ``b`` to S, S adds them
@@ -85,11 +89,9 @@ The tail (our choice; the paper's figures are not in its text). The last fill, `
 downloaded in body ``k+1``, after S's last section download, not in body ``k`` next to it: a
 section download is followed by an S4 chain of ``q-1`` ring hops, a fill download by nothing, so
 ending S's link with the fills lets the last chains run while S still sends (they are hidden
-entirely when ``q(2-l) >= q-1``, i.e. ``l <= 1 + 1/q``). For p = 8, k = 9 the simulated time over
-the fault-free ring drops from 15.6 % to 11.4 % at l = 8/7 and from 22.5 % to 19.9 % at l = 1.5
-(``profiling/optcc_tail.py``); ``l >= 2`` has no fills and is unchanged. What remains above the
-paper's ``(k+l-1)/k`` is the head: S has nothing to send until the first S1 chain (``q-1`` hops)
-and its upload are done.
+entirely when ``q(2-l) >= q-1``, i.e. ``l <= 1 + 1/q``); ``l >= 2`` has no fills and is unchanged.
+What remains above the paper's ``(k+l-1)/k`` is the head: S has nothing to send until the first S1
+chain (``q-1`` hops) and its upload are done.
 
 The ramp (our choice, for plans without fills). The head and the tail above are a whole segment's
 chain each (``q-1`` hops before S's first upload, ``q-1`` after its last download), so they shrink
@@ -97,14 +99,11 @@ with the first and last segments. With ``ramp = h`` segment ``σ`` weighs ``min(
 (k = 9, h = 3: 1 2 3 4 4 4 3 2 1): the pipeline starts and ends with small sections and keeps
 large ones, and its messages, in the body. The timetable does not change, only the chunk sizes;
 sections of adjacent segments differ by at most one step of the ramp, so S's link, which takes
-its sections one per window, never waits long for a larger segment's chain. Simulated (flow
-level, bandwidth only; ``profiling/optcc_ramp.py`` → ``profiling/results/optcc_ramp.json``), over
-the lower bound ``l·n``, equal segments against :func:`default_ramp` (``k // 3``): p = 8, l = 2:
-k = 9 12.7 % → 7.1 %, k = 18 7.5 % → 3.1 %, k = 36 3.8 % → 1.1 %; l = 4, k = 9: 7.1 % → 4.5 %;
-p = 16, l = 2, k = 9: 12.6 % → 6.2 %; with a second (attached) degraded rank, p = 8, k = 9: 29.6 % →
-23.3 %; without fills at l = 8/7, p = 8, k = 18: 10.8 % → 9.3 % over the fault-free ring. The
-fills' timetable and the second ordering keep equal segments (their fill sizes and early S3 slots
-are sized for them; ramps simulated slower there), and so do plans below 4 segments.
+its sections one per window, never waits long for a larger segment's chain. In the flow-level
+simulator :func:`default_ramp` (``k // 3``) is within 0.5 % of the best ramp length from 4 segments
+on (docs/optcc.md, "The ramp"). The fills' timetable and the second ordering keep equal
+segments (their fill sizes and early S3 slots are sized for them; ramps simulated slower there),
+and so do plans below 4 segments.
 
 Sizes by linear programming (our construction; ``sizing``). The ramp is one guess at the sizes;
 the best ones follow from the timetable itself. Each rank's sends and receives are chained, so in
@@ -114,37 +113,24 @@ every path. :mod:`stragglerkit.schedules.chunk_sizing` minimises it by an LP ove
 (every chunk at least a quarter of the mean, or its closed-form size if smaller). At ``l < 2``
 this removes most of the head the text above describes: the LP gives the first segment's
 sections and the first fills small sizes, so S's link starts sending after a short chain, and
-sizes the fills to the bubbles segment by segment.
-Simulated, over the fault-free ring (p = 8, k = 9): l = 8/7 11.4 % → 5.6 % (the paper's
-``(k+l-1)/k`` form gives 4.9 %), l = 1.5 19.9 % → 10.7 %; at k = 18, l = 8/7 8.6 % → 4.6 %; at
-``l >= 2`` the ramp is within 0.5 % of the LP (p = 8, l = 2, k = 9: 7.1 % against 6.6 % over
-``l·n``). ``sizing="auto"`` takes the LP's sizes where they shorten the modelled time by
+sizes the fills to the bubbles segment by segment; at ``l >= 2`` the ramp is already within
+0.5 % of the LP. ``sizing="auto"`` takes the LP's sizes where they shorten the modelled time by
 :data:`LP_MIN_GAIN` and the plan has at most :data:`~stragglerkit.schedules.chunk_sizing.MAX_FLOWS`
-flows, else keeps the closed form; ``sizing="lp"`` always solves. Neither is the default: on the
-emulated cluster (8 ranks, l = 8/7, 32 MiB, k = 9), side by side, the LP-sized plan measured the
-same as the closed form (1 Gbit/s: 15.4 % against 16.1 % over fault-free gloo, three launches each;
-250 Mbit/s: 12.3 and 12.8 % against 12.3 and 13.1 %), while the model gave it 6 % against 12 %.
-The LP balances many paths to the same length, and the real run's cost per message (about
-0.4 ms on the emulated cluster, which the model does not have) lands on all of them.
-``profiling/optcc_lp_sizes.py`` → ``profiling/results/optcc_lp_sizes.json`` has the simulated table,
-``profiling/results/optcc_lp_sizes_ab/`` the launches.
+flows, else keeps the closed form; ``sizing="lp"`` always solves. A plain ``optcc(...)`` call
+keeps the closed form (``sizing="closed_form"``); the runtime uses ``"auto"``
+(:data:`stragglerkit.runtime.policy.OPTCC_SIZING`) together with OptCC's short send queues
+(``Config.optcc.send_buffer``): the LP balances many paths to the same length, which holds on real
+links only while a send holds its link about as long as the timetable has it.
 
-When filling pays (our measurement; the paper's evaluation uses deep pipelines). The fills add a
+When filling pays (our choice; the paper's evaluation uses deep pipelines). The fills add a
 body of fill uploads before the first section and a fill download after the last, and that head and
-tail costs more than the filled bubbles save unless the pipeline is deep and ``l`` well below 2.
-Simulated (flow level, no per-message cost, p = 8, 32 MiB), the plan with fills over the same plan
-without them (``bubble_filling=False``, the ``l >= 2`` timetable, which is correct for any ``l``,
-with its ramp): k = 3: 1.003 at l = 1.97, 1.040 at l = 1.5, 1.061 at l = 8/7; k = 9: 1.055, 1.049,
-1.000; k = 36: 1.027, 1.013, 0.980; k = 64: 1.019, 1.006, 0.975; at p = 16 the fills pay less still
-(``profiling/optcc_bubble_filling.py`` → ``profiling/results/optcc_bubble_filling.json``). Against
-equal segments without fills they gained more (2.9 % at k = 36, l = 8/7, against 2.0 %): the ramp
-too shortens the head and tail. On real links the simulator is off both ways
-(emulated cluster, l = 8/7): at k = 9 the fills were 5 % slower than equal segments without them
-(their flows share the healthy ranks' links with the ring hops, which TCP shares less evenly than
-the simulator), at k = 36 they gained 3.7 % over the ramped plan where it says 1.9 %. The runtime
-therefore fills only where the simulator says they gain at least 1 %
-(``stragglerkit.runtime.policy.optcc_bubble_filling``); a plain ``optcc(...)`` call fills whenever
-``l < 2``, as the paper does.
+tail costs more than the filled bubbles save unless the pipeline is deep and ``l`` well below 2
+(the plan without them, ``bubble_filling=False``, is the ``l >= 2`` timetable, correct for any
+``l``, with its ramp). On real links the fills cost more than the simulator says: their flows share
+the healthy ranks' links with the ring hops, which TCP shares less evenly than the simulator's
+max-min share. The runtime therefore fills only where the simulator says they gain at least 1 %
+(``stragglerkit.runtime.policy.optcc_bubble_filling``; docs/optcc.md, "Bubble filling"); a plain
+``optcc(...)`` call fills whenever ``l < 2``, as the paper does.
 
 Several stragglers (App. D, a different timetable from the paper's). Every straggler must send
 and receive the whole buffer once (Lemma 8), and only one of them can be the last to add into a
@@ -162,7 +148,7 @@ for ``2(q-1) + l_1 + sum_a l_a`` section-times and S for ``q·l_1``, so
 Several GPUs per server (App. E): see :mod:`stragglerkit.schedules.optcc_servers`.
 
 Time (bandwidth only, ``n`` = buffer/healthy bandwidth): ``l·n·(k+1)/k`` for ``l >= 2`` and about
-``2(p-1)·l·n/((p-2)l+2)·(k+l-1)/k`` for ``l < 2`` (optcc.txt eq. (1), (2)), against the lower
+``2(p-1)·l·n/((p-2)l+2)·(k+l-1)/k`` for ``l < 2`` (OptCC paper, eq. (1), (2)), against the lower
 bounds of Theorems 1 and 6 (``stragglerkit.sim.optcc_bounds``).
 
 Generation cost. :func:`optcc_plan` computes the whole pipeline in closed form in ``O(p)``
@@ -255,10 +241,9 @@ def _validate(world_size: int, slowdowns: dict[int, float], segments: int, gpus_
 
 def default_ramp(segments: int) -> int:
     """The ramp :func:`optcc_plan` gives a plan without fills: a third of the segments at each end
-    (k = 9: weights 1 2 3 4 4 4 3 2 1). Simulated at p = 4..16, l = 8/7, 2 and 4, k = 4..36 it is
-    within 0.5 % of the best ramp length (``profiling/optcc_ramp.py``). None below 4 segments: at
-    k = 3 a ramp of 1 (weights 1 2 1) gains up to 3.5 % at ``l >= 2`` but loses up to 10 % at
-    ``l = 8/7``."""
+    (k = 9: weights 1 2 3 4 4 4 3 2 1); in the flow-level simulator it is within 0.5 % of the best
+    ramp length from k = 4 on. None below 4 segments: there a ramp gains at ``l >= 2`` but loses
+    more at ``l`` near 1 (docs/optcc.md, "The ramp")."""
     return segments // 3 if segments >= 4 else 0
 
 
@@ -353,7 +338,7 @@ def optcc_plan(
     sized = lp_sized(plan, degraded)
     if sizing == "lp":
         return sized
-    # auto: the LP's sizes only where the model says they gain (the closed form is the measured default);
+    # auto: the LP's sizes only where the model says they gain, else the closed form;
     # the two plans differ only in their sizes, so one lowering and one flow graph time both
     schedule = sized.lower()
     graph = flow_graph(schedule)

@@ -1,4 +1,4 @@
-"""OptCC on servers with several GPUs that share the server's NICs (optcc.txt App. E).
+"""OptCC on servers with several GPUs that share the server's NICs (OptCC paper, App. E).
 
 ``p = q·g`` ranks on ``q`` servers of ``g`` GPUs (rank ``v·g + c`` is GPU ``c`` of server ``v``).
 A degraded server runs all its NICs at ``1/l``. As in the paper, ``g`` copies of the one-GPU-per-server

@@ -77,7 +77,7 @@ def _optcc_applies(s: Situation) -> str | None:
 ALGORITHMS: list[AlgorithmSpec] = [
     AlgorithmSpec("ring", "ring", _needs_two, "bandwidth-optimal ring (reduce-scatter + all-gather)"),
     AlgorithmSpec("rhd", "rhd", _needs_two, "recursive halving/doubling, 2·log2(n) rounds"),
-    AlgorithmSpec("direct", "direct", _needs_two, "straggler-aware broadcast baseline (stragglar.txt §4.1)"),
+    AlgorithmSpec("direct", "direct", _needs_two, "straggler-aware broadcast baseline (StragglAR paper, §4.1)"),
     AlgorithmSpec("stragglar", "stragglar", _stragglar_applies, "StragglAR: pre-phase reduce-scatter + matching"),
     AlgorithmSpec("optcc", "optcc", _optcc_applies, "OptCC: four-stage pipeline around degraded NICs"),
     AlgorithmSpec(

@@ -9,7 +9,7 @@ How it works for a power of two ``p`` (buffer cut into ``p`` chunks):
   fully reduced chunk.
 * All-gather by recursive doubling: the same pairs in reverse order exchange their owned ranges.
 
-Cost: ``2·log2(p)`` rounds, ``2(p-1)/p·s`` bytes per rank (stragglar.txt Table 1).
+Cost: ``2·log2(p)`` rounds, ``2(p-1)/p·s`` bytes per rank (StragglAR paper, Table 1).
 
 Other ``n`` (the standard treatment, as in MPICH): with ``p`` the largest power of two below ``n``
 and ``e = n - p`` extra ranks, each even rank ``2i < 2e`` first sends its whole buffer to ``2i+1``,

@@ -9,7 +9,7 @@ How it works (n ranks, buffer cut into n chunks; chunk ``c`` is *owned* by rank 
 * All-gather, steps ``s = 0 .. n-2``: rank ``i`` forwards the fully reduced chunk owned by ``i-s`` to
   ``i+1`` and overwrites the chunk owned by ``i-1-s`` with what it receives.
 
-Cost (stragglar.txt Table 1): ``2(n-1)`` rounds of ``s/n`` bytes, i.e. ``2(n-1)·alpha + 2(n-1)/n·s·beta``.
+Cost (StragglAR paper, Table 1): ``2(n-1)`` rounds of ``s/n`` bytes, i.e. ``2(n-1)·alpha + 2(n-1)/n·s·beta``.
 
 Nomenclature: *members* is the ordered list of ranks in the ring (all ranks for :func:`ring`, the
 ``n-1`` punctual ranks for StragglAR's pre-phase); ``owned[i]`` is the chunk that member ``i`` holds

@@ -1,4 +1,7 @@
-"""StragglAR: AllReduce around a persistent straggler (stragglar.txt §3, appendices B and C).
+"""StragglAR: AllReduce around a persistent straggler.
+
+From the StragglAR paper (Devraj et al., "Accelerating AllReduce with a Persistent Straggler"),
+§3 and appendices B and C; docs/stragglar.md describes the generator.
 
 How it works (n ranks, n even and at least 4; logical rank ``σ = n-1`` is the straggler; the buffer
 is cut into ``n-1`` equal chunks ``c_0 .. c_{n-2}``):
@@ -50,7 +53,7 @@ is cut into ``n-1`` equal chunks ``c_0 .. c_{n-2}``):
     for every even n up to 64 (docs/stragglar.md has the table and the reference's counts).
 
 Cost: ``R`` rounds of one chunk (``s/(n-1)`` bytes) each after the pre-phase,
-``R·alpha + R/(n-1)·s·beta`` with ``R = n + log2(n) - 2`` for powers of two (stragglar.txt Table 1).
+``R·alpha + R/(n-1)·s·beta`` with ``R = n + log2(n) - 2`` for powers of two (StragglAR paper, Table 1).
 
 Nomenclature: ``σ``/``straggler`` is rank n-1; ``c_j`` is chunk j; a :class:`Transfer` is one
 chunk copied from ``sender`` to ``receiver`` in a round (the straggler swap is implied by the round

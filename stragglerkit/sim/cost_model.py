@@ -1,6 +1,6 @@
 """GenModel cost model of a schedule, computed from its IR, and its fitting.
 
-GenModel (genmodel.txt) predicts an AllReduce's time as::
+GenModel (Xiong et al., "Revisiting the Time Cost Model of AllReduce") predicts an AllReduce's time as::
 
     T = A·alpha + B·beta + C·gamma + D·delta + max(w - w_t, 0)·B·epsilon
 
@@ -16,7 +16,7 @@ back along tight edges). A, B, C and D are summed along it. Bandwidth sharing is
 here: with rounds run in order a checked round schedule never puts two flows on one NIC direction,
 and incast is charged by the epsilon term instead. ``hidden_phases`` names phases that complete
 before the last rank arrives (StragglAR's ``reduce_scatter``, direct's ``pre_allreduce``): their
-ops count as done at time 0, which is how stragglar.txt Table 1 counts.
+ops count as done at time 0, which is how the StragglAR paper's Table 1 counts.
 
 The critical path is chosen with the weights of a :class:`CostModel.Config` (``weights``; the
 defaults when omitted), since which path is heaviest can depend on alpha versus beta.
@@ -74,7 +74,7 @@ class CostModel:
     @dataclass(kw_only=True, slots=True)
     class Config:
         alpha: float = 3e-6
-        """Seconds per message (latency), default: NVLink-class 3 us (stragglar.txt §4.3)."""
+        """Seconds per message (latency), default: NVLink-class 3 us (StragglAR paper, §4.3)."""
         beta: float = 1.0 / 450e9
         """Seconds per byte on a link, default: 1 / 450 GB/s (H100 NVLink, one direction)."""
         gamma: float = 0.0

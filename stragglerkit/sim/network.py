@@ -60,7 +60,7 @@ class Network:
 
     @property
     def nvlink_rate(self) -> float:
-        """The NVLink bandwidth in use: ``nvlink_bandwidth``, or ``(g-1)·`` the fastest NIC (optcc.txt App. E)."""
+        """The NVLink bandwidth in use: ``nvlink_bandwidth``, or ``(g-1)·`` the fastest NIC (OptCC paper, App. E)."""
         if self.nvlink_bandwidth is not None:
             return self.nvlink_bandwidth
         return max(self.gpus_per_server - 1, 1) * max(max(self.tx_bandwidth), max(self.rx_bandwidth))

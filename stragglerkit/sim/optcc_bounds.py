@@ -1,4 +1,7 @@
-"""Lower bounds and closed-form times for AllReduce with degraded NICs (optcc.txt §3, §4.3, App. B-E).
+"""Lower bounds and closed-form times for AllReduce with degraded NICs.
+
+From the OptCC paper (Chen et al., "Don't Let a Few Network Failures Slow the Entire AllReduce"),
+§3, §4.3 and App. B-E.
 
 Bandwidth-only model: a healthy NIC moves one element per time unit, a NIC with slowdown ``l``
 one element per ``l`` units; ``n`` is the buffer size in elements, so ``n`` is also the time a
@@ -140,7 +143,7 @@ def attached_limit(p: int, slowdowns: Sequence[float], n: float = 1.0) -> float:
 
 
 def optcc_single_time(p: int, slowdown: float, k: int, n: float = 1.0) -> float:
-    """OptCC with one straggler, k segments (optcc.txt eq. (1) and (2), App. C)."""
+    """OptCC with one straggler, k segments (OptCC paper, eq. (1) and (2), App. C)."""
     _check(p, (slowdown,))
     lv = slowdown
     if lv >= 2.0:

@@ -13,7 +13,7 @@ The model (one paragraph per rule; :mod:`stragglerkit.sim.graph` derives the con
   moves its bytes as a *flow* through the sender's transmit NIC and the receiver's receive NIC.
   Concurrent flows share every NIC direction max-min fairly (progressive filling), so a degraded
   rank (its NIC at ``bandwidth / l``) and an incast (several flows into one rank) slow things down.
-* Servers (``gpus_per_server = g``, optcc.txt App. E): ranks ``v·g .. v·g+g-1`` are the GPUs of
+* Servers (``gpus_per_server = g``, OptCC paper, App. E): ranks ``v·g .. v·g+g-1`` are the GPUs of
   server ``v``. A flow between two GPUs of one server goes over NVLink: it uses the sender's NVLink
   transmit port and the receiver's NVLink receive port (``nvlink_bandwidth`` each, by default
   ``g-1`` times the healthy NIC, the paper's assumption), never a NIC. A flow between servers uses
@@ -94,7 +94,7 @@ class SimResult:
     last_arrival: float
     """Latest finite arrival."""
     time_from_last_arrival: float
-    """max(completion) - last arrival: the view of stragglar.txt Table 1 (inf if a rank never arrives)."""
+    """max(completion) - last arrival: the view of the StragglAR paper's Table 1 (inf if a rank never arrives)."""
     time_from_first_arrival: float
     """max(completion) - first arrival: what the punctual ranks wait in total."""
     tx_busy: FloatArray
