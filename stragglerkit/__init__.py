@@ -31,6 +31,7 @@ from stragglerkit.runtime.runtime import FallbackWarning, RunRecord
 
 if TYPE_CHECKING:
     from stragglerkit.integrations.ddp import DDPState, ddp_hook
+    from stragglerkit.loop import StragglerLoop
 
 __all__ = [
     "CollectiveError",
@@ -44,6 +45,7 @@ __all__ = [
     "RunRecord",
     "ScheduleError",
     "StragglerKitError",
+    "StragglerLoop",
     "Work",
     "__version__",
     "all_reduce",
@@ -55,7 +57,11 @@ __all__ = [
 ]
 __version__ = "0.2.0"
 
-_LAZY = {"DDPState": "stragglerkit.integrations.ddp", "ddp_hook": "stragglerkit.integrations.ddp"}
+_LAZY = {
+    "DDPState": "stragglerkit.integrations.ddp",
+    "ddp_hook": "stragglerkit.integrations.ddp",
+    "StragglerLoop": "stragglerkit.loop",
+}
 
 
 if not TYPE_CHECKING:  # (hidden from type checkers, which see the imports above)

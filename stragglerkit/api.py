@@ -33,10 +33,10 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from stragglerkit import session as _session
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError
-from stragglerkit.runtime import session as _session
-from stragglerkit.runtime.runtime import AllReduceHandle, RunRecord
+from stragglerkit.runtime.runtime import AllReduceCall, AllReduceHandle, RunRecord
 
 __all__ = ["Work", "all_reduce", "destroy", "init", "is_initialized", "last_run"]
 
@@ -161,13 +161,11 @@ def all_reduce(
         work = stragglerkit.all_reduce(grad, dist.ReduceOp.AVG, None, True)
         work.wait()
     """
-    session = _session.session_for(group)
-    name = _op_name(op)
+    runtime = _session.session_for(group).runtime
+    call = AllReduceCall(tensor, algorithm, _op_name(op), straggler, slowdowns)
     if async_op:
-        handle = session.runtime.all_reduce_async(tensor, algorithm, name, straggler, slowdowns)
-        handle.add_done_callback(lambda record: setattr(session, "last_run", record))
-        return Work(handle)
-    session.last_run = session.runtime.all_reduce(tensor, algorithm, name, straggler, slowdowns)
+        return Work(runtime.start(call))
+    runtime.run(call)
     return None
 
 
@@ -175,4 +173,4 @@ def last_run(group: dist.ProcessGroup | None = None) -> RunRecord | None:
     """What the last completed :func:`all_reduce` on ``group`` ran on this rank (``None`` before
     the first): ``algorithm``, the ``requested`` one, the lowered ``plan`` and per-op ``timings``
     (peer, bytes, post and completion times)."""
-    return _session.session_for(group).last_run
+    return _session.session_for(group).runtime.last_run

@@ -25,13 +25,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 from stragglerkit.errors import ConfigError
 from stragglerkit.units import parse_size, parse_switch
-
-if TYPE_CHECKING:
-    from stragglerkit.detect.controller import ControllerConfig
 
 __all__ = [
     "ENVIRONMENT",
@@ -45,6 +42,10 @@ __all__ = [
 
 MiB = 1024 * 1024
 KiB = 1024
+CLEAR_FRACTION = 0.4
+"""The detector's internal threshold below which a straggler counts as gone (detect/detector.py)."""
+CLEAR_DEGRADED = 1.2
+"""The slowdown below which a degraded NIC counts as recovered (detect/detector.py)."""
 SMALLEST_SEND_BUFFER = 8192
 """Linux doubles a socket's send buffer and keeps at least a few pages; below this a bound means nothing."""
 
@@ -142,53 +143,29 @@ class DetectionConfig:
     """A rolled-back plan is not tried again for this many steps."""
 
     def __post_init__(self) -> None:
-        from stragglerkit.detect.detector import DetectorConfig
-
-        clear = DetectorConfig().clear_fraction  # the detector's internal threshold for "gone again"
-        if not (isinstance(self.late_fraction, int | float) and clear < self.late_fraction <= 1):
+        for name in ("warmup_steps", "window", "confirm", "exchange_every", "quiet_exchange_every",
+                     "probe_every", "verify_steps", "cooldown_steps"):
+            value = getattr(self, name)
+            least = 1 if name in ("confirm", "exchange_every", "verify_steps") else 2 if name == "window" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"detection.{name} must be an integer >= {least}, got {value!r}")
+        if not (isinstance(self.late_fraction, int | float) and CLEAR_FRACTION < self.late_fraction <= 1):
             raise ConfigError(
-                f"detection.late_fraction must be above {clear} (below it a straggler counts as gone "
+                f"detection.late_fraction must be above {CLEAR_FRACTION} (below it a straggler counts as gone "
                 f"again) and at most 1, got {self.late_fraction!r}"
             )
-        self.controller_config()  # validates every other field, naming the bad one
-
-    def controller_config(self, timeout: float = 300.0) -> ControllerConfig:
-        """The controller's full configuration: these fields, the internal tuning at its defaults."""
-        from stragglerkit.detect.controller import ControllerConfig
-        from stragglerkit.detect.detector import DetectorConfig
-
-        probe = self.probe_every
-        quiet_probe = probe * -(-64 // probe) if probe > 0 else 0  # the first multiple of probe_every >= 64
-        try:
-            return ControllerConfig(
-                warmup_steps=self.warmup_steps,
-                exchange_every=self.exchange_every,
-                quiet_exchange_every=self.quiet_exchange_every,
-                probe_every=self.probe_every,
-                quiet_probe_every=quiet_probe,
-                detector=DetectorConfig(
-                    window=self.window,
-                    fraction=self.late_fraction,
-                    confirm=self.confirm,
-                    degraded_threshold=self.degraded_threshold,
-                ),
-                min_gain=self.min_gain,
-                verify_steps=self.verify_steps,
-                cooldown_steps=self.cooldown_steps,
-                timeout=timeout,
+        if not (isinstance(self.degraded_threshold, int | float) and self.degraded_threshold >= CLEAR_DEGRADED):
+            raise ConfigError(
+                f"detection.degraded_threshold must be at least {CLEAR_DEGRADED} (below it a NIC counts as "
+                f"recovered), got {self.degraded_threshold!r}"
             )
-        except ConfigError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"detection: {_public_names(str(err))}") from None
-
-
-def _public_names(message: str) -> str:
-    """The controller's validation message in the public fields' names."""
-    for internal, public in (("DetectorConfig.fraction", "late_fraction"), ("ControllerConfig.", ""),
-                             ("DetectorConfig.", "")):
-        message = message.replace(internal, public)
-    return message
+        if not (isinstance(self.min_gain, int | float) and 0 <= self.min_gain < 1):
+            raise ConfigError(f"detection.min_gain must be a fraction in [0, 1), got {self.min_gain!r}")
+        if self.quiet_exchange_every and self.quiet_exchange_every < self.exchange_every:
+            raise ConfigError(
+                f"detection.quiet_exchange_every ({self.quiet_exchange_every}) must be at least exchange_every "
+                f"({self.exchange_every}), or 0 to never lengthen the interval"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -344,10 +321,6 @@ class Config:
         import yaml
 
         return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
-    def controller_config(self) -> ControllerConfig:
-        """The closed loop's controller configuration (detection fields and the executor's timeout)."""
-        return self.detection.controller_config(timeout=self.executor.timeout)
 
 
 def _section(kind: type[Any], name: str, values: object, source: str) -> Any:

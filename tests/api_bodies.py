@@ -11,7 +11,7 @@ import torch
 def api_features(rank: int, n: int) -> dict[str, Any]:
     import stragglerkit
     from stragglerkit.runtime.runtime import FallbackWarning
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     stragglerkit.init()
     out: dict[str, Any] = {}
@@ -209,7 +209,7 @@ def init_twice_then_again(rank: int, n: int) -> dict[str, Any]:
     stragglerkit.destroy()
     out["after_destroy"] = stragglerkit.is_initialized()
     stragglerkit.init(config=stragglerkit.Config().replace(executor={"timeout": 60.0}))
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     out["timeout"] = session_for().runtime.timeout
     t = torch.full((5,), float(rank))

@@ -110,7 +110,7 @@ def dtype_mismatch_notes(rank: int, n: int) -> dict[str, Any]:
     """``dtype_mismatch``; then the abort notes this rank received (on the group the runtime sends over)."""
     import stragglerkit._C as native
 
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     out = dtype_mismatch(rank, n)
     time.sleep(1.0)  # notes still on their way when this rank raised
@@ -134,7 +134,7 @@ def peer_dies(rank: int, n: int, wait_mode: str = "auto") -> dict[str, Any]:
 def peer_stalls(rank: int, n: int, wait_mode: str = "auto") -> dict[str, Any]:
     import torch.distributed as dist
 
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     _init(wait_mode=wait_mode)
     runtime = session_for().runtime

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from stragglerkit import Config
-from stragglerkit.detect.controller_config import ControllerConfig
+from stragglerkit.detect.controller_config import ControllerConfig, controller_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = ("default", "short_job", "long_job")
 
 
 def preset(name: str) -> ControllerConfig:
-    return Config.from_yaml(CONFIGS / f"{name}.yaml").controller_config()
+    return controller_config(Config.from_yaml(CONFIGS / f"{name}.yaml"))
 
 
 @pytest.mark.parametrize("name", PRESETS)

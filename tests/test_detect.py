@@ -23,7 +23,7 @@ from stragglerkit.detect.arrival import (
     wall_clock_lateness,
 )
 from stragglerkit.detect.controller import Controller
-from stragglerkit.detect.controller_config import ControllerConfig
+from stragglerkit.detect.controller_config import ControllerConfig, controller_config
 from stragglerkit.detect.detector import Detector, DetectorConfig
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
@@ -991,7 +991,7 @@ def test_quiet_exchanges_delay_acting_on_a_straggler_by_at_most_one_short_interv
     from stragglerkit import Config
 
     preset = Config.from_yaml(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
-    base = dataclasses.replace(preset.controller_config(), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
+    base = dataclasses.replace(controller_config(preset), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
     start = 4 * base.detector.window  # by then the exchanges are quiet
 
     def latest_switch(config: ControllerConfig) -> int:

@@ -156,7 +156,7 @@ def test_a_buffer_the_kernel_caps_is_warned_of() -> None:
 
 def _all_reduce_over_bounded_groups(rank: int, world_size: int) -> dict[str, object]:
     import stragglerkit
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     stragglerkit.init()
     runtime = session_for().runtime
@@ -209,7 +209,7 @@ def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str) -> None:
 
 def _bounds_follow_the_plan(rank: int, world_size: int) -> dict[str, object]:
     import stragglerkit
-    from stragglerkit.runtime.session import session_for
+    from stragglerkit.session import session_for
 
     stragglerkit.init()
     runtime = session_for().runtime

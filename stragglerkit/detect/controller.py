@@ -94,7 +94,7 @@ class Controller(ProbeSchedule, SwitchVerifier):
         self.events: list[dict[str, Any]] = []
         self.model = OnlineModel(world_size, config.prior, config.fit_samples)
         self.detector = Detector(config.detector)
-        self._log_path = log_path
+        self.log_path = log_path
         self._seq = 0
         self._plan_start = config.warmup_steps
         self._blocked: dict[tuple[object, ...], int] = {}
@@ -134,8 +134,8 @@ class Controller(ProbeSchedule, SwitchVerifier):
         for event in decision.events:
             event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
             self.events.append(event)
-            if self._log_path is not None:
-                with open(self._log_path, "a", encoding="utf-8") as log:
+            if self.log_path is not None:
+                with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps(event, sort_keys=True) + "\n")
 
     # -- rank 0 ---------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stragglerkit.config import Config
 from stragglerkit.detect.detector import DetectorConfig
 from stragglerkit.detect.model import BASELINES
 from stragglerkit.sim.cost_model import CostModel
 
-__all__ = ["BASELINE_CHOICES", "ControllerConfig"]
+__all__ = ["BASELINE_CHOICES", "ControllerConfig", "controller_config"]
 
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``ControllerConfig.baseline`` may name (``allreduce``: the process group's own)."""
@@ -168,3 +169,28 @@ class ControllerConfig:
             raise ValueError(f"ControllerConfig.probe_alarm must be above 1 (a factor), got {self.probe_alarm}")
         if not self.timeout > 0:
             raise ValueError(f"ControllerConfig.timeout must be positive seconds, got {self.timeout}")
+
+
+def controller_config(config: Config) -> ControllerConfig:
+    """The controller's full configuration for ``config``: its ``detection`` fields and the
+    executor's timeout, the internal tuning at its defaults (quiet probes every multiple of
+    ``probe_every`` from 64 steps on)."""
+    detection = config.detection
+    probe = detection.probe_every
+    return ControllerConfig(
+        warmup_steps=detection.warmup_steps,
+        exchange_every=detection.exchange_every,
+        quiet_exchange_every=detection.quiet_exchange_every,
+        probe_every=probe,
+        quiet_probe_every=probe * -(-64 // probe) if probe > 0 else 0,
+        detector=DetectorConfig(
+            window=detection.window,
+            fraction=detection.late_fraction,
+            confirm=detection.confirm,
+            degraded_threshold=detection.degraded_threshold,
+        ),
+        min_gain=detection.min_gain,
+        verify_steps=detection.verify_steps,
+        cooldown_steps=detection.cooldown_steps,
+        timeout=config.executor.timeout,
+    )

@@ -35,7 +35,6 @@ class ControllerState:
         "_last_finish",
         "_last_sizes",
         "_lateness",
-        "_log_path",
         "_periods",
         "_plain_tails",
         "_plan_checking",
@@ -55,6 +54,7 @@ class ControllerState:
         "detector",
         "events",
         "exchange_every",
+        "log_path",
         "model",
         "plan",
         "probe_every",
@@ -72,7 +72,7 @@ class ControllerState:
     detector: Detector
     probe_every: int
     exchange_every: int
-    _log_path: str | None
+    log_path: str | None
     _seq: int
     _plan_start: int
     # rank 0: what the exchanges brought

@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from stragglerkit.config import CLEAR_DEGRADED, CLEAR_FRACTION
 from stragglerkit.detect.arrival import last_arrivers
 
 __all__ = ["Detector", "DetectorConfig", "Finding"]
@@ -71,7 +72,7 @@ class DetectorConfig:
     """W: steps (straggler) over which the evidence is taken."""
     fraction: float = 0.75
     """q: a persistent straggler is last in at least this fraction of the window's steps."""
-    clear_fraction: float = 0.4
+    clear_fraction: float = CLEAR_FRACTION
     """A confirmed straggler is cleared when it is last in fewer than this fraction of the steps."""
     clear_delay_ratio: float = 0.5
     """... or when its median delay falls below this times the critical delay."""
@@ -79,7 +80,7 @@ class DetectorConfig:
     """Consecutive evaluations a condition must hold before it is entered or left."""
     degraded_threshold: float = 1.5
     """A rank is degraded when the median and a fraction q of its l_i estimates in the window reach this."""
-    clear_degraded_threshold: float = 1.2
+    clear_degraded_threshold: float = CLEAR_DEGRADED
     """A degraded rank is cleared when the median of its estimates falls below this."""
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""PyTorch DDP communication hook: the closed loop of :mod:`stragglerkit.detect.loop` in
+"""PyTorch DDP communication hook: the closed loop of :mod:`stragglerkit.loop.loop` in
 ``model.register_comm_hook``.
 
 The hook hands each of DDP's buckets to the loop (``bucket.buffer()``, ``bucket.index()``,
@@ -41,15 +41,15 @@ from torch.autograd import Variable
 from stragglerkit.config import Config
 from stragglerkit.detect.arrival import ArrivalProfiler, ClockOffsets
 from stragglerkit.detect.controller import Controller, ControllerConfig
-from stragglerkit.detect.loop import StragglerLoop
+from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.runtime.runtime import Runtime
-from stragglerkit.runtime.session import session_for
+from stragglerkit.session import session_for
 
 __all__ = ["DDPState", "ddp_hook"]
 
 
 class DDPState:
-    """State of :func:`ddp_hook` for one DDP model: a :class:`~stragglerkit.detect.loop.StragglerLoop`
+    """State of :func:`ddp_hook` for one DDP model: a :class:`~stragglerkit.loop.loop.StragglerLoop`
     on the session of ``process_group`` (``None``: the default group), which
     :func:`stragglerkit.init` must have set up on every rank first. Not collective.
 

@@ -49,14 +49,14 @@ from stragglerkit.runtime.executor import (
     run_plan,
 )
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import RankPlan, lower, plan_id
+from stragglerkit.runtime.plan import OpColumn, RankPlan, lower, plan_id
 from stragglerkit.runtime.policy import choose_algorithm, optcc_situation
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer
 from stragglerkit.schedules import Schedule, check
 from stragglerkit.schedules.registry import Situation, generate
 
-__all__ = ["OPS", "SUPPORTED_DTYPES", "AllReduceHandle", "FallbackWarning", "RunRecord", "Runtime"]
+__all__ = ["OPS", "SUPPORTED_DTYPES", "AllReduceCall", "AllReduceHandle", "FallbackWarning", "RunRecord", "Runtime"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 OPS = ("sum", "avg")
@@ -83,9 +83,26 @@ class RunRecord:
         if self.plan is None:
             return []
         labels = self.plan.labels
-        label_of = self.plan.ops[:, 5].tolist()
+        label_of = self.plan.ops[:, OpColumn.LABEL].tolist()
         return [(labels[label_of[t.op]], t) for t in self.timings.records()]
 
+
+
+@dataclass(slots=True, frozen=True)
+class AllReduceCall:
+    """One in-place AllReduce as the runtime takes it (every rank passes the same, but the tensor)."""
+
+    tensor: torch.Tensor
+    algorithm: str = "auto"
+    """``"auto"`` or a registered name; one that does not apply falls back with a warning."""
+    op: str = "sum"
+    """``"sum"`` or ``"avg"``."""
+    straggler: int | None = None
+    """Group rank known to arrive late."""
+    slowdowns: Mapping[int, float] | None = None
+    """Group rank -> NIC slowdown ``l`` (1 = healthy)."""
+    rank_map: Sequence[int] | None = None
+    """``ranks[logical] = group rank`` for this call (default: the runtime's, the identity)."""
 
 
 def _validate_tensor(tensor: object, op: str) -> None:
@@ -187,6 +204,7 @@ class Runtime:
         "connections",
         "data_group",
         "group",
+        "last_run",
         "rank_map",
         "reverse_group",
         "timeout",
@@ -210,6 +228,8 @@ class Runtime:
         self.rank_map = RankMap.from_sequence(rank_map, self.group.size())
         self.cache_size = cache_size
         self.warned: set[str] = set()
+        self.last_run: RunRecord | None = None
+        """What the last completed call on this rank ran (set before its handle completes)."""
         self._cache: OrderedDict[tuple[object, ...], _CachedPlan] = OrderedDict()
         self._schedules: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
         self._lock = threading.Lock()
@@ -261,45 +281,32 @@ class Runtime:
         slowdowns: Mapping[int, float] | None = None,
         rank_map: Sequence[int] | None = None,
     ) -> RunRecord:
-        """In-place AllReduce; see :func:`stragglerkit.all_reduce`. ``rank_map``: ``ranks[logical] =
-        group rank`` for this call (all ranks must agree; default: the runtime's)."""
+        """In-place AllReduce, blocking; see :class:`AllReduceCall` for the arguments."""
+        return self.run(AllReduceCall(tensor, algorithm, op, straggler, slowdowns, rank_map))
+
+    def run(self, call: AllReduceCall) -> RunRecord:
+        """Run ``call`` on this thread, after the queued calls if there are any (call order is kept)."""
         with self._lock:
             queued = self._pending > 0
-        if queued:  # keep the call order of earlier asynchronous calls
-            return self.all_reduce_async(tensor, algorithm, op, straggler, slowdowns, rank_map).wait()
-        return self._run(tensor, algorithm, op, straggler, slowdowns, self._rank_map_for(rank_map))
+        if queued:
+            return self.start(call).wait()
+        return self._run(call, self._rank_map_for(call.rank_map))
 
-    def all_reduce_async(
-        self,
-        tensor: torch.Tensor,
-        algorithm: str = "auto",
-        op: str = "sum",
-        straggler: int | None = None,
-        slowdowns: Mapping[int, float] | None = None,
-        rank_map: Sequence[int] | None = None,
-    ) -> AllReduceHandle:
-        """Queue an in-place AllReduce; calls run one at a time in call order. The rank map is
-        fixed when the call is queued."""
-        ranks = self._rank_map_for(rank_map)
+    def start(self, call: AllReduceCall) -> AllReduceHandle:
+        """Queue ``call`` and return at once; calls run one at a time in call order, and the rank
+        map is fixed when the call is queued."""
+        ranks = self._rank_map_for(call.rank_map)
         with self._lock:
             if self._worker is None:
                 self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
             self._pending += 1
-        done = self._worker.submit(self._run_queued, tensor, algorithm, op, straggler, slowdowns, ranks)
-        return AllReduceHandle(tensor, done)
+        done = self._worker.submit(self._run_queued, call, ranks)
+        return AllReduceHandle(call.tensor, done)
 
     # -- internals ------------------------------------------------------------------------------
-    def _run_queued(
-        self,
-        tensor: torch.Tensor,
-        algorithm: str,
-        op: str,
-        straggler: int | None,
-        slowdowns: Mapping[int, float] | None,
-        ranks: RankMap,
-    ) -> RunRecord:
+    def _run_queued(self, call: AllReduceCall, ranks: RankMap) -> RunRecord:
         try:
-            return self._run(tensor, algorithm, op, straggler, slowdowns, ranks)
+            return self._run(call, ranks)
         finally:
             with self._lock:
                 self._pending -= 1
@@ -320,18 +327,11 @@ class Runtime:
             logical_slowdowns[ranks.logical(rank)] = float(slowdown)
         return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
 
-    def _run(
-        self,
-        tensor: torch.Tensor,
-        algorithm: str,
-        op: str,
-        straggler: int | None,
-        slowdowns: Mapping[int, float] | None,
-        ranks: RankMap,
-    ) -> RunRecord:
+    def _run(self, call: AllReduceCall, ranks: RankMap) -> RunRecord:
+        tensor, algorithm, op = call.tensor, call.algorithm, call.op
         try:
             _validate_tensor(tensor, op)
-            situation = self._situation(straggler, slowdowns, ranks)
+            situation = self._situation(call.straggler, call.slowdowns, ranks)
             chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
         except ValueError:
             device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
@@ -343,7 +343,8 @@ class Runtime:
             warnings.warn(why, FallbackWarning, stacklevel=3)
         n = self.group.size()
         if n == 1:
-            return RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+            self.last_run = RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+            return self.last_run
         if chosen == "optcc":
             situation = optcc_situation(situation, tensor.numel() * tensor.element_size())
         cached = self._plan(chosen, situation, tensor, op, ranks)
@@ -365,7 +366,8 @@ class Runtime:
             )
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
-        return RunRecord(algorithm, chosen, timings, cached.plan)
+        self.last_run = RunRecord(algorithm, chosen, timings, cached.plan)
+        return self.last_run
 
     def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str, ranks: RankMap) -> _CachedPlan:
         slowdowns = tuple(sorted(situation.slowdowns.items()))

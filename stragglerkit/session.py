@@ -30,7 +30,7 @@ import torch.distributed as dist
 from stragglerkit.config import Config, unknown_variables
 from stragglerkit.detect.arrival import ClockOffsets, estimate_clock_offsets
 from stragglerkit.errors import ConfigError, NotInitializedError
-from stragglerkit.runtime.runtime import RunRecord, Runtime
+from stragglerkit.runtime.runtime import Runtime
 
 __all__ = ["Session", "create", "destroy", "is_initialized", "refuse", "session_for"]
 
@@ -52,8 +52,6 @@ class Session:
     configured timeout, else ``group`` itself."""
     clock_offsets: ClockOffsets
     """Per rank: add to its wall clock (ns) for rank 0's, measured at ``init``."""
-    last_run: RunRecord | None = None
-    """What the last synchronous or completed asynchronous call on this rank ran."""
     loops: int = 0
     """Closed loops created on this session so far (numbers them, the same on every rank)."""
     extras: dict[str, Any] = field(default_factory=dict)

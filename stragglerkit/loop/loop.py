@@ -34,7 +34,7 @@ previous call and raises the loop's :class:`~stragglerkit.errors.PeerError` if o
    health) and a cost-model sample; the interval backs off while the links read healthy and under
    an OptCC plan (``quiet_probe_every``, ``plan_probe_every``; :mod:`~stragglerkit.detect.probe_schedule`).
    Buckets whose plan names one of stragglerkit's algorithms (StragglAR, OptCC, ...) go to the
-   executor (``Runtime.all_reduce_async``), which returns at once; the future completes after this
+   executor (``Runtime.start``), which returns at once; the future completes after this
    rank's bookkeeping (span, per-peer rates) is done.
 3. **Stats exchange**: every ``K``-th step, right after its first bucket was handed to its
    AllReduce, the loop issues an async gather of the last ``K`` steps' figures to rank 0 and a
@@ -48,7 +48,7 @@ Gradients come out identical on every rank. The controller verifies each switch 
 back if it did not pay (:mod:`stragglerkit.detect.controller`).
 
 **Faults**: a rank that dies or stalls makes the step fail on every other rank within
-``executor.timeout`` plus the notes of :mod:`stragglerkit.detect.faults`, with a ``PeerError``
+``executor.timeout`` plus the notes of :mod:`stragglerkit.loop.faults`, with a ``PeerError``
 naming it (``.peer``). The bucket's future fails with it, ``synchronize()`` and every later call
 raise it, so the loop never hands on a gradient that was not averaged.
 
@@ -63,7 +63,7 @@ process mean nothing here). A rank that restores another rank's state (every ran
 
 Example::
 
-    session = stragglerkit.runtime.session.session_for(None)   # after stragglerkit.init()
+    session = stragglerkit.session.session_for(None)   # after stragglerkit.init()
     loop = StragglerLoop(session)
     future = loop.all_reduce_bucket(flat_grads, index=0, last=True)
     loop.synchronize()                                           # raises PeerError on a fault
@@ -85,14 +85,15 @@ import torch.distributed as dist
 
 from stragglerkit.config import Config
 from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffsets, estimate_clock_offsets
-from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, log_path_for
+from stragglerkit.detect.controller import Controller, Decision, log_path_for
+from stragglerkit.detect.controller_config import ControllerConfig, controller_config
 from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
-from stragglerkit.detect.faults import FaultReport, compare_notes, peer_error, report_store
 from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, StragglerKitError
-from stragglerkit.runtime.runtime import RunRecord, Runtime
-from stragglerkit.runtime.session import Session
+from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
+from stragglerkit.runtime.runtime import AllReduceCall, RunRecord, Runtime
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
+from stragglerkit.session import Session
 
 __all__ = ["LOOP_OPS", "StragglerLoop"]
 
@@ -154,9 +155,9 @@ class StragglerLoop:
                 f"session must be a stragglerkit Session (from stragglerkit.init), got {type(session).__name__}"
             )
         if isinstance(config, Config):
-            cfg = config.controller_config()
+            cfg = controller_config(config)
         elif isinstance(config, ControllerConfig) or config is None:
-            cfg = config if config is not None else session.config.controller_config()
+            cfg = config if config is not None else controller_config(session.config)
         else:
             raise ConfigError(
                 f"config must be a stragglerkit.Config or a ControllerConfig, got {type(config).__name__}"
@@ -228,7 +229,7 @@ class StragglerLoop:
             self.controller = controller
             self._decision_in_flight = None
         else:
-            self.controller._log_path = event_log  # this run's log (the saved path may be gone)
+            self.controller.log_path = event_log  # this run's log (the saved path may be gone)
         self._saved_rank = session.rank
         self._attach(session)
 
@@ -533,8 +534,8 @@ class StragglerLoop:
         slowdowns = dict(plan.slowdowns) if algorithm in NIC_ALGORITHMS else None
         straggler = plan.straggler if algorithm == "stragglar" else None
         # the plan's rank map goes with each call: the runtime's own stays the user's calls'
-        handle = session.runtime.all_reduce_async(
-            tensor, algorithm, op, straggler, slowdowns, rank_map=plan.rank_map(self.world_size)
+        handle = session.runtime.start(
+            AllReduceCall(tensor, algorithm, op, straggler, slowdowns, plan.rank_map(self.world_size))
         )
         result = _future_for(tensor)
 
