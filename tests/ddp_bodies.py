@@ -80,8 +80,8 @@ def hook_vs_plain(
         if step == force_optcc_at:  # white-box: every rank adopts the same OptCC plan at this step
             plan = Plan("ring", ("optcc",) * 8, None, ((1, 2.0),))
             # with the probe interval rank 0 ships with an OptCC plan
-            every = state.config.plan_probe_every
-            state.controller.apply(Decision(10_000, step, plan, [], every))
+            every = state.loop.config.plan_probe_every
+            state.loop.controller.apply(Decision(10_000, step, plan, [], every))
         x, y = _batch(rank, step)
         for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
             opt.zero_grad(set_to_none=not views)
@@ -91,11 +91,11 @@ def hook_vs_plain(
             loss.backward()
             opt.step()
         algorithms.append(state.algorithm)
-        probe_every.append(state.controller.probe_every)
-        exchange_every.append(state.controller.exchange_every)
+        probe_every.append(state.loop.controller.probe_every)
+        exchange_every.append(state.loop.controller.exchange_every)
         if state.loop._last_exchange != (exchanges[-1] if exchanges else 0):
             exchanges.append(state.loop._last_exchange)
-        ran = sorted(state.profiler.buckets(step), key=lambda t: t.bucket)
+        ran = sorted(state.loop.profiler.buckets(step), key=lambda t: t.bucket)
         bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
             flat_plain = torch.cat([p.flatten() for p in plain.parameters()])
@@ -148,7 +148,7 @@ def straggler_run(
             time.sleep(rng.uniform(0, delay))
         loss.backward()
         opt.step()
-        algorithms.append((state.algorithm, state.rank_map))
+        algorithms.append((state.algorithm, state.loop.rank_map))
     state.close()
     params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()
     return {
@@ -157,7 +157,7 @@ def straggler_run(
         "params": params,
         "step": state.step,
         "delay": delay,
-        "offsets": (state.clock_offsets.offset_ns, state.clock_offsets.rtt_ns),
+        "offsets": (state.loop.clock_offsets.offset_ns, state.loop.clock_offsets.rtt_ns),
     }
 
 
@@ -179,7 +179,7 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
             if step == fault_step and rank == 2:
                 if fault == "dies":
                     os._exit(0)
-                time.sleep(3 * state.config.timeout)
+                time.sleep(3 * state.loop.config.timeout)
             loss.backward()
             opt.step()
     except Exception as err:
@@ -213,9 +213,9 @@ def clock_run(rank: int, n: int, steps: int, jump_at: int, cfg: dict) -> dict[st
         opt.zero_grad()
         nn.functional.mse_loss(hooked(x), y).backward()
         opt.step()
-        offsets.append(list(state.clock_offsets.offset_ns))
+        offsets.append(list(state.loop.clock_offsets.offset_ns))
     state.close()
-    return {"offsets": offsets, "syncs": list(state.clock_syncs)}
+    return {"offsets": offsets, "syncs": list(state.loop.clock_syncs)}
 
 
 def prephase_seconds(rank: int, n: int, numel: int, straggler: int, hold_s: float = 0.2) -> float:
@@ -313,9 +313,9 @@ def state_validation(rank: int, n: int) -> dict[str, str]:
     out["bad_config"] = error_of(lambda: stragglerkit.DDPState(None, {"warmup_steps": 3}))  # type: ignore[arg-type]
     out["after_close"] = error_of(lambda: stragglerkit.DDPState(None).close())
     restored = pickle.loads(pickle.dumps(stragglerkit.DDPState(None)))  # unbound until bound
-    out["unbound"] = error_of(lambda: restored.runtime)
+    out["unbound"] = error_of(lambda: restored.loop.runtime)
     restored.bind(None)
-    out["bound"] = error_of(lambda: restored.runtime)
+    out["bound"] = error_of(lambda: restored.loop.runtime)
     return out
 
 
@@ -345,7 +345,7 @@ def checkpoint_run(
         opt.load_state_dict(checkpoint["optimizer"])
         state = checkpoint["hook"]
         first, steps = restore["saved_at"], restore["steps"]
-    restored = {"step": state.step, "events": list(state.events), "plan": state.controller.plan}
+    restored = {"step": state.step, "events": list(state.events), "plan": state.loop.controller.plan}
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     algorithms: list[str] = []
     bucket_algorithms: list[list[str]] = []
@@ -360,13 +360,20 @@ def checkpoint_run(
         loss.backward()
         opt.step()
         algorithms.append(state.algorithm)
-        bucket_algorithms.append([t.algorithm for t in sorted(state.profiler.buckets(step), key=lambda t: t.bucket)])
+        bucket_algorithms.append(
+            [t.algorithm for t in sorted(state.loop.profiler.buckets(step), key=lambda t: t.bucket)]
+        )
         step += 1
         if restore is None and not saved and algorithms[-4:] == ["stragglar"] * 4:
             if rank == 0:
                 checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(), "hook": state}
                 torch.save(checkpoint, path)
-            saved = {"saved_at": step, "steps": step + 12, "events": list(state.events), "plan": state.controller.plan}
+            saved = {
+                "saved_at": step,
+                "steps": step + 12,
+                "events": list(state.events),
+                "plan": state.loop.controller.plan,
+            }
             steps = step + 12
     state.close()
     params = torch.cat([p.detach().flatten() for p in hooked.parameters()]).numpy().copy()

@@ -43,8 +43,8 @@ def main() -> None:
             "events": state.events,
             "algorithms": algorithms,
             "checksum": float(params.double().sum()),
-            "detector": state.controller.detector.last_evidence,
-            "model": state.controller.model.fit_info,
+            "detector": state.loop.controller.detector.last_evidence,
+            "model": state.loop.controller.model.fit_info,
         }
         json.dump(record, f)
     dist.destroy_process_group()

@@ -242,7 +242,7 @@ class _TrainRank:
             run.losses.append(float(loss.detach()))
             if run is self.hooked:
                 self.algorithms.append(self.state.algorithm)
-                self.rank_maps.append(self.state.rank_map)
+                self.rank_maps.append(self.state.loop.rank_map)
 
     def max_param_diff(self) -> float:
         with torch.no_grad():
@@ -316,7 +316,7 @@ class _TrainRank:
             "hidden": hidden_width(self.config.model_bytes),
             "parameters": self.numel,
             "gradient_bytes": 4 * self.numel,
-            "buckets_bytes": [t.nbytes for t in sorted(self.state.profiler.buckets(last), key=lambda t: t.bucket)],
+            "buckets_bytes": [t.nbytes for t in sorted(self.state.loop.profiler.buckets(last), key=lambda t: t.bucket)],
             "delay_s": self.delay if self.config.straggler is not None else None,
             "delay_calibration": self.calibration,
             "hook_config": asdict(self.hook_config),
@@ -334,10 +334,10 @@ class _TrainRank:
             "algorithms": self.algorithms,
             "rank_maps": self.rank_maps,
             "events": self.state.events,
-            "final_plan": self.state.controller.plan.describe(),
+            "final_plan": self.state.loop.controller.plan.describe(),
             # rank 0 decides: its detector's latest evaluation and its fitted cost model, as evidence
-            "detector_evidence": self.state.controller.detector.last_evidence,
-            "cost_model": dict(self.state.controller.model.fit_info),
+            "detector_evidence": self.state.loop.controller.detector.last_evidence,
+            "cost_model": dict(self.state.loop.controller.model.fit_info),
         }
 
 

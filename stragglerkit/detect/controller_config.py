@@ -51,8 +51,8 @@ class ControllerConfig:
     ``allreduce`` baseline, the probes have backed off (``quiet_probe_every``). Any of these ending
     brings back ``exchange_every`` with rank 0's next decision. Each exchange carries the figures
     of every step since the previous one, so nothing goes unseen: the interval sets how often the
-    collectives run (on 8 ranks sharing 2 cores the exchange every 2nd step cost about 1.2 % of the
-    training step) and how soon rank 0 hears of a change. A straggler that appears while quiet is
+    collectives run (each exchange costs CPU on every rank) and how soon rank 0 hears of a
+    change. A straggler that appears while quiet is
     a suspect at the first quiet exchange that carries ``clear_fraction`` of a window of its late
     steps, and the short interval is back before the window holds the ``fraction`` that detects
     it, for intervals up to about ``(fraction - clear_fraction) x window`` (6 for the defaults; the
@@ -67,7 +67,7 @@ class ControllerConfig:
     bucket runs stragglerkit's ring instead, whose per-op timings measure each link's rate (NIC
     health, degraded ranks) and feed the cost model. 0: no probes (degraded NICs are then found
     from sysfs link speeds only). Ignored with another baseline (every run measures). A probe step
-    costs about 10-20 % more on a gloo CPU cluster (bench --mode train): this is the interval while
+    costs more than a plain one (the ring is slower than gloo's own AllReduce): this is the interval while
     the links are in question (from warm-up on, and whenever the alarm below goes off); once they
     have proven healthy the probes back off to ``quiet_probe_every``."""
     quiet_probe_every: int = 64
@@ -92,7 +92,7 @@ class ControllerConfig:
     """While a plan for degraded NICs runs: it is rebuilt for the ranks' current ``l`` when every
     estimate in the detector's window reads a planned rank's ``l`` more than this factor above or
     below the plan's (a NIC that degraded further, or recovered in part). Single readings of one NIC vary by
-    about 15 % (docs/detection.md), so a smaller factor would rebuild on noise."""
+    some 15 %, so a smaller factor would rebuild on noise."""
     clock_sync_every: int = 256
     """Steps between re-measurements of the clock offsets to rank 0 (the start-up ping-pong again,
     at the start of the step, on the hook's side group: about ``8(n-1)`` round trips, a few ms on

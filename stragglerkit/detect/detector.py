@@ -13,8 +13,8 @@ What it decides and why.
   last in about ``1/n`` of the steps and is never acted on.
 * **Late because of compute, not because of the previous AllReduce.** A rank that finished the
   previous step's AllReduce late arrives late at this one even if it computes no longer than the
-  others: gloo's own AllReduce ended up to 40 ms apart over the ranks in
-  ``tests/test_detect_emulated.py`` (4 hosts at 800 Mbit/s, one at half speed), and a probe
+  others: gloo's own AllReduce ends tens of milliseconds apart over the ranks when one NIC is
+  slow, and a probe
   step's ring ends in another order than the steps around it. So where the caller supplies each
   rank's *gap* -- from the end of its previous AllReduce to this step's first hand-over, on its
   own clock (no clock offsets needed) -- a step counts as the last arriver's only when that rank

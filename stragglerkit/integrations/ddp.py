@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import torch
@@ -39,10 +38,8 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from stragglerkit.config import Config
-from stragglerkit.detect.arrival import ArrivalProfiler, ClockOffsets
-from stragglerkit.detect.controller import Controller, ControllerConfig
+from stragglerkit.detect.controller_config import ControllerConfig
 from stragglerkit.loop.loop import StragglerLoop
-from stragglerkit.runtime.runtime import Runtime
 from stragglerkit.session import session_for
 
 __all__ = ["DDPState", "ddp_hook"]
@@ -94,16 +91,11 @@ class DDPState:
         self.process_group = None
         self.loop = state["loop"]
 
-    # -- what the training loop reads ------------------------------------------------------------
+    # -- what the training loop reads (the loop's internals: ``state.loop``) --------------------
     @property
     def algorithm(self) -> str:
         """The algorithm of the step in progress, or of the last completed one between steps."""
         return self.loop.algorithm
-
-    @property
-    def rank_map(self) -> list[int]:
-        """``ranks[logical] = group rank`` of the plan in force."""
-        return self.loop.rank_map
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -114,30 +106,6 @@ class DDPState:
     def step(self) -> int:
         """Completed training steps (a step ends at the bucket with ``is_last()``)."""
         return self.loop.step
-
-    @property
-    def config(self) -> ControllerConfig:
-        return self.loop.config
-
-    @property
-    def controller(self) -> Controller:
-        return self.loop.controller
-
-    @property
-    def profiler(self) -> ArrivalProfiler:
-        return self.loop.profiler
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.loop.runtime
-
-    @property
-    def clock_offsets(self) -> ClockOffsets:
-        return self.loop.clock_offsets
-
-    @property
-    def clock_syncs(self) -> deque[dict[str, Any]]:
-        return self.loop.clock_syncs
 
 
 def ddp_hook(state: DDPState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -144,7 +144,7 @@ class _CachedPlan:
 
 
 class AllReduceHandle:
-    """A pending :func:`all_reduce_async`: ``wait()`` returns the :class:`RunRecord` or raises;
+    """A queued call (:meth:`Runtime.start`): ``wait()`` returns the :class:`RunRecord` or raises;
     ``future`` is a ``torch.futures.Future`` holding the tensor (for DDP comm hooks)."""
 
     __slots__ = ("_done", "future")
