@@ -121,3 +121,21 @@ def test_schedule_optcc_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schedule", "optcc", "-n", "6", "--degrade", "2:1.5", "--segments", "4", "--summary-json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["checked"] is True and summary["algorithm"] == "optcc"
+
+
+@pytest.mark.parametrize(("slowdown", "size"), [("2.0", "32MiB"), ("1.142857", "32MiB"), ("2.0", "7MiB")])
+def test_schedule_shows_the_plan_all_reduce_runs(
+    tmp_path, slowdown: str, size: str, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """Without --segments the CLI's OptCC plan is the runtime's for that bucket size: the same
+    segments, fills and chunk sizes (runtime/policy.py optcc_situation), byte for byte."""
+    from stragglerkit.runtime.policy import optcc_situation
+    from stragglerkit.schedules.registry import Situation, generate
+    from stragglerkit.units import parse_size
+
+    path = tmp_path / "plan.json"
+    arguments = ["schedule", "optcc", "-n", "8", "--degrade", f"3:{slowdown}", "--size", size, "--json", str(path)]
+    assert main(arguments) == 0
+    shown = Schedule.from_json(path.read_text())
+    runs = generate("optcc", optcc_situation(Situation(world_size=8, slowdowns={3: float(slowdown)}), parse_size(size)))
+    assert shown.to_json() == runs.to_json()

@@ -593,6 +593,7 @@ _RANK_SCRIPT = textwrap.dedent(
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
+    stragglerkit.init()
     rank, n = dist.get_rank(), dist.get_world_size()
     numel = (8 << 20) // 4  # 8 MiB of float32
 
@@ -610,6 +611,7 @@ _RANK_SCRIPT = textwrap.dedent(
         seconds.append(time.perf_counter() - start)
         correct = correct and torch.equal(x, expected)
     print(json.dumps({"rank": rank, "correct": correct, "seconds": seconds}), flush=True)
+    stragglerkit.destroy()
     dist.destroy_process_group()
     """
 )

@@ -12,6 +12,7 @@ One module per command (:mod:`.schedule`, :mod:`.simulate`, :mod:`.bench`), each
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,4 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NotApplicableError, ScheduleError, ValueError) as err:
         print(f"stragglerkit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as other tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit's flush goes nowhere instead of raising again
+        return 0
     return code

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from stragglerkit.bench.config import argument_type
 from stragglerkit.errors import NotApplicableError
+from stragglerkit.runtime.policy import optcc_situation
 from stragglerkit.schedules.registry import Situation, names
 
 __all__ = [
@@ -55,20 +57,24 @@ unit = argument_type
 """A value parser as an argparse ``type`` (its ``ValueError`` becomes a usage error)."""
 
 
-def situation_from_args(args: argparse.Namespace, world_size: int) -> Situation:
+def situation_from_args(args: argparse.Namespace, world_size: int, nbytes: int) -> Situation:
+    """The situation the options describe, with OptCC's plan as the runtime would run it on a
+    bucket of ``nbytes`` (the same segments, fills and chunk sizes; ``--segments`` fixes k)."""
     slowdowns = dict(args.degrade or [])
     bad = [rank for rank in slowdowns if not 0 <= rank < world_size]
     if bad:
         raise NotApplicableError(f"--degrade names rank {bad[0]}, which is not a rank of 0..{world_size - 1}")
     if args.straggler is not None and not 0 <= args.straggler < world_size:
         raise NotApplicableError(f"--straggler {args.straggler} is not a rank of 0..{world_size - 1}")
-    return Situation(
+    situation = Situation(
         world_size=world_size,
         straggler=args.straggler,
         slowdowns=slowdowns,
-        segments=args.segments,
         gpus_per_server=args.gpus_per_server,
     )
+    if not any(slow > 1.0 for slow in slowdowns.values()) or world_size < 3:
+        return situation if args.segments is None else replace(situation, segments=args.segments)
+    return optcc_situation(situation, nbytes, segments=args.segments)
 
 
 def add_situation_options(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +91,11 @@ def add_situation_options(parser: argparse.ArgumentParser) -> None:
         metavar="RANK:L",
         help="a degraded rank whose NIC runs at 1/L of the bandwidth (repeatable), e.g. --degrade 3:2.0",
     )
-    parser.add_argument("--segments", type=int, default=64, help="OptCC pipeline segments k (default 64)")
+    parser.add_argument(
+        "--segments",
+        type=int,
+        help="OptCC pipeline segments k (default: what stragglerkit.all_reduce runs for the bucket size)",
+    )
     parser.add_argument(
         "--gpus-per-server",
         type=int,

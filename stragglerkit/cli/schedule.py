@@ -7,11 +7,11 @@ import json
 import time
 from typing import Any
 
-from stragglerkit.cli.options import add_situation_options, command_parser, situation_from_args
+from stragglerkit.cli.options import add_situation_options, command_parser, situation_from_args, unit
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
 from stragglerkit.schedules.registry import generate, names
-from stragglerkit.units import format_seconds
+from stragglerkit.units import format_seconds, parse_size
 
 __all__ = ["add_parser", "cmd_schedule", "render_schedule"]
 
@@ -84,7 +84,7 @@ def render_schedule(sched: Schedule) -> str:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    situation = situation_from_args(args, args.world_size)
+    situation = situation_from_args(args, args.world_size, args.size)
     started = time.perf_counter()
     sched = generate(args.algorithm, situation)
     generation_seconds = time.perf_counter() - started
@@ -135,6 +135,12 @@ def add_parser(sub: Any) -> None:
     )
     sched.add_argument("algorithm", choices=names(), help="which algorithm")
     sched.add_argument("--world-size", "-n", type=int, required=True, help="number of ranks")
+    sched.add_argument(
+        "--size",
+        type=unit(parse_size),
+        default=parse_size("32MiB"),
+        help="bucket size whose plan to show (default 32MiB; OptCC's segments and sizes depend on it)",
+    )
     add_situation_options(sched)
     sched.add_argument("--json", metavar="FILE", help="also save the schedule as JSON (versioned format)")
     sched.add_argument(

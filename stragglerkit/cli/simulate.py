@@ -30,7 +30,7 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = []
     for n in args.world_sizes:
-        situation = situation_from_args(args, n)
+        situation = situation_from_args(args, n, args.size)
         network = _network(situation, args.alpha, args.bandwidth)
         straggler = args.straggler if args.straggler is not None else n - 1
         delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")

@@ -216,11 +216,13 @@ def _faster_for_slow_nics(
     return "balanced_ring" if ring < pipeline else "optcc"
 
 
-def optcc_situation(situation: Situation, nbytes: int) -> Situation:
+def optcc_situation(situation: Situation, nbytes: int, segments: int | None = None) -> Situation:
     """``situation`` with the OptCC segments, bubble filling and chunk sizing the runtime uses for a
     bucket of ``nbytes`` (:func:`optcc_segments`, :func:`optcc_bubble_filling`, :data:`OPTCC_SIZING`);
-    the cost model and the bench build their predictions from the same."""
-    segments = optcc_segments(nbytes, situation.world_size)
+    the cost model, the bench and the command line build their plans from the same. ``segments``
+    fixes k instead (the fills and sizes are then decided for that k)."""
+    if segments is None:
+        segments = optcc_segments(nbytes, situation.world_size)
     filling = optcc_bubble_filling(situation.world_size, situation.slowdowns, segments, situation.gpus_per_server)
     return dataclasses.replace(situation, segments=segments, bubble_filling=filling, optcc_sizing=OPTCC_SIZING)
 
