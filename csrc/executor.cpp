@@ -1,5 +1,10 @@
 // Plan interpreter: executes one rank's lowered, already checked AllReduce plan over a c10d group.
 //
+// (This file is longer than the project's ~600-line guide on purpose: the interpreter is one state
+// machine, class Run, whose posting, observing and fault paths share its state; what stands apart
+// already lives apart: reductions in reduce.cpp, per-group state and abort listeners in
+// group_state.cpp, per-channel waiter threads in channel_waiters.h.)
+//
 // Execution rules (the symbolic checker's model, stragglerkit/schedules/check.py):
 // * An op becomes *ready* when all its dependencies completed. Local ops (reduce, copy, empty ops)
 //   run at once; a send or receive is *posted* (non-blocking pg->send / pg->recv) as soon as it is
@@ -36,8 +41,9 @@
 // note to every rank; a rank that receives one wakes its blocked wait (Work::abort) and raises,
 // so all ranks get an error that names the failing rank and its remote rank, and nobody waits for
 // a timeout. Best effort: gloo closes a pair whose wait timed out, so a note cannot travel over
-// it; the rank at the other end then fails at once on the closed connection instead. After an error the group's in-flight messages are undefined: the caller must treat
-// the tensor as lost and re-create the process group, as after an NCCL abort.
+// it; the rank at the other end then fails at once on the closed connection instead. After an
+// error the group's in-flight messages are undefined: the caller must treat the tensor as lost
+// and re-create the process group, as after an NCCL abort.
 #include "executor.h"
 
 #include "channel_waiters.h"
