@@ -80,26 +80,10 @@ def settings() -> dict[str, str]:
 
 
 def source_revision() -> dict[str, Any]:
-    """The commit of the checkout and whether the package's sources differ from it (None without git)."""
-    git = ["git", "-C", str(ROOT)]
-    out: dict[str, Any] = {"commit": None, "modified": None}
-    try:
-        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
-        if head.returncode != 0:
-            return out
-        out["commit"] = head.stdout.strip()
-        sources = ["stragglerkit", "csrc", "setup.py", "pyproject.toml"]
-        status = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no", "--", *sources],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        out["modified"] = bool(status.stdout.strip()) if status.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return out
+    """The commit of the checkout and whether the package's sources differ from it (the bench's own)."""
+    from stragglerkit.bench.results import source_revision as revision
+
+    return revision()
 
 
 def utc_now() -> str:

@@ -23,6 +23,10 @@ N = 4
 FLOOR_S = 0.02
 """Injected lateness is 2x StragglAR's measured pre-phase time, but at least this (loopback jitter is ms)."""
 
+FAST_DETECTOR = {"window": 6, "confirm": 1, "clear_fraction": 0.01, "clear_delay_ratio": 0.0, "degraded_threshold": 1e9}
+"""A detector that acts on a short window and never believes a loopback link degraded (loopback has
+no NICs: its ring probes time the ranks' CPU on 2 cores)."""
+
 
 def _same_events(results: dict[int, Any]) -> list[tuple[int, str, str]]:
     seen = [[(e["step"], e["kind"], e["algorithm"]) for e in results[r]["events"]] for r in range(N)]
@@ -45,13 +49,7 @@ def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
         # Loopback has no NICs: its ring probes time 4 ranks' CPU on 2 cores (l read anywhere from
         # 1 to 23), so no rank is ever believed degraded here; otherwise a belief far off the forced
         # plan's l = 2 rebuilds the plan before the probe this test looks for.
-        "detector": {
-            "window": 6,
-            "confirm": 1,
-            "clear_fraction": 0.01,
-            "clear_delay_ratio": 0.0,
-            "degraded_threshold": 1e9,
-        },
+        "detector": FAST_DETECTOR,
     }
     results = run_group(N, ddp_bodies.hook_vs_plain, 200, 3, 15, 0.02, 150, cfg, views)
     for out in results.values():
@@ -254,13 +252,7 @@ def test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes() -> None:
         "min_gain": 0.0,
         "min_bucket_bytes": 1024,
         "verify_steps": 10_000,
-        "detector": {
-            "window": 6,
-            "confirm": 1,
-            "clear_fraction": 0.01,
-            "clear_delay_ratio": 0.0,
-            "degraded_threshold": 1e9,
-        },
+        "detector": FAST_DETECTOR,
     }
     late_s = 0.03
     with tempfile.TemporaryDirectory() as tmp:

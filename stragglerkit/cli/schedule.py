@@ -121,18 +121,20 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+HELP = {
+    "help": "build, check and print one algorithm's schedule",
+    "description": "Build an AllReduce schedule, prove it correct with the symbolic checker, and print it "
+    "round by round (who sends which chunk to whom).",
+    "epilog": "examples:\n  stragglerkit schedule stragglar --world-size 8\n"
+    "  stragglerkit schedule ring --world-size 16 --summary-json\n"
+    "  stragglerkit schedule stragglar --world-size 256 --straggler 5 --json s.json",
+}
+"""The command's help, description and examples."""
+
+
 def add_parser(sub: Any) -> None:
     """Add ``schedule`` to the subcommands ``sub``."""
-    sched = command_parser(
-        sub,
-        "schedule",
-        help="build, check and print one algorithm's schedule",
-        description="Build an AllReduce schedule, prove it correct with the symbolic checker, and print it "
-        "round by round (who sends which chunk to whom).",
-        epilog="examples:\n  stragglerkit schedule stragglar --world-size 8\n"
-        "  stragglerkit schedule ring --world-size 16 --summary-json\n"
-        "  stragglerkit schedule stragglar --world-size 256 --straggler 5 --json s.json",
-    )
+    sched = command_parser(sub, "schedule", **HELP)
     sched.add_argument("algorithm", choices=names(), help="which algorithm")
     sched.add_argument("--world-size", "-n", type=int, required=True, help="number of ranks")
     sched.add_argument(

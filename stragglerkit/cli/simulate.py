@@ -155,18 +155,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+HELP = {
+    "help": "predict AllReduce times on a simulated network",
+    "description": "Simulate algorithms on a network of per-rank NICs (flow level, max-min fair sharing) "
+    "with a late straggler and/or degraded NICs, and compare them with ring.",
+    "epilog": "example (the StragglAR paper's analytic comparison):\n"
+    "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
+    "--size 1GiB --alpha 3us --bandwidth 450GB/s",
+}
+"""The command's help, description and examples."""
+
+
 def add_parser(sub: Any) -> None:
     """Add ``simulate`` to the subcommands ``sub``."""
-    sim = command_parser(
-        sub,
-        "simulate",
-        help="predict AllReduce times on a simulated network",
-        description="Simulate algorithms on a network of per-rank NICs (flow level, max-min fair sharing) "
-        "with a late straggler and/or degraded NICs, and compare them with ring.",
-        epilog="example (the StragglAR paper's analytic comparison):\n"
-        "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
-        "--size 1GiB --alpha 3us --bandwidth 450GB/s",
-    )
+    sim = command_parser(sub, "simulate", **HELP)
     sim.add_argument(
         "--algorithms", type=algorithm_list, default=["ring", "rhd", "stragglar"], help="comma-separated list"
     )
