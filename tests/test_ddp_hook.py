@@ -225,13 +225,16 @@ def test_dead_or_stalled_rank_fails_the_step_naming_it(fault: str, step: int) ->
     ring and the rest the group's own all_reduce; at step 9 every bucket runs the group's own.
     Every other rank fails within the timeout (2 s) plus the 2 s of reports, naming rank 2; what
     ``loss.backward()`` raises is the library's own PeerError with ``peer == 2`` and its message
-    first (not torch's ``RuntimeError: Unable to cast ...``)."""
+    first (not torch's ``RuntimeError: Unable to cast ...``), or ``peer`` None where a live rank
+    that was still blocked is named with it."""
     results = _run_fault(fault, step)
     for rank in (0, 1, 3):
         error = results[rank]
         assert error != "ok" and "stragglerkit all_reduce" in error, error
         assert f"rank 2 did not reach step {step}'s AllReduce" in error, error
-        assert error.startswith("PeerError peer=2: stragglerkit all_reduce ("), error
+        # a live rank still blocked in the collective when the 2 s of reports end is named too (on 2
+        # loaded cores it happens): then no single peer is blamed, and rank 2 is among those named
+        assert error.startswith(("PeerError peer=2: stragglerkit all_reduce (", "PeerError peer=None: ")), error
         assert "Unable to cast" not in error, error
 
 
