@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -54,7 +54,6 @@ class Session:
     """Per rank: add to its wall clock (ns) for rank 0's, measured at ``init``."""
     loops: int = 0
     """Closed loops created on this session so far (numbers them, the same on every rank)."""
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:

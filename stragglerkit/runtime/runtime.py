@@ -30,7 +30,7 @@ import threading
 import warnings
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -171,15 +171,6 @@ class AllReduceHandle:
     def exception(self) -> BaseException | None:
         """The call's error (waits for it to finish)."""
         return self._done.exception()
-
-    def add_done_callback(self, record: Callable[[RunRecord], object]) -> None:
-        """Call ``record(run_record)`` when the call succeeds (on the worker thread)."""
-
-        def succeeded(result: concurrent.futures.Future[RunRecord]) -> None:
-            if result.exception() is None:
-                record(result.result())
-
-        self._done.add_done_callback(succeeded)
 
 
 class Runtime:
