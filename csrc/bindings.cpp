@@ -57,6 +57,13 @@ torch::Tensor execute(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "stragglerkit native core: plan executor and reductions";
 
+#ifdef STRAGGLERKIT_CUDA
+  m.attr("cuda_kernel") = true;
+#else
+  m.attr("cuda_kernel") = false;
+#endif
+  // ^ whether this build holds the CUDA reduction kernel (reduce_cuda.cu): CUDA tensors need it
+
   // -- reductions --
   m.def("reduce_add_", &stragglerkit::reduce_add_, py::arg("dst"), py::arg("src"), py::arg("divisor") = 0,
         "dst += src (contiguous tensors, same dtype, size and device); with divisor > 0 (CPU, floating "

@@ -44,6 +44,13 @@
 // it; the rank at the other end then fails at once on the closed connection instead. After an
 // error the group's in-flight messages are undefined: the caller must treat the tensor as lost
 // and re-create the process group, as after an NCCL abort.
+//
+// CUDA tensors over gloo: gloo's transport reads and writes host memory only (it would hand the
+// socket a device pointer), so each message is staged: a send copies its span to a host tensor
+// when it is posted (ordered after the reductions already queued on the current stream), and a
+// receive lands in a host tensor that is copied into its device span once the wait returned,
+// before the reduction kernel runs on the same stream. Headers and abort notes stay on the host.
+// NCCL moves device memory itself and needs none of this.
 #include "executor.h"
 
 #include "channel_waiters.h"
@@ -102,8 +109,11 @@ class Run {
     if (plan_.ops.defined()) {
       ops_ = plan_.ops.data_ptr<int64_t>();
       num_ops_ = plan_.ops.size(0);
-      post_ahead_ = !buffer_.is_cuda();
     }
+    stage_through_host_ = !buffer_.is_cpu() && backend_name(group_, buffer_.device()) == "gloo";
+    // The transport's device: where headers and staged messages live.
+    wire_device_ = buffer_.is_cpu() || stage_through_host_ ? c10::Device(c10::kCPU) : buffer_.device();
+    post_ahead_ = wire_device_.is_cpu();
     element_size_ = buffer_.element_size();
     physical_rank_ = group_->getRank();
   }
@@ -232,6 +242,7 @@ class Run {
       row[3] = col(op, kColKind);
       row[4] = start_ns_[op];
       row[5] = end;
+      land_staged(op);
       if (col(op, kColKind) == kRecvReduce) {
         reduce_into_buffer(op);
       }
@@ -285,6 +296,7 @@ class Run {
       row[3] = col(op, kColKind);
       row[4] = start_ns_[op];
       row[5] = done.end_ns;
+      land_staged(op);
       if (col(op, kColKind) == kRecvReduce) {
         reduce_into_buffer(op);
       }
@@ -371,11 +383,11 @@ class Run {
       const int receiver = kind == kSend ? peer : physical_rank_;
       const auto& group = plan_.reverse_group.defined() && sender > receiver ? plan_.reverse_group : group_;
       if (kind == kSend) {
-        tensors.push_back(buffer_span(op));
+        tensors.push_back(stage_through_host_ ? stage(op, buffer_span(op).cpu()) : buffer_span(op));
         works_[op] = group->send(tensors, peer, kDataTag);
       } else {
-        const bool into_scratch = kind == kRecvReduce || col(op, kColScratch) >= 0;
-        tensors.push_back(into_scratch ? scratch_span(op) : buffer_span(op));
+        torch::Tensor destination = receive_span(op);
+        tensors.push_back(stage_through_host_ ? stage(op, torch::empty_like(destination, torch::kCPU)) : destination);
         works_[op] = group->recv(tensors, peer, kDataTag);
       }
     } catch (const std::exception& err) {
@@ -403,6 +415,29 @@ class Run {
                        kReasonPeerFailure, physical(peer));
   }
 
+  // Where a receive's bytes go: scratch for a receive-reduce or a receive into scratch, else the buffer.
+  torch::Tensor receive_span(int64_t op) const {
+    const bool into_scratch = col(op, kColKind) == kRecvReduce || col(op, kColScratch) >= 0;
+    return into_scratch ? scratch_span(op) : buffer_span(op);
+  }
+
+  // Keeps `host`, the host copy of op's message, until the message completed.
+  torch::Tensor stage(int64_t op, torch::Tensor host) {
+    staged_[op] = host;
+    return host;
+  }
+
+  // After op's message completed: a staged receive's bytes go to their device span (on the current
+  // stream, so the reduction that follows is ordered after them); the host copy is released.
+  void land_staged(int64_t op) {
+    auto it = staged_.find(op);
+    if (it == staged_.end()) return;
+    if (col(op, kColKind) != kSend) {
+      receive_span(op).copy_(it->second);
+    }
+    staged_.erase(it);
+  }
+
   void reduce_into_buffer(int64_t op) {
     with_reduce_range([&] {
       reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
@@ -422,7 +457,7 @@ class Run {
     h[kHdrWorld] = plan_.rank_map.numel();
     h[kHdrLogical] = plan_.logical_rank;
     h[kHdrSpare] = 0;
-    return header.to(buffer_.device());
+    return header.to(wire_device_);
   }
 
   void post_headers() {
@@ -431,7 +466,7 @@ class Run {
     for (int64_t k = 0; k < plan_.peers.numel(); ++k) {
       const int64_t peer = peers[k];
       std::vector<torch::Tensor> out{header};
-      auto incoming = torch::empty({kHeaderLength}, torch::dtype(torch::kInt64).device(buffer_.device()));
+      auto incoming = torch::empty({kHeaderLength}, torch::dtype(torch::kInt64).device(wire_device_));
       std::vector<torch::Tensor> in{incoming};
       try {
         header_sends_.emplace_back(peer, group_->send(out, static_cast<int>(physical(peer)), kHeaderTag));
@@ -601,6 +636,7 @@ class Run {
       }
       state_->kept_tensors.push_back(scratch_);
       state_->kept_tensors.push_back(buffer_);
+      for (auto& entry : staged_) state_->kept_tensors.push_back(entry.second);
     }
     if (!aborted_by_peer_ && failure.reason == kReasonPeerFailure && state_->listens) {
       // A broken connection is often the echo of another rank's failure (a rank that timed out
@@ -638,8 +674,7 @@ class Run {
     n[4] = failure.remote;
     n[5] = buffer_.numel();
     n[6] = static_cast<int64_t>(buffer_.scalar_type());
-    n[7] = plan_.plan_id;
-    note = note.to(buffer_.device());
+    n[7] = plan_.plan_id;  // the note stays on the host: only gloo groups send and hear them
     std::vector<c10::intrusive_ptr<c10d::Work>> sends;
     for (int rank = 0; rank < group_->getSize(); ++rank) {
       if (rank == physical_rank_) continue;
@@ -692,9 +727,12 @@ class Run {
   const std::function<void(int64_t, bool)>& range_callback_;
   const int64_t* ops_ = nullptr;
   int64_t num_ops_ = 0;
-  // Whether dependents marked -(b + 1) count as met at posting (CPU/gloo). Not on CUDA: NCCL runs a
-  // pair's sends and receives on one stream in posting order, so a receive posted ahead could
-  // block a send to the same peer that the old order put first.
+  // CUDA tensors over gloo: every message goes through a host copy (top of this file).
+  bool stage_through_host_ = false;
+  c10::Device wire_device_ = c10::Device(c10::kCPU);
+  // Whether dependents marked -(b + 1) count as met at posting (messages in host memory). Not on
+  // NCCL: it runs a pair's sends and receives on one stream in posting order, so a receive posted
+  // ahead could block a send to the same peer that the old order put first.
   bool post_ahead_ = true;
   int64_t element_size_ = 1;
   int physical_rank_ = 0;
@@ -714,6 +752,7 @@ class Run {
   std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Work>>> header_sends_;
   std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> header_recvs_;
   std::unique_ptr<ChannelWaiters> waiters_;  // concurrent mode only
+  std::map<int64_t, torch::Tensor> staged_;  // op -> host copy of its message (stage_through_host_)
 };
 
 }  // namespace
@@ -727,7 +766,7 @@ torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
   TORCH_CHECK(plan.ops.dim() == 2 && plan.ops.size(1) == kNumOpColumns, "stragglerkit: malformed op table");
   TORCH_CHECK(plan.rank_map.numel() == group->getSize(), "stragglerkit: the plan is for ", plan.rank_map.numel(),
               " ranks but the group has ", group->getSize());
-  GroupState* state = group_state(group, buffer.device());
+  GroupState* state = group_state(group);
   int64_t call;
   {
     std::lock_guard<std::mutex> lock(state->mu);
@@ -750,7 +789,7 @@ torch::Tensor execute_plan(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
 
 void notify_local_failure(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device,
                           const std::string& algorithm) {
-  GroupState* state = group_state(group, device);
+  GroupState* state = group_state(group);
   int64_t call;
   {
     std::lock_guard<std::mutex> lock(state->mu);

@@ -38,9 +38,9 @@ std::map<c10d::ProcessGroup*, GroupState*>& registry() {
 // listener ends when the group is shut down (its work is aborted) or fails.
 constexpr std::chrono::milliseconds kListenWait = std::chrono::hours(24 * 365 * 10);
 
-void listen_for_aborts(GroupState* state, c10::Device device) {
+void listen_for_aborts(GroupState* state) {
   while (!state->stopping.load()) {
-    auto note = torch::zeros({kHeaderLength}, torch::dtype(torch::kInt64).device(device));
+    auto note = torch::zeros({kHeaderLength}, torch::kInt64);  // gloo: host memory
     std::vector<torch::Tensor> tensors{note};
     c10::intrusive_ptr<c10d::Work> work;
     try {
@@ -63,8 +63,7 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
     if (!received || state->stopping.load()) {
       return;
     }
-    auto host = note.cpu();
-    const int64_t* fields = host.data_ptr<int64_t>();
+    const int64_t* fields = note.data_ptr<int64_t>();
     if (fields[0] != kAbortMagic) {
       continue;
     }
@@ -79,7 +78,15 @@ void listen_for_aborts(GroupState* state, c10::Device device) {
 
 }  // namespace
 
-GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device) {
+std::string backend_name(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device) {
+  try {
+    return group->getBackend(device.type())->getBackendName();
+  } catch (const std::exception&) {
+    return group->getBackendName();  // no backend registered for the device: the group's own
+  }
+}
+
+GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto& groups = registry();
   auto it = groups.find(group.get());
@@ -91,7 +98,7 @@ GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group, con
   // Receive-from-any is a gloo feature; NCCL reports faults through its own watchdog.
   state->listens = group->getBackendName() == "gloo";
   if (state->listens) {
-    state->listener = std::thread(listen_for_aborts, state, device);
+    state->listener = std::thread(listen_for_aborts, state);
   }
   groups.emplace(group.get(), state);
   return state;

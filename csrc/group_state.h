@@ -79,6 +79,9 @@ struct GroupState {
 };
 
 // The state of `group`, created (and its listener started) on first use.
-GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device);
+GroupState* group_state(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+
+// The name of the backend ("gloo", "nccl", ...) that moves `group`'s tensors on `device`.
+std::string backend_name(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const c10::Device& device);
 
 }  // namespace stragglerkit

@@ -97,10 +97,13 @@ class Work:
             self._handle.wait(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"the AllReduce did not finish within {timeout} s (it is still running)") from None
+        # The call's callbacks complete the future just after the call itself: wait for them too,
+        # so that get_future().value() holds the tensor once wait() returned, as with torch.
+        self._future.wait()
         return True
 
     def is_completed(self) -> bool:
-        return self._handle.is_completed()
+        return self._future.done()
 
     def is_success(self) -> bool:
         """Completed without an error."""

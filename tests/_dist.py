@@ -1,4 +1,4 @@
-"""Spawns a real multi-process gloo group on 127.0.0.1 for the executor tests."""
+"""Spawns a real multi-process group (gloo unless told otherwise) on 127.0.0.1 for the executor tests."""
 
 from __future__ import annotations
 
@@ -16,12 +16,20 @@ __all__ = ["run_group"]
 
 
 def _entry(
-    rank: int, world_size: int, store_path: str, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any
+    rank: int,
+    world_size: int,
+    store_path: str,
+    backend: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    queue: Any,
 ) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
@@ -29,8 +37,10 @@ def _entry(
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_group(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 240.0) -> dict[int, Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return {rank: result}.
+def run_group(
+    world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 240.0, backend: str = "gloo"
+) -> dict[int, Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks of a ``backend`` group; return {rank: result}.
 
     Raises AssertionError with every failing rank's traceback.
     """
@@ -39,7 +49,7 @@ def run_group(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(rank, world_size, store_path, fn, args, queue), daemon=True)
+            ctx.Process(target=_entry, args=(rank, world_size, store_path, backend, fn, args, queue), daemon=True)
             for rank in range(world_size)
         ]
         for p in procs:

@@ -77,8 +77,12 @@ def different_window_on_one_rank(rank: int, n: int) -> dict[str, Any]:
     except Exception as err:  # the test inspects type and text
         error = f"{type(err).__name__}: {err}"
         kinds = [kind.__name__ for kind in type(err).__mro__]
-    return {"error": error, "kinds": kinds, "seconds": time.monotonic() - start,
-            "initialized": stragglerkit.is_initialized()}
+    return {
+        "error": error,
+        "kinds": kinds,
+        "seconds": time.monotonic() - start,
+        "initialized": stragglerkit.is_initialized(),
+    }
 
 
 PROGRAM_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
@@ -117,6 +121,7 @@ def torch_program(rank: int, n: int, library: str) -> dict[str, Any]:
             t = program_input(rank, dtype, numel)
             work = reduce(t, dist.ReduceOp.SUM, None, True)
             work_api[f"{case}/wait"] = work.wait() is True
+            work_api[f"{case}/value_after_wait"] = work.get_future().value()[0] is t
             work_api[f"{case}/future"] = work.get_future().wait()[0] is t
             work_api[f"{case}/completed"] = work.is_completed()
             results[f"{case}/sum_async"] = t.view(torch.uint8).numpy().tobytes()
@@ -217,3 +222,26 @@ def init_twice_then_again(rank: int, n: int) -> dict[str, Any]:
     out["second_sum"] = t.tolist()
     stragglerkit.destroy()
     return out
+
+
+def world_of_one(rank: int, n: int) -> dict[str, Any]:
+    """Every algorithm on a one-rank group: the tensor stays as it is, with no warning."""
+    import warnings
+
+    import stragglerkit
+    from stragglerkit.schedules.registry import names
+
+    stragglerkit.init()
+    checks: dict[str, bool] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for algorithm in ("auto", *names()):
+            for _ in range(50):  # the future must be complete whenever wait() returned
+                t = torch.arange(7, dtype=torch.float32)
+                work = stragglerkit.all_reduce(t, async_op=True, algorithm=algorithm)
+                checks[f"{algorithm}/wait"] = work.wait() is True
+                checks[f"{algorithm}/value"] = work.get_future().value()[0] is t
+                checks[f"{algorithm}/unchanged"] = torch.equal(t, torch.arange(7, dtype=torch.float32))
+            record = stragglerkit.last_run()
+            checks[f"{algorithm}/record"] = record is not None and record.algorithm == "none"
+    return checks

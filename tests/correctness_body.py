@@ -47,13 +47,17 @@ def sweep(
     only: tuple[str, ...] = (),
     slowdowns: dict[int, float] | None = None,
     tuning: dict[str, Any] | None = None,
+    device: str = "cpu",
+    large_bytes: int = 0,
 ) -> dict[str, Any]:
     """Run every (algorithm, size, dtype) (the algorithms in ``only``, if given); return digests
     and the worst error / tolerance ratio.
 
     ``tuning`` forces the runtime's fixed choices in this rank: ``wait_mode`` ("ordered" or
     "concurrent"), ``optcc_message_bytes`` (OptCC's message size, so its segment count) and
-    ``optcc_sizing`` ("lp" or "closed_form")."""
+    ``optcc_sizing`` ("lp" or "closed_form"). ``device``: where the tensors live ("cuda": every
+    rank on the current GPU); ``large_bytes``: one more size per dtype, that many bytes plus three
+    elements (odd)."""
     import functools
 
     import stragglerkit
@@ -68,13 +72,16 @@ def sweep(
         )
     if "optcc_sizing" in tuning:
         policy.OPTCC_SIZING = tuning["optcc_sizing"]
+    if device == "cuda":
+        torch.cuda.set_device(0)
     stragglerkit.init()
     digests: dict[str, str] = {}
     worst: dict[str, float] = {}
     algorithms = [(name, kwargs) for name, kwargs in algorithms_for(n, slowdowns) if not only or name in only]
     for algorithm, kwargs in algorithms:
-        for numel in sizes:
-            for dtype in dtypes:
+        for dtype in dtypes:
+            large = (large_bytes // dtype.itemsize + 3,) if large_bytes else ()
+            for numel in (*sizes, *large):
                 case = f"{algorithm}/{numel}/{str(dtype).removeprefix('torch.')}"
                 gen = torch.Generator().manual_seed(hash((rank, numel, str(dtype), algorithm)) % (1 << 31))
                 x = torch.randn(numel, generator=gen, dtype=torch.float32).to(dtype)
@@ -83,7 +90,9 @@ def sweep(
                 dist.all_reduce(reference)
                 dist.all_reduce(theirs)
                 exact, sumabs = reference[0], reference[1]
+                x = x.to(device)
                 assert stragglerkit.all_reduce(x, algorithm=algorithm, **kwargs) is None
+                x = x.cpu()
                 record = stragglerkit.last_run()
                 assert record is not None and record.algorithm == algorithm, (case, record)
                 digests[case] = digest(x)
@@ -99,10 +108,11 @@ def sweep(
             for dtype in dtypes if numel < (1 << 20) else (torch.float32,):
                 case = f"{algorithm}/{numel}/{str(dtype).removeprefix('torch.')}/avg"
                 gen = torch.Generator().manual_seed(rank + 17 + numel)
-                x = torch.randn(numel, generator=gen).to(dtype)
+                x = torch.randn(numel, generator=gen).to(dtype).to(device)
                 y = x.clone()
                 stragglerkit.all_reduce(x, algorithm=algorithm, op="sum", **kwargs)
                 stragglerkit.all_reduce(y, algorithm=algorithm, op="avg", **kwargs)
+                x, y = x.cpu(), y.cpu()
                 digests[case] = digest(y)
                 worst[case] = 0.0 if torch.equal(y, x / n) else float("inf")
     return {"digests": digests, "worst": worst, "algorithms": [a for a, _ in algorithms]}

@@ -63,6 +63,12 @@ def test_a_torch_program_runs_with_stragglerkit_all_reduce_after_one_init(n: int
             assert bool(torch.all((got.double() - reference.double()).abs() <= 2 * bound)), (case, rank)
 
 
+def test_a_world_of_one_rank_leaves_the_tensor_and_warns_of_nothing() -> None:
+    checks = run_group(1, api_bodies.world_of_one)[0]
+    failed = sorted(check for check, ok in checks.items() if not ok)
+    assert checks and not failed, failed
+
+
 def test_using_stragglerkit_before_init_says_to_call_init() -> None:
     if dist.is_initialized():
         pytest.skip("this process has a default group")

@@ -45,6 +45,7 @@ from stragglerkit.runtime.executor import (
     concurrent_waits,
     duplex_group,
     is_default_gloo_group,
+    native,
     notify_local_failure,
     run_plan,
 )
@@ -87,7 +88,6 @@ class RunRecord:
         return [(labels[label_of[t.op]], t) for t in self.timings.records()]
 
 
-
 @dataclass(slots=True, frozen=True)
 class AllReduceCall:
     """One in-place AllReduce as the runtime takes it (every rank passes the same, but the tensor)."""
@@ -127,6 +127,14 @@ def _validate_tensor(tensor: object, op: str) -> None:
         )
     if op == "avg" and not tensor.is_floating_point():
         raise ConfigError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum' and divide")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"all_reduce takes CPU or CUDA tensors, got one on {tensor.device}")
+    if tensor.device.type == "cuda" and not native().cuda_kernel:
+        raise ConfigError(
+            f"this stragglerkit build has no CUDA reduction kernel, so it cannot reduce a tensor on {tensor.device}: "
+            "reinstall it where torch is a CUDA build and nvcc is found (CUDA_HOME), e.g. pip install -e . "
+            "(scripts/gpu_check.sh builds and checks it on a GPU machine)"
+        )
 
 
 @dataclass(slots=True)
@@ -329,13 +337,13 @@ class Runtime:
             if self.group.size() > 1:
                 notify_local_failure(self.data_group, device, algorithm)
             raise
+        n = self.group.size()
+        if n == 1:  # nothing to exchange, whatever was asked for: no fallback to warn of
+            self.last_run = RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+            return self.last_run
         if why is not None and why not in self.warned:
             self.warned.add(why)
             warnings.warn(why, FallbackWarning, stacklevel=3)
-        n = self.group.size()
-        if n == 1:
-            self.last_run = RunRecord(algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
-            return self.last_run
         if chosen == "optcc":
             situation = optcc_situation(situation, tensor.numel() * tensor.element_size())
         cached = self._plan(chosen, situation, tensor, op, ranks)
