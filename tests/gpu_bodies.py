@@ -9,9 +9,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int) -> dict[str, Any]:
+def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int, late_rank: int, late_s: float) -> dict[str, Any]:
     """Plain DDP and DDP with the stragglerkit hook train the same model on the GPU (every rank on
-    device 0, over the gloo group); after each step the parameters are compared."""
+    device 0, over the gloo group); after each step the parameters are compared. ``late_rank``
+    sleeps ``late_s`` before its hooked backward from step 5 on, so the loop may switch to StragglAR."""
+    import time
+
     from ddp_bodies import _batch, _config, _init, _model
 
     import stragglerkit
@@ -22,7 +25,7 @@ def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int) -> dict[str, Any]:
     plain = DDP(_model(0).to(device), device_ids=[0], bucket_cap_mb=0.05)
     hooked = DDP(_model(0).to(device), device_ids=[0], bucket_cap_mb=0.05)
     # Probes run stragglerkit's ring on the largest bucket every few steps from step 3 on.
-    state = stragglerkit.DDPState(None, _config({"warmup_steps": 3, "min_bucket_bytes": 1024}))
+    state = stragglerkit.DDPState(None, _config({"warmup_steps": 3, "min_bucket_bytes": 1024, "min_gain": 0.0}))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
@@ -31,9 +34,12 @@ def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int) -> dict[str, Any]:
     ran: set[str] = set()
     for step in range(steps):
         x, y = (t.to(device) for t in _batch(rank, step))
-        for model, opt in ((plain, opt_plain), (hooked, opt_hooked)):
+        for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
             opt.zero_grad(set_to_none=True)
-            nn.functional.mse_loss(model(x), y).backward()
+            loss = nn.functional.mse_loss(model(x), y)
+            if late and rank == late_rank and step >= 5:
+                time.sleep(late_s)
+            loss.backward()
             opt.step()
         ran.update(t.algorithm for t in state.loop.profiler.buckets(step))
         with torch.no_grad():
