@@ -34,7 +34,7 @@ if [ "$build_rc" -ne 0 ]; then
   tail -n 40 "$OUTDIR/build.log"
 else
   echo "[gpu_check] tests/test_gpu.py"
-  timeout 300 "$PYTHON" -m pytest tests/test_gpu.py -v -p no:cacheprovider --junitxml="$OUTDIR/gpu_tests.xml" \
+  timeout 300 "$PYTHON" -m pytest tests/test_gpu.py -v -rP -p no:cacheprovider --junitxml="$OUTDIR/gpu_tests.xml" \
     2>&1 | tee "$OUTDIR/tests.log"
   echo "[gpu_check] profiling/bench_cuda_reduce.py"
   timeout 90 "$PYTHON" profiling/bench_cuda_reduce.py --mib 256 && true
