@@ -68,7 +68,7 @@ _COMM_KINDS = frozenset({OpKind.SEND, OpKind.RECV, OpKind.RECV_REDUCE})
 _RECEIVE_KINDS = frozenset({OpKind.RECV, OpKind.RECV_REDUCE})
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Op:
     """One step of one rank.
 
@@ -385,7 +385,23 @@ class ScheduleBuilder:
                 writer = self._writer[rank] = [-1] * self.num_chunks
                 self._readers[rank] = [None] * self.num_chunks
             readers = self._readers[rank]
-            if kind is OpKind.SEND:  # reads the chunks
+            first, stop = chunks
+            if stop == first + 1 and kind is not OpKind.RECV:  # one chunk, the common case: no loop
+                last = writer[first]
+                if last >= 0:
+                    deps.append(last)
+                since = readers[first]
+                if kind is OpKind.SEND:  # reads it
+                    if since is None:
+                        readers[first] = [index]
+                    else:
+                        since.append(index)
+                else:  # writes it
+                    if since:
+                        deps += since
+                    writer[first] = index
+                    readers[first] = None
+            elif kind is OpKind.SEND:  # reads the chunks
                 for chunk in range(chunks[0], chunks[1]):
                     last = writer[chunk]
                     if last >= 0:
