@@ -221,7 +221,6 @@ class Run {
   void observe_in_wait_order() {
     const int64_t* order = plan_.wait_order.data_ptr<int64_t>();
     const int64_t num_waited = plan_.wait_order.numel();
-    auto* timing = timings_.data_ptr<int64_t>();
     for (int64_t position = 0; position < num_waited; ++position) {
       const int64_t op = order[position];
       const int64_t peer = col(op, kColPeer);
@@ -234,22 +233,27 @@ class Run {
       }
       enter_range(col(op, kColLabel));
       wait_for(works_[op], op, peer);
-      const int64_t end = now_ns();
-      int64_t* row = timing + position * 6;
-      row[0] = op;
-      row[1] = physical(peer);
-      row[2] = col(op, kColCount) * element_size_;
-      row[3] = col(op, kColKind);
-      row[4] = start_ns_[op];
-      row[5] = end;
-      land_staged(op);
-      if (col(op, kColKind) == kRecvReduce) {
-        reduce_into_buffer(op);
-      }
-      works_[op].reset();
-      complete(op);
-      drain();
+      finish_message(position, op, now_ns());
     }
+  }
+
+  // A message completed at `end_ns` (the position-th completion): record its timing row, land a
+  // staged receive, reduce, then complete it and post what became ready.
+  void finish_message(int64_t position, int64_t op, int64_t end_ns) {
+    int64_t* row = timings_.data_ptr<int64_t>() + position * 6;
+    row[0] = op;
+    row[1] = physical(col(op, kColPeer));
+    row[2] = col(op, kColCount) * element_size_;
+    row[3] = col(op, kColKind);
+    row[4] = start_ns_[op];
+    row[5] = end_ns;
+    land_staged(op);
+    if (col(op, kColKind) == kRecvReduce) {
+      reduce_into_buffer(op);
+    }
+    works_[op].reset();
+    complete(op);
+    drain();
   }
 
   // One waiter thread per channel reports completions as they happen (channel_waiters.h); this
@@ -257,7 +261,6 @@ class Run {
   void observe_concurrently() {
     int64_t outstanding = plan_.wait_order.numel() + static_cast<int64_t>(header_recvs_.size());
     const int64_t num_waited = plan_.wait_order.numel();
-    auto* timing = timings_.data_ptr<int64_t>();
     int64_t position = 0;
     while (outstanding > 0) {
       Completion done = waiters_->next();
@@ -288,21 +291,7 @@ class Run {
         throw ExecFailure(context() + ": internal error: more completions than messages", kReasonOther, -1);
       }
       enter_range(col(op, kColLabel));
-      int64_t* row = timing + position * 6;
-      ++position;
-      row[0] = op;
-      row[1] = physical(done.peer);
-      row[2] = col(op, kColCount) * element_size_;
-      row[3] = col(op, kColKind);
-      row[4] = start_ns_[op];
-      row[5] = done.end_ns;
-      land_staged(op);
-      if (col(op, kColKind) == kRecvReduce) {
-        reduce_into_buffer(op);
-      }
-      works_[op].reset();
-      complete(op);
-      drain();
+      finish_message(position++, op, done.end_ns);
     }
     waiters_->stop();
   }
