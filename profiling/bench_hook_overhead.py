@@ -141,16 +141,18 @@ def _worker(args: argparse.Namespace) -> None:
 
     def allgather_state() -> stragglerkit.DDPState:
         state = stragglerkit.DDPState(None, ControllerConfig(probe_every=0))
-        state.exchange.__class__ = AllGatherExchange
+        state.loop.exchange.__class__ = AllGatherExchange
         return state
 
     configs = {
-        "hook_quiet": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=10**9, probe_every=0)),
+        "hook_quiet": lambda: stragglerkit.DDPState(
+            None, ControllerConfig(exchange_every=10**9, quiet_exchange_every=0, probe_every=0)
+        ),
         "hook_exchange_only": lambda: stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
         "hook_exchange_every_6": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=6, probe_every=0)),
         "hook_exchange_allgather": allgather_state,
         "hook_probes_only": lambda: stragglerkit.DDPState(
-            None, ControllerConfig(exchange_every=10**9, quiet_probe_every=0)
+            None, ControllerConfig(exchange_every=10**9, quiet_exchange_every=0, quiet_probe_every=0)
         ),
         "hook_fixed_probes": lambda: stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
         "hook_default": lambda: stragglerkit.DDPState(None, ControllerConfig()),

@@ -77,6 +77,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -95,9 +96,13 @@ from stragglerkit.runtime.runtime import AllReduceCall, RunRecord, Runtime
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 from stragglerkit.session import Session
 
-__all__ = ["LOOP_OPS", "StragglerLoop"]
+__all__ = ["LOOP_OPS", "Baseline", "StragglerLoop"]
 
 LOOP_OPS = ("avg", "sum")
+
+Baseline = Callable[[torch.Tensor, str], "torch.futures.Future[Any]"]
+"""A framework's own AllReduce as the loop's baseline: ``baseline(tensor, op)`` (op ``"avg"`` or
+``"sum"``) reduces ``tensor`` in place; the future completes when it is done."""
 """What ``all_reduce_bucket`` can do to a bucket."""
 _STATE_VERSION = 1
 
@@ -144,6 +149,7 @@ class StragglerLoop:
         "_step_open",
         "_store",
         "_unsynced",
+        "baseline",
         "clock_offsets",
         "exchange",
         "profiler",
@@ -176,6 +182,10 @@ class StragglerLoop:
         self._decision_in_flight: Decision | None = None
         self._previous_sizes: list[tuple[int, int]] = []
         self._saved_rank = session.rank
+        self.baseline: Baseline | None = None
+        """What runs the ``allreduce`` baseline: ``baseline(tensor, op)`` starts it in place and returns a
+        future that completes once the tensor holds the result (a framework's own AllReduce, e.g.
+        Horovod's); ``None``: the process group's own ``all_reduce``. Not saved with the state."""
         self._reset_in_flight()
         self._attach(session)
 
@@ -277,6 +287,7 @@ class StragglerLoop:
         self._decision_in_flight = state["decision_in_flight"]
         self._previous_sizes = list(state["previous_sizes"])
         self._saved_rank = state["rank"]
+        self.baseline = None
         self._reset_in_flight()
 
     # -- what the training loop reads -----------------------------------------------------------
@@ -560,11 +571,16 @@ class StragglerLoop:
     def _plain(
         self, session: Session, tensor: torch.Tensor, timing: BucketTiming, op: str
     ) -> torch.futures.Future[torch.Tensor]:
-        """The process group's own all_reduce (on the session's group with the timeout)."""
-        if op == "avg":
-            tensor.div_(self.world_size)
-        work = dist.all_reduce(tensor, group=session.allreduce_group, async_op=True)
-        assert work is not None
+        """The baseline: :attr:`baseline`, else the process group's own all_reduce (on the session's
+        group with the timeout)."""
+        if self.baseline is not None:
+            started = self.baseline(tensor, op)
+        else:
+            if op == "avg":
+                tensor.div_(self.world_size)
+            work = dist.all_reduce(tensor, group=session.allreduce_group, async_op=True)
+            assert work is not None
+            started = work.get_future()
         result = _future_for(tensor)
 
         def finish(fut: torch.futures.Future[Any]) -> None:
@@ -582,7 +598,7 @@ class StragglerLoop:
                 )
             result.set_result(tensor)
 
-        work.get_future().then(finish)
+        started.then(finish)
         return result
 
     def _fail(self, what: str, step: int, cause: BaseException, timing: BucketTiming | None = None) -> PeerError:
