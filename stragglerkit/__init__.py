@@ -30,6 +30,7 @@ from stragglerkit.errors import (
 from stragglerkit.runtime.runtime import FallbackWarning, RunRecord
 
 if TYPE_CHECKING:
+    from stragglerkit.decorator import straggler_aware
     from stragglerkit.integrations.ddp import DDPState, ddp_hook
     from stragglerkit.loop import StragglerLoop
 
@@ -54,6 +55,7 @@ __all__ = [
     "init",
     "is_initialized",
     "last_run",
+    "straggler_aware",
 ]
 __version__ = "0.2.0"
 
@@ -61,13 +63,14 @@ _LAZY = {
     "DDPState": "stragglerkit.integrations.ddp",
     "ddp_hook": "stragglerkit.integrations.ddp",
     "StragglerLoop": "stragglerkit.loop",
+    "straggler_aware": "stragglerkit.decorator",
 }
 
 
 if not TYPE_CHECKING:  # (hidden from type checkers, which see the imports above)
 
     def __getattr__(name: str) -> Any:
-        """The DDP hook loads on first use (it pulls in the cost model, scipy and the simulator)."""
+        """The integrations load on first use (they pull in the cost model, scipy and the simulator)."""
         module = _LAZY.get(name)
         if module is None:
             raise AttributeError(f"module 'stragglerkit' has no attribute {name!r}")

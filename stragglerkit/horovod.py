@@ -1,0 +1,306 @@
+"""Horovod: ``hvd.DistributedOptimizer`` with stragglerkit's closed loop.
+
+``stragglerkit.horovod.DistributedOptimizer`` takes ``hvd.DistributedOptimizer``'s arguments and
+behaves like it: it *is* Horovod's optimizer class (broadcasts, ``synchronize()``,
+``skip_synchronize()``, ``backward_passes_per_step``, its checks and messages), with one method
+changed: where Horovod hands each gradient to its allreduce, this one collects the gradients in
+buckets of about 25 MiB (reverse parameter order, as DDP does: the order a backward pass makes
+them) and hands each full bucket, in bucket order, to the loop of :mod:`stragglerkit.loop.loop`.
+While nothing is wrong the loop's baseline is Horovod's own allreduce of the bucket (its fusion,
+compression, averaging and pre/post-scaling); when the loop finds a persistent straggler or a
+degraded NIC, the buckets switch at the same step on every rank to StragglAR / OptCC / the
+balanced ring through the executor, with the same verification and rollback as for DDP.
+Compression applies on both paths (the bucket is compressed before either reduces it).
+
+The executor needs a torch.distributed group over Horovod's ranks. If none exists, the first
+optimizer makes one: rank 0 opens a TCP store on the address of Horovod's Gloo interface
+(``HOROVOD_GLOO_IFACE``, as ``horovodrun`` sets it; else ``HOROVOD_HOSTNAME``), sends its address
+and port to the others with ``hvd.broadcast_object`` and every rank joins a gloo group with
+Horovod's rank and size; then ``stragglerkit.init()`` runs. So it works across hosts wherever
+Horovod's own Gloo does. An existing default group must have Horovod's ranks.
+
+Horovod's own optimizer, unchanged, serves what the loop does not cover, with a warning saying
+why: ``op=hvd.Adasum``, ``groups``/``num_groups``, a process set other than the global one, and a
+world of one rank (no warning there).
+
+Example::
+
+    import horovod.torch as hvd
+    import stragglerkit.horovod
+    hvd.init()
+    optimizer = stragglerkit.horovod.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import functools
+import os
+import socket
+import struct
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+try:
+    import horovod.torch as hvd
+    from horovod.torch.compression import Compression
+    from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+    from horovod.torch.optimizer import _DistributedOptimizer
+except ImportError as _err:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "stragglerkit.horovod needs Horovod (horovod.torch): bash scripts/install_horovod.sh builds and installs "
+        f"Horovod 0.28.1 for this torch ({_err})"
+    ) from _err
+
+from stragglerkit.config import Config
+from stragglerkit.errors import ConfigError
+from stragglerkit.loop.loop import StragglerLoop
+
+__all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
+
+BUCKET_BYTES = 25 * 1024 * 1024
+"""Gradients reach the loop in buckets of about this many bytes (DDP's default bucket size: large
+enough for the straggler-aware algorithms to pay, small enough to overlap the backward pass)."""
+
+_HOROVOD_PATH_WARNED: set[str] = set()
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = global_process_set,
+    *,
+    config: Config | None = None,
+) -> torch.optim.Optimizer:
+    """``hvd.DistributedOptimizer`` (same arguments, same meaning) whose gradients go through
+    stragglerkit's closed loop; ``config`` is stragglerkit's (default: the session's)."""
+    hvd.size()  # Horovod's own error if hvd.init() was not called
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        groups = groups if groups is not None else num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    arguments = (
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        0,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )
+    why = _horovod_path_reason(op, groups, process_set)
+    if why is not None:
+        if hvd.size() > 1 and why not in _HOROVOD_PATH_WARNED:
+            _HOROVOD_PATH_WARNED.add(why)
+            warnings.warn(f"stragglerkit: {why}: Horovod's own optimizer runs unchanged", stacklevel=2)
+        return hvd.DistributedOptimizer(optimizer, *arguments)
+    loop = StragglerLoop(_horovod_session(config), config)
+    name = optimizer.__class__.__name__
+    cls = type(name, (optimizer.__class__,), {**_DistributedOptimizer.__dict__, **_OVERRIDES})
+    distributed = cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )
+    distributed._stragglerkit = _Buckets(distributed, loop)
+    return distributed
+
+
+def _horovod_path_reason(op: Any, groups: Any, process_set: Any) -> str | None:
+    if op == Adasum:
+        return "op=hvd.Adasum is Horovod's own reduction, not a sum the loop's algorithms compute"
+    if op not in (Average, Sum):
+        return f"op {op!r} is not hvd.Average or hvd.Sum"
+    if groups:
+        return "groups/num_groups ask for Horovod's grouped allreduce"
+    if process_set is not global_process_set:
+        return "a process set other than the global one"
+    if hvd.size() == 1:
+        return "one rank"
+    return None
+
+
+class _Buckets:
+    """The gradients of one optimizer in buckets, handed to the loop in bucket order each step."""
+
+    made = 0
+
+    def __init__(self, optimizer: Any, loop: StragglerLoop) -> None:
+        self.optimizer = optimizer
+        self.loop = loop
+        self.op = "avg" if optimizer.op == Average else "sum"
+        ordered = [p for group in reversed(optimizer.param_groups) for p in reversed(group["params"])]
+        params = [p for p in ordered if p in optimizer._requires_update]
+        self.buckets: list[list[torch.Tensor]] = []
+        size = 0
+        for p in params:
+            previous = self.buckets[-1][-1] if self.buckets else None
+            same_kind = previous is not None and (previous.dtype, previous.device) == (p.dtype, p.device)
+            nbytes = p.numel() * p.element_size()
+            if not same_kind or size + nbytes > BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.bucket_of = {p: b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.next_bucket = 0
+        self.results: list[torch.futures.Future[torch.Tensor] | None] = [None] * len(self.buckets)
+        self.starting = 0
+        self.number = _Buckets.made  # the same on every rank: each makes its optimizers in the same order
+        _Buckets.made += 1
+        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit-horovod")
+        loop.baseline = self._horovod_allreduce
+
+    def grad_ready(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """``p``'s gradient is final for this step: count it, start every full bucket in order, and
+        return what Horovod's ``synchronize()`` calls for ``p``'s reduced (still compressed) gradient."""
+        bucket = self.bucket_of[p]
+        self.ready[bucket] += 1
+        while self.next_bucket < len(self.buckets) and self.ready[self.next_bucket] == len(
+            self.buckets[self.next_bucket]
+        ):
+            self._start(self.next_bucket)
+            self.next_bucket += 1
+        if self.next_bucket == len(self.buckets):  # every bucket of the step is on its way
+            self.ready = [0] * len(self.buckets)
+            self.next_bucket = 0
+        return functools.partial(self._reduced, p, bucket)
+
+    def _start(self, bucket: int) -> None:
+        grads = []
+        for p in self.buckets[bucket]:
+            grad = p.grad
+            assert grad is not None
+            grads.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
+        compressed, _ = self.optimizer._compression.compress(torch.cat(grads))
+        self.starting = bucket  # names Horovod's allreduce, if the loop runs the baseline
+        future = self.loop.all_reduce_bucket(compressed, bucket, bucket == len(self.buckets) - 1, self.op)
+        self.results[bucket] = future
+
+    def _reduced(self, p: torch.Tensor, bucket: int) -> torch.Tensor:
+        future = self.results[bucket]
+        if future is None:
+            raise RuntimeError(f"stragglerkit: bucket {bucket} was never started (internal error)")
+        self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
+        reduced = future.wait()
+        offset = 0
+        for q in self.buckets[bucket]:
+            if q is p:
+                return reduced[offset : offset + p.numel()].view(p.shape)
+            offset += q.numel()
+        raise RuntimeError("stragglerkit: a parameter outside its bucket (internal error)")
+
+    def _horovod_allreduce(self, tensor: torch.Tensor, op: str) -> torch.futures.Future[torch.Tensor]:
+        """The loop's baseline: Horovod's allreduce of the bucket, waited for on a thread."""
+        opt = self.optimizer
+        average = op == "avg"
+        scale = opt.gradient_predivide_factor if average else 1.0
+        handle = hvd.allreduce_async_(
+            tensor,
+            name=f"stragglerkit.optimizer.{self.number}.bucket.{self.starting}",
+            op=Average if average else Sum,
+            prescale_factor=1.0 / scale,
+            postscale_factor=scale,
+        )
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+        def wait() -> None:
+            try:
+                hvd.synchronize(handle)
+            except Exception as err:
+                future.set_exception(err)  # type: ignore[arg-type]
+            else:
+                future.set_result(tensor)
+
+        self._waiter.submit(wait)
+        return future
+
+
+def _allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Callable[[], torch.Tensor], Any]:
+    """Replaces Horovod's: ``p``'s gradient joins its bucket. The handle is a callable, which
+    Horovod's ``synchronize()`` calls for the reduced gradient in the compressed dtype, and then
+    decompresses with the context the compression gives a tensor of ``p``'s gradient's dtype."""
+    if p.grad is None:
+        p.grad = p.data.new(p.size()).zero_()
+    _, ctx = self._compression.compress(p.grad.new_empty(0))
+    return self._stragglerkit.grad_ready(p), ctx
+
+
+_OVERRIDES = {"_allreduce_grad_async": _allreduce_grad_async}
+
+
+# -- the torch.distributed group over Horovod's ranks ----------------------------------------------
+def _horovod_session(config: Config | None) -> Any:
+    """The stragglerkit session of the default group, made over Horovod's ranks if need be."""
+    import stragglerkit
+    from stragglerkit.session import session_for
+
+    if dist.is_initialized():
+        if dist.get_world_size() != hvd.size() or dist.get_rank() != hvd.rank():
+            raise ConfigError(
+                f"the default torch.distributed group has rank {dist.get_rank()} of {dist.get_world_size()} "
+                f"but Horovod has rank {hvd.rank()} of {hvd.size()}: stragglerkit's Horovod optimizer needs "
+                "them to agree (or no default group, and it makes one)"
+            )
+    else:
+        _join_group_from_horovod()
+    if not stragglerkit.is_initialized():
+        stragglerkit.init(config=config)
+    return session_for(None)
+
+
+def _join_group_from_horovod() -> None:
+    interface = os.environ.get("HOROVOD_GLOO_IFACE")
+    if interface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    store = None
+    address: tuple[str, int] | None = None
+    if hvd.rank() == 0:
+        host = _interface_address(interface) or os.environ.get("HOROVOD_HOSTNAME") or "127.0.0.1"
+        store = dist.TCPStore(host, 0, hvd.size(), True, wait_for_workers=False)
+        address = (host, store.port)
+    address = hvd.broadcast_object(address, root_rank=0, name="stragglerkit.rendezvous")
+    assert address is not None
+    if store is None:
+        store = dist.TCPStore(address[0], address[1], hvd.size(), False)
+    dist.init_process_group("gloo", store=store, rank=hvd.rank(), world_size=hvd.size())
+
+
+def _interface_address(interface: str | None) -> str | None:
+    """The IPv4 address of network interface ``interface`` (Linux), or None."""
+    if not interface:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", interface[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
