@@ -27,4 +27,6 @@ fi
 echo "[setup] installing stragglerkit (editable) and its tools"
 "${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml pytest ruff mypy types-PyYAML
 "${PIP[@]}" install --no-build-isolation -e .
+# Horovod 0.28.1 for the Horovod integration and its tests (built once, cached outside the repository)
+bash scripts/install_horovod.sh || echo "[setup] Horovod could not be installed; the Horovod tests will be skipped"
 .venv/bin/python -c 'import torch, stragglerkit, stragglerkit._C; print("[setup] ready: stragglerkit", stragglerkit.__version__, "torch", torch.__version__)'

@@ -50,6 +50,7 @@ try:
     import horovod.torch as hvd
     from horovod.torch.compression import Compression
     from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set
+    from horovod.torch.optimizer import DistributedOptimizer as _horovods_optimizer
     from horovod.torch.optimizer import _DistributedOptimizer
 except ImportError as _err:  # pragma: no cover - depends on the installation
     raise ImportError(
@@ -114,7 +115,7 @@ def DistributedOptimizer(
         if hvd.size() > 1 and why not in _HOROVOD_PATH_WARNED:
             _HOROVOD_PATH_WARNED.add(why)
             warnings.warn(f"stragglerkit: {why}: Horovod's own optimizer runs unchanged", stacklevel=2)
-        return hvd.DistributedOptimizer(optimizer, *arguments)
+        return _horovods_optimizer(optimizer, *arguments)  # Horovod's, even where hvd's name was rebound to ours
     loop = StragglerLoop(_horovod_session(config), config)
     name = optimizer.__class__.__name__
     cls = type(name, (optimizer.__class__,), {**_DistributedOptimizer.__dict__, **_OVERRIDES})
