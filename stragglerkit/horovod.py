@@ -99,37 +99,27 @@ def DistributedOptimizer(
         groups = groups if groups is not None else num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    arguments = (
-        named_parameters,
-        compression,
-        backward_passes_per_step,
-        op,
-        gradient_predivide_factor,
-        0,
-        groups,
-        sparse_as_dense,
-        process_set,
-    )
+    # in the order of Horovod's optimizer class's constructor, after the parameter groups
+    arguments = {
+        "named_parameters": named_parameters,
+        "compression": compression,
+        "backward_passes_per_step": backward_passes_per_step,
+        "op": op,
+        "gradient_predivide_factor": gradient_predivide_factor,
+        "groups": groups,
+        "sparse_as_dense": sparse_as_dense,
+        "process_set": process_set,
+    }
     why = _horovod_path_reason(op, groups, process_set)
     if why is not None:
         if hvd.size() > 1 and why not in _HOROVOD_PATH_WARNED:
             _HOROVOD_PATH_WARNED.add(why)
             warnings.warn(f"stragglerkit: {why}: Horovod's own optimizer runs unchanged", stacklevel=2)
-        return _horovods_optimizer(optimizer, *arguments)  # Horovod's, even where hvd's name was rebound to ours
+        return _horovods_optimizer(optimizer, **arguments)  # Horovod's, even where hvd's name was rebound to ours
     loop = StragglerLoop(_horovod_session(config), config)
     name = optimizer.__class__.__name__
     cls = type(name, (optimizer.__class__,), {**_DistributedOptimizer.__dict__, **_OVERRIDES})
-    distributed = cls(
-        optimizer.param_groups,
-        named_parameters,
-        compression,
-        backward_passes_per_step,
-        op,
-        gradient_predivide_factor,
-        groups,
-        sparse_as_dense,
-        process_set,
-    )
+    distributed = cls(optimizer.param_groups, *arguments.values())
     distributed._stragglerkit = _Buckets(distributed, loop)
     return distributed
 

@@ -11,17 +11,8 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
+from ddp_bodies import _batch, _model
 from torch import nn
-
-
-def _model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 192), nn.ReLU(), nn.Linear(192, 8))
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -77,6 +68,9 @@ def side_by_side(args: dict[str, Any]) -> dict[str, Any]:
             return torch.optim.SGD(model.parameters(), lr=lr)
 
         opt_ours = make(ours)
+    buckets = getattr(opt_ours, "_stragglerkit", None)
+    loop = buckets.loop if buckets is not None else None
+    ran: set[str] = set()
     diffs = []
     for step in range(steps):
         for model, opt, late in ((theirs, opt_theirs, False), (ours, opt_ours, True)):
@@ -95,14 +89,13 @@ def side_by_side(args: dict[str, Any]) -> dict[str, Any]:
                 opt.step()
             opt.zero_grad()
         diffs.append(float((_flat(theirs) - _flat(ours)).abs().max()))
-    buckets = opt_ours._stragglerkit if hasattr(opt_ours, "_stragglerkit") else None
-    loop = buckets.loop if buckets is not None else None
-    ran = sorted({t.algorithm for s in range(steps) for t in loop.profiler.buckets(s)}) if loop else []
+        if loop is not None:  # (the profiler keeps only the recent steps)
+            ran.update(t.algorithm for t in loop.profiler.buckets(step))
     return {
         "diffs": diffs,
         "scale": float(_flat(theirs).abs().max()),
         "ours": _flat(ours).tolist(),
-        "ran": ran,
+        "ran": sorted(ran),
         "events": [(e["step"], e["kind"], e["algorithm"]) for e in loop.events] if loop else [],
         "class": type(opt_ours).__name__,
         "is_sgd": isinstance(opt_ours, torch.optim.SGD),
