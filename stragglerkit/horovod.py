@@ -39,6 +39,7 @@ import functools
 import os
 import socket
 import struct
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -223,8 +224,18 @@ class _Buckets:
         )
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
+        timeout = self.loop.config.timeout
+
         def wait() -> None:
+            # Horovod waits for a stalled rank forever; polled, the wait ends at the configured
+            # timeout and the loop's fault report names the rank that did not arrive.
+            deadline, pause = time.monotonic() + timeout, 50e-6
             try:
+                while not hvd.poll(handle):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"Horovod's allreduce of the bucket did not complete within {timeout:g} s")
+                    time.sleep(pause)
+                    pause = min(2 * pause, 1e-3)
                 hvd.synchronize(handle)
             except Exception as err:
                 future.set_exception(err)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -130,7 +131,38 @@ def bad_input(args: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errors}
 
 
-CASES = {"side_by_side": side_by_side, "bad_input": bad_input}
+def stalled_rank(args: dict[str, Any]) -> dict[str, Any]:
+    """Rank ``stalled`` sleeps ``stall_s`` before its backward at step 5 (Horovod's allreduce would
+    wait for it forever); the others must fail within the timeout naming it. Each rank writes its
+    own result (``OUT.rankN.json``): after the failure Horovod has shut down, nothing is gathered."""
+    import stragglerkit
+
+    model = _model(0)
+    config = stragglerkit.Config().replace(executor={"timeout": args["timeout"]}, detection={"warmup_steps": 3})
+    opt = stragglerkit.straggler_aware(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(), config=config
+    )
+    start = time.monotonic()
+    try:
+        for step in range(10):
+            x, y = _batch(hvd.rank(), step)
+            loss = nn.functional.mse_loss(model(x), y)
+            if hvd.rank() == args["stalled"] and step == 5:
+                time.sleep(args["stall_s"])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        outcome = {"error": None}
+    except Exception as err:
+        outcome = {"error": type(err).__name__, "peer": getattr(err, "peer", None), "message": str(err)}
+    outcome["seconds"] = time.monotonic() - start
+    with open(f"{sys.argv[2]}.rank{hvd.rank()}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
+    time.sleep(args.get("linger_s", 0))  # rank 0 hosts the store the others read the fault notes from
+    os._exit(0)
+
+
+CASES = {"side_by_side": side_by_side, "bad_input": bad_input, "stalled_rank": stalled_rank}
 
 
 def main() -> None:
