@@ -60,7 +60,8 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
     ) from _err
 
 from stragglerkit.config import Config
-from stragglerkit.errors import ConfigError
+from stragglerkit.errors import ConfigError, PeerError
+from stragglerkit.loop.faults import REPORT_WAIT_S
 from stragglerkit.loop.loop import StragglerLoop
 
 __all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
@@ -70,6 +71,8 @@ BUCKET_BYTES = 25 * 1024 * 1024
 enough for the straggler-aware algorithms to pay, small enough to overlap the backward pass)."""
 
 _HOROVOD_PATH_WARNED: set[str] = set()
+_hosting_store = False
+"""Whether this process hosts the TCP store of the group made from Horovod's ranks (rank 0)."""
 
 
 def DistributedOptimizer(
@@ -201,7 +204,14 @@ class _Buckets:
         future = self.results[bucket]
         if future is None:
             raise RuntimeError(f"stragglerkit: bucket {bucket} was never started (internal error)")
-        self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
+        try:
+            self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
+        except PeerError:
+            if _hosting_store:
+                # this process hosts the store the other ranks read the fault notes from: give them
+                # the report window before the error may end it
+                time.sleep(REPORT_WAIT_S)
+            raise
         reduced = future.wait()
         offset = 0
         for q in self.buckets[bucket]:
@@ -286,9 +296,11 @@ def _join_group_from_horovod() -> None:
     store = None
     address: tuple[str, int] | None = None
     if hvd.rank() == 0:
+        global _hosting_store
         host = _interface_address(interface) or os.environ.get("HOROVOD_HOSTNAME") or "127.0.0.1"
         store = dist.TCPStore(host, 0, hvd.size(), True, wait_for_workers=False)
         address = (host, store.port)
+        _hosting_store = True
     address = hvd.broadcast_object(address, root_rank=0, name="stragglerkit.rendezvous")
     assert address is not None
     if store is None:

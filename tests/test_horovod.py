@@ -98,10 +98,10 @@ def test_a_stalled_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
     command = [HOROVODRUN, "--gloo", "-np", "3", "-H", "localhost:3", sys.executable, str(BODIES), "stalled_rank"]
-    arguments = {"stalled": 2, "stall_s": 25.0, "timeout": 6.0, "linger_s": 4.0}
+    arguments = {"stalled": 2, "stall_s": 25.0, "timeout": 6.0}  # rank 0 exits as soon as it has its error
     subprocess.run([*command, str(out), json.dumps(arguments)], capture_output=True, text=True, timeout=180, env=env)
     for rank in (0, 1):
         result = json.loads(Path(f"{out}.rank{rank}.json").read_text())
         assert result["error"] == "PeerError" and result["peer"] == 2, result
         assert "rank 2 did not reach step 5" in result["message"], result
-        assert result["seconds"] < 6.0 + 2.0 + 6.0, result  # timeout + report window + the steps before
+        assert result["seconds"] < 6.0 + 2 * 2.0 + 6.0, result  # timeout + report windows + the steps before
