@@ -329,10 +329,7 @@ class Run {
           complete(op);
           break;
         case kReduce:
-          with_reduce_range([&] {
-            reduce_add_span(buffer_span(op).data_ptr(), scratch_span(op).data_ptr(), col(op, kColCount),
-                            buffer_.scalar_type(), buffer_.device(), col(op, kColDivide));
-          });
+          reduce_into_buffer(op);
           complete(op);
           break;
         case kCopy:

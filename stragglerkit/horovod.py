@@ -164,7 +164,13 @@ class _Buckets:
                 size = 0
             self.buckets[-1].append(p)
             size += nbytes
-        self.bucket_of = {p: b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.slot_of: dict[torch.Tensor, tuple[int, int]] = {}
+        """parameter -> (its bucket, its first element in the bucket's flat tensor)"""
+        for b, bucket in enumerate(self.buckets):
+            offset = 0
+            for p in bucket:
+                self.slot_of[p] = (b, offset)
+                offset += p.numel()
         self.ready = [0] * len(self.buckets)
         self.next_bucket = 0
         self.results: list[torch.futures.Future[torch.Tensor] | None] = [None] * len(self.buckets)
@@ -177,8 +183,7 @@ class _Buckets:
     def grad_ready(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
         """``p``'s gradient is final for this step: count it, start every full bucket in order, and
         return what Horovod's ``synchronize()`` calls for ``p``'s reduced (still compressed) gradient."""
-        bucket = self.bucket_of[p]
-        self.ready[bucket] += 1
+        self.ready[self.slot_of[p][0]] += 1
         while self.next_bucket < len(self.buckets) and self.ready[self.next_bucket] == len(
             self.buckets[self.next_bucket]
         ):
@@ -187,7 +192,7 @@ class _Buckets:
         if self.next_bucket == len(self.buckets):  # every bucket of the step is on its way
             self.ready = [0] * len(self.buckets)
             self.next_bucket = 0
-        return functools.partial(self._reduced, p, bucket)
+        return functools.partial(self._reduced, p)
 
     def _start(self, bucket: int) -> None:
         grads = []
@@ -200,7 +205,8 @@ class _Buckets:
         future = self.loop.all_reduce_bucket(compressed, bucket, bucket == len(self.buckets) - 1, self.op)
         self.results[bucket] = future
 
-    def _reduced(self, p: torch.Tensor, bucket: int) -> torch.Tensor:
+    def _reduced(self, p: torch.Tensor) -> torch.Tensor:
+        bucket, offset = self.slot_of[p]
         future = self.results[bucket]
         if future is None:
             raise RuntimeError(f"stragglerkit: bucket {bucket} was never started (internal error)")
@@ -212,13 +218,7 @@ class _Buckets:
                 # the report window before the error may end it
                 time.sleep(REPORT_WAIT_S)
             raise
-        reduced = future.wait()
-        offset = 0
-        for q in self.buckets[bucket]:
-            if q is p:
-                return reduced[offset : offset + p.numel()].view(p.shape)
-            offset += q.numel()
-        raise RuntimeError("stragglerkit: a parameter outside its bucket (internal error)")
+        return future.wait()[offset : offset + p.numel()].view(p.shape)
 
     def _horovod_allreduce(self, tensor: torch.Tensor, op: str) -> torch.futures.Future[torch.Tensor]:
         """The loop's baseline: Horovod's allreduce of the bucket, waited for on a thread."""
