@@ -1,10 +1,12 @@
-"""The training summary: the DDP hook against plain DDP in bench_train.sh's runs.
+"""The training summary: stragglerkit against the plain framework in bench_train*.sh's runs.
 
 Reads ``stragglerkit bench --mode train --json`` files named ``<scenario>_run<i>.json`` (scenario:
-``no_fault``, ``straggler``, ``degraded``) and overwrites one summary (default
-``profiling/results/bench_train.json``): per scenario, plain DDP's steady step over the hook's
-(median and every run, by step and by total time), the target, when the fault was detected, what
-the hook switched to and what it ran at the end, and whether the hooked model matched plain DDP's.
+``no_fault``, ``straggler``, ``degraded``, ``jitter``) and overwrites one summary (default
+``profiling/results/bench_train.json``, with ``--framework horovod``
+``profiling/results/bench_train_horovod.json``): per scenario, the plain framework's steady step
+over stragglerkit's (median and every run, by step and by total time), the target, when the fault
+was detected and switched, what stragglerkit switched to and ran at the end, and whether its model
+matched the plain one's (within 1e-5 of the largest parameter, identical on every rank).
 
 Example::
 
@@ -18,35 +20,79 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _env import RESULTS, write_summary
 
-# scenario: (what it is, target text, lowest plain/hooked step ratio that meets it)
+
+class Target(NamedTuple):
+    description: str
+    text: str
+    lowest: float | None
+    """The lowest plain/stragglerkit steady step ratio that meets it (None: no speed target)."""
+    switched_by: int | None = None
+    """The step by which the median run must have switched (None: no such target)."""
+    never_switches: bool = False
+    """No run may switch (jitter alone is no fault to act on)."""
+
+
 TARGETS = {
-    "no_fault": ("no fault: the hook costs at most 2 % of plain DDP's step", ">= 0.98x", 0.98),
-    "straggler": ("rank 7 late by 2x its pre-phase from step 20", ">= 1.1x", 1.1),
-    "degraded": ("rank 3's NIC at 1/2 from step 20", ">= 1.2x", 1.2),
+    "ddp": {
+        "no_fault": Target("no fault: the hook costs at most 2 % of plain DDP's step", ">= 0.98x", 0.98),
+        "straggler": Target("rank 7 late by 2x its pre-phase from step 20", ">= 1.1x", 1.1),
+        "degraded": Target("rank 3's NIC at 1/2 from step 20", ">= 1.2x", 1.2),
+    },
+    "horovod": {
+        "no_fault": Target("no fault: within 2 % of plain Horovod's step", ">= 0.98x", 0.98),
+        "straggler": Target(
+            "rank 7 late by 2x its pre-phase from step 20", "switched by step 40, >= 1.1x", 1.1, switched_by=40
+        ),
+        "degraded": Target("rank 3's NIC at 1/2 from step 20", "switched by step 50, >= 1.2x", 1.2, switched_by=50),
+        "jitter": Target("every rank late by uniform[0, 20 ms] from step 20", "no switch", None, never_switches=True),
+    },
 }
+SETTING = {
+    "ddp": "8 ranks, emulated cluster, 1 Gbit/s; plain DDP and the hook in turns of 10 steps",
+    "horovod": "8 ranks, emulated cluster, 1 Gbit/s, horovodrun-style Gloo launch; hvd.DistributedOptimizer and "
+    "stragglerkit.straggler_aware in turns of 10 steps",
+}
+PARAMETER_TOLERANCE = 1e-5
+"""Largest |plain - stragglerkit| parameter difference, relative to the largest parameter."""
 
 
-def _scenario(path: Path) -> str:
+def _scenario(path: Path, targets: dict[str, Target]) -> str:
     stem = path.stem.rsplit("_run", 1)[0]
-    for name in TARGETS:
+    for name in targets:
         if stem.startswith(name):
             return name
-    raise SystemExit(f"{path}: not a <scenario>_run<i>.json of {', '.join(TARGETS)}")
+    raise SystemExit(f"{path}: not a <scenario>_run<i>.json of {', '.join(targets)}")
 
 
-def summarise(paths: list[Path]) -> dict[str, Any]:
+def _met(target: Target, median: float, runs: list[dict[str, Any]]) -> bool:
+    switched = [r["switched_step"] for r in runs]
+    same_parameters = all(
+        r["max_param_diff"] <= PARAMETER_TOLERANCE * max(r["param_scale"], 1.0) and r["hooked_identical_on_all_ranks"]
+        for r in runs
+    )
+    speed = target.lowest is None or median >= target.lowest
+    if target.switched_by is not None:
+        steps = sorted(s if s is not None else 10**9 for s in switched)
+        speed = speed and statistics.median(steps) <= target.switched_by
+    if target.never_switches:
+        speed = speed and all(s is None for s in switched)
+    return speed and same_parameters
+
+
+def summarise(paths: list[Path], framework: str = "ddp") -> dict[str, Any]:
+    targets = TARGETS[framework]
     by_scenario: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(paths):
-        by_scenario.setdefault(_scenario(path), []).append(json.loads(path.read_text(encoding="utf-8")))
+        by_scenario.setdefault(_scenario(path, targets), []).append(json.loads(path.read_text(encoding="utf-8")))
     scenarios = []
     first: dict[str, Any] | None = None
-    for name, (description, target, lowest) in TARGETS.items():
+    for name, target in targets.items():
         runs = by_scenario.get(name)
         if not runs:
             continue
@@ -56,19 +102,20 @@ def summarise(paths: list[Path]) -> dict[str, Any]:
         scenarios.append(
             {
                 "scenario": name,
-                "description": description,
+                "description": target.description,
                 "command": runs[0]["header"]["command"],
                 "commit": (runs[0]["header"].get("source") or {}).get("commit"),
                 "model": runs[0]["model"]["layers"],
                 "gradient_bytes": runs[0]["model"]["gradient_bytes"],
-                "target": target,
+                "target": target.text,
                 "speedup_steady": round(median, 4),
-                "met": median >= lowest,
+                "met": _met(target, median, runs),
                 "runs": [round(v, 4) for v in steady],
                 "speedup_total_runs": [round(r["speedup_steady_total"], 4) for r in runs],
                 "plain_steady_ms": [round(r["plain_steady_ms"], 1) for r in runs],
                 "hooked_steady_ms": [round(r["hooked_steady_ms"], 1) for r in runs],
                 "detected_step": [r["detected_step"] for r in runs],
+                "switched_step": [r["switched_step"] for r in runs],
                 "switched_to": [r["algorithm"] if r["switched_step"] is not None else None for r in runs],
                 "final_buckets": [r["final_plan"]["buckets"] or [r["final_plan"]["default"]] for r in runs],
                 "max_param_diff": max(r["max_param_diff"] for r in runs),
@@ -80,7 +127,8 @@ def summarise(paths: list[Path]) -> dict[str, Any]:
         raise SystemExit("no training results given")
     header = first["header"]
     return {
-        "setting": "8 ranks, emulated cluster, 1 Gbit/s; plain DDP and the hook in turns of 10 steps",
+        "setting": SETTING[framework],
+        "framework": framework,
         "environment": header.get("environment", {}),
         "source": header.get("source"),
         "machine": header.get("machine"),
@@ -94,17 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", type=Path, nargs="+")
     parser.add_argument("--command", help="the command that made the runs (recorded)")
     parser.add_argument("--commit", help="the commit the runs used, where their headers lack it")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_train.json")
+    parser.add_argument("--framework", choices=sorted(TARGETS), default="ddp", help="whose targets (default ddp)")
+    parser.add_argument("--out", type=Path, help="default profiling/results/bench_train[_horovod].json")
     args = parser.parse_args(argv)
-    record = summarise(args.files)
+    default = "bench_train.json" if args.framework == "ddp" else f"bench_train_{args.framework}.json"
+    out = args.out or RESULTS / default
+    record = summarise(args.files, args.framework)
     if args.commit and not (record["source"] or {}).get("commit"):
         record["source"] = {"commit": args.commit, "modified": None}
     for s in record["scenarios"]:
         verdict = "met" if s["met"] else "NOT MET"
         runs = ", ".join(f"{v:.3f}x" for v in s["runs"])
         print(f"{s['scenario']:<10} {s['speedup_steady']:.3f}x ({runs}) target {s['target']}: {verdict}; "
-              f"detected at {s['detected_step']}, switched to {s['switched_to']}")  # fmt: skip
-    write_summary(args.out, "train", record, command=args.command)
+              f"detected at {s['detected_step']}, switched at {s['switched_step']} to {s['switched_to']}")  # fmt: skip
+    write_summary(out, "train", record, command=args.command)
     return 0
 
 

@@ -6,6 +6,7 @@ root and iproute2 and is skipped otherwise with EmulatedCluster.available()'s re
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -58,6 +59,8 @@ FIELDS = {"detected_step", "switched_step", "algorithm", "speedup_steady", "max_
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_at": 50, "reshape_to": {1: 0.5}}, "finite number >= 1"),
         ({"degrade": {1: 2.0}, "from_step": 20, "reshape_to": {1: 4.0}}, "needs reshape_at"),
         ({"steps_per_block": 0}, "--steps-per-block"),
+        ({"framework": "jax"}, "--framework must be one of ddp, horovod"),
+        ({"framework": "horovod", "mode": "torchrun"}, "under torchrun use --framework ddp"),
     ],
 )
 def test_config_rejects_bad_combinations(kwargs: dict[str, Any], message: str) -> None:
@@ -330,6 +333,80 @@ def test_emulated_train_reshapes_a_degraded_nic_mid_run_and_restores_it(tmp_path
     assert len(restored) == 1 and len(restored[0]) == 2
     late_phases = [phase for phase in data["phases"] if phase["steps"][0] >= 20]
     assert late_phases and all(phase["fault"] == "-" for phase in late_phases), data["phases"]
+    assert _our_namespaces() == []
+
+
+# ------------------------------------------------------------------------------------- Horovod
+
+needs_horovod = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+)
+
+
+@needs_horovod
+def test_horovod_loopback_train_switches_with_horovods_parameters(tmp_path: Path) -> None:
+    """--framework horovod over loopback: the ranks meet at Horovod's rendezvous server as under
+    horovodrun; straggler_aware finds the late rank and trains the parameters that
+    hvd.DistributedOptimizer trains, identical on every rank."""
+    json_path, out = tmp_path / "train.json", io.StringIO()
+    config = TrainConfig(
+        world_size=4,
+        mode="loopback",
+        bandwidth=None,
+        framework="horovod",
+        steps=40,
+        straggler=3,
+        delay=0.05,
+        from_step=2,
+        hook_warmup=5,
+        degraded_threshold=1e9,  # loopback has no NICs to judge
+        model_bytes=2 * 2**20,
+        timeout=240,
+    )
+    summary = run_train(config, argv=["--mode", "train", "--framework", "horovod"], json_path=str(json_path), out=out)
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert FIELDS <= set(data)
+    assert data["header"]["config"]["framework"] == "horovod"
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    assert data["detected_step"] is not None and data["detected"][0]["ranks"].keys() == {"3"}
+    assert data["switches"] and data["switches"][0]["algorithm"] == "stragglar", data["switches"]
+    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    # the backward of a Horovod step includes the optimizer's synchronize(): the late rank's sleep is outside it
+    per_rank = data["steps"]["per_rank"]
+    assert all(min(ranks[3] for ranks in per_rank[name][2:]) >= 0.05 for name in ("plain_s", "hooked_s"))
+    assert "plain: hvd.DistributedOptimizer" in out.getvalue()
+
+
+@needs_horovod
+def test_horovod_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Path) -> None:
+    """Each rank a Horovod process in its own namespace, the rendezvous server on the switch: both
+    Horovod's Gloo and the group straggler_aware makes from Horovod's ranks meet across the hosts."""
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    config = TrainConfig(
+        world_size=3,
+        bandwidth=50e6,
+        framework="horovod",
+        steps=12,
+        straggler=1,
+        delay=0.05,
+        from_step=2,
+        model_bytes=2**20,
+        timeout=240,
+    )
+    json_path = tmp_path / "train.json"
+    summary = run_train(config, json_path=str(json_path), out=io.StringIO())
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert data["header"]["mode"] == "emulated" and len(data["header"]["cluster"]["addresses"]) == 3
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    # a 1 MiB ring over 50 MB/s links takes more than 20 ms a step: the traffic crossed the shaped NICs
+    assert statistics.median(data["steps"]["plain_s"][:2]) > 0.02, data["steps"]["plain_s"]
     assert _our_namespaces() == []
 
 

@@ -1,7 +1,9 @@
-"""``stragglerkit bench --mode train``: does the DDP hook pay off in training, on this cluster?
+"""``stragglerkit bench --mode train``: does stragglerkit pay off in training, on this cluster?
 
-Runs a short DDP training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
-``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``, with the same initial parameters, the same
+Runs a short training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
+``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook`` (``--framework ddp``), or
+``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` (``--framework horovod``, the
+ranks started as ``horovodrun --gloo`` starts them: :mod:`.horovod_launch`), with the same initial parameters, the same
 data and the same injected faults (a persistent straggler that may move, degraded NICs from a
 given step, random jitter). Reports the per-step times of both, when the hook detected the fault
 and switched, the steady-state speedup and the largest parameter difference between the two
@@ -22,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -43,7 +46,7 @@ from stragglerkit.bench.launch import (
     torchrun_finish,
 )
 from stragglerkit.bench.results import header_record
-from stragglerkit.bench.train_config import TrainConfig, parse_jitter
+from stragglerkit.bench.train_config import FRAMEWORKS, TrainConfig, parse_jitter
 from stragglerkit.bench.train_report import print_summary, summarize, write_json
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.units import parse_size
@@ -51,6 +54,7 @@ from stragglerkit.units import parse_size
 __all__ = ["ALLREDUCE_ONLY", "TRAIN_ONLY", "add_train_arguments", "cmd_train", "given_options", "run_train"]
 
 TRAIN_ONLY = (
+    "--framework",
     "--steps",
     "--from-step",
     "--recover-at",
@@ -93,7 +97,16 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     """The ``--mode train`` options of ``stragglerkit bench`` (defaults: TrainConfig's)."""
 
     checked = argument_type
-    group = bench.add_argument_group("--mode train", "a short DDP training, plain and with the stragglerkit hook")
+    group = bench.add_argument_group(
+        "--mode train", "a short training with the plain framework and with stragglerkit, side by side"
+    )
+    group.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        help="ddp: plain DDP against the DDP hook (default); horovod: hvd.DistributedOptimizer against "
+        "stragglerkit.straggler_aware, the ranks started as horovodrun --gloo starts them (emulated cluster "
+        "or loopback; needs Horovod: bash scripts/install_horovod.sh)",
+    )
     group.add_argument("--steps", type=int, help="training steps (default 120)")
     group.add_argument(
         "--from-step",
@@ -195,6 +208,7 @@ def cmd_train(
             f"{', '.join(wrong)}: only for the AllReduce bench (--mode allreduce); leave out with --mode train"
         )
     chosen = {
+        "framework": args.framework,
         "steps": args.steps,
         "from_step": args.from_step,
         **_reshape(args.recover_at, args.reshape_at),
@@ -276,7 +290,14 @@ def _run_ranks(
 
 
 def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
-    record = _run_ranks(config, workdir, loopback_ranks(config.world_size), None)
+    if config.framework == "horovod":
+        from stragglerkit.bench.horovod_launch import loopback_rendezvous
+
+        rendezvous, start = loopback_rendezvous(config.world_size, workdir)
+        with rendezvous:
+            record = _run_ranks(config, workdir, rendezvous.ranks(start), None)
+    else:
+        record = _run_ranks(config, workdir, loopback_ranks(config.world_size), None)
     return LaunchResult(mode="loopback", why=""), record
 
 
@@ -343,10 +364,15 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
     cluster_config = EmulatedCluster.Config(hosts=config.world_size, bandwidth=config.bandwidth)
     control = workdir / "control"
     control.mkdir()
-    with EmulatedCluster(cluster_config) as cluster:
+    with EmulatedCluster(cluster_config) as cluster, contextlib.ExitStack() as stack:
         description = cluster.describe()
+        if config.framework == "horovod":
+            from stragglerkit.bench.horovod_launch import cluster_rendezvous
 
-        ranks = cluster_ranks(cluster, port=29600)
+            rendezvous, start = cluster_rendezvous(cluster, workdir)
+            ranks = stack.enter_context(rendezvous).ranks(start)
+        else:
+            ranks = cluster_ranks(cluster, port=29600)
         if config.degrade:
             again = config.reshaped if config.reshape_at is not None else None
             with _Reshaper(cluster, config.degrade, control, again) as reshaper:

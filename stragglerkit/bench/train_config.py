@@ -16,7 +16,10 @@ from stragglerkit.bench.config import JsonConfig, check_setting, check_slowdowns
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.units import parse_time
 
-__all__ = ["TrainConfig", "parse_jitter"]
+__all__ = ["FRAMEWORKS", "TrainConfig", "parse_jitter"]
+
+FRAMEWORKS = ("ddp", "horovod")
+"""What ``--framework`` trains with: the plain framework against it with stragglerkit."""
 
 _MIN_MODEL_BYTES = 64 * 1024
 _MAX_MODEL_BYTES = 2**30
@@ -44,7 +47,7 @@ def parse_jitter(text: str) -> float:
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig(JsonConfig):
-    """A short DDP training, plain and with the stragglerkit hook, in one fault scenario.
+    """A short training, with the plain framework and with stragglerkit, in one fault scenario.
 
     Example::
 
@@ -57,6 +60,10 @@ class TrainConfig(JsonConfig):
     """NIC rate in bytes/s (whole frames): shapes the emulated hosts; elsewhere only recorded."""
     mode: str = "emulated"
     """``emulated`` (namespaces with shaped NICs), ``loopback`` or ``torchrun``."""
+    framework: str = "ddp"
+    """``ddp``: plain DDP against DDP with ``stragglerkit.ddp_hook``; ``horovod``:
+    ``hvd.DistributedOptimizer`` against ``stragglerkit.straggler_aware``, the ranks started as
+    ``horovodrun --gloo`` starts them (emulated cluster or loopback)."""
     steps: int = 120
     """Training steps; each step runs plain DDP and the hooked DDP once."""
     straggler: int | None = None
@@ -116,6 +123,13 @@ class TrainConfig(JsonConfig):
 
     def validate(self) -> None:
         check_setting(self.world_size, self.mode, self.bandwidth, self.straggler, self.delay, self.degrade)
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.framework == "horovod" and self.mode == "torchrun":
+            raise ValueError(
+                "--framework horovod starts its own Horovod ranks (on the emulated cluster or over loopback); "
+                "under torchrun use --framework ddp"
+            )
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"--steps must be an integer >= 1, got {self.steps!r}")
         if not _MIN_MODEL_BYTES <= self.model_bytes <= _MAX_MODEL_BYTES:

@@ -268,17 +268,20 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
         print(line, file=stream)
 
     say(f"# stragglerkit bench --mode train: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})")
+    horovod = config.get("framework", "ddp") == "horovod"
     say(
-        f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients in DDP buckets of "
+        f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients in "
+        + ("stragglerkit's" if horovod else "DDP")
+        + " buckets of "
         + ", ".join(f"{b / 2**20:.2f}" for b in model["buckets_bytes"])
         + f" MiB; batch {model['batch']}; load average {header['load_average'][0]:.2f}"
     )
-    views = config.get("gradient_as_bucket_view", False)
-    say(
-        "# both copies: DDP with gradient_as_bucket_view, gradients zeroed in place"
-        if views
-        else "# both copies: DDP's default (gradients copied into the buckets; a hook divides in a pass of its own)"
-    )
+    if horovod:
+        say("# plain: hvd.DistributedOptimizer; hooked: stragglerkit.straggler_aware (Horovod ranks, Gloo)")
+    elif config.get("gradient_as_bucket_view", False):
+        say("# both copies: DDP with gradient_as_bucket_view, gradients zeroed in place")
+    else:
+        say("# both copies: DDP's default (gradients copied into the buckets; a hook divides in a pass of its own)")
     scenario = summary["scenario"]
     if summary["delay_s"] is not None:
         how = ""

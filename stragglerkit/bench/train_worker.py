@@ -1,8 +1,11 @@
-"""One rank of ``stragglerkit bench --mode train``: plain DDP and hooked DDP, trained side by side.
+"""One rank of ``stragglerkit bench --mode train``: the plain framework and stragglerkit, side by side.
 
-Every rank builds two copies of the same MLP (same seed, so the same initial parameters): one
-wrapped in plain ``DistributedDataParallel`` (the process group's own all_reduce, the baseline)
-and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``. Both train on the same batches
+Every rank builds two copies of the same MLP (same seed, so the same initial parameters). With
+``framework="ddp"`` one is wrapped in plain ``DistributedDataParallel`` (the process group's own
+all_reduce, the baseline) and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``; with
+``framework="horovod"`` one trains with ``hvd.DistributedOptimizer`` and one with
+``stragglerkit.straggler_aware`` (the "hooked" copy), both broadcast from rank 0 as a Horovod
+script does; the backward's time then includes the optimizer's ``synchronize()``. Both train on the same batches
 (``torch.Generator`` seeded by (seed, step, rank)), taking turns in blocks of
 ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 
@@ -28,7 +31,8 @@ auto`` is measured before training: ``auto_delay_scale`` x the punctual ranks' S
 time on a buffer the size of the whole gradient.
 
 :func:`main` (``argv``: CONFIG OUT [CONTROL], as the launcher starts it) runs one rank from the
-environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) and writes rank 0's record to OUT (JSON).
+environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; for Horovod the variables ``horovodrun``
+sets, :mod:`stragglerkit.bench.horovod_launch`) and writes rank 0's record to OUT (JSON).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
+from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
 
 __all__ = ["RESHAPE", "RESHAPE_AGAIN", "build_model", "control_files", "hidden_width", "main", "train"]
@@ -102,20 +107,46 @@ def _progress(enabled: bool, message: str) -> None:
 
 
 class _Run:
-    """One of the two models: the DDP module, its optimizer, and this rank's step times."""
+    """One of the two models: the module, its optimizer, and this rank's step times.
 
-    def __init__(self, name: str, model: DDP, lr: float) -> None:
+    Under DDP the AllReduce runs inside ``backward()``; under Horovod the backward starts it and the
+    optimizer's ``synchronize()`` waits for it, so :meth:`backward` includes that wait and
+    :meth:`step` skips the synchronisation, as a Horovod script that clips gradients does."""
+
+    def __init__(self, name: str, model: nn.Module, opt: torch.optim.Optimizer, framework: str, views: bool) -> None:
         self.name = name
         self.model = model
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.opt = opt
+        self.framework = framework
+        self.views = views
         self.times: list[float] = []
         """Per step: this rank's own step time (from the end of its previous step in the block, or the barrier)."""
         self.ends: list[float] = []
         """Per step: when this rank finished it, in seconds from the barrier that started the block."""
-        self.backward: list[float] = []
+        self.backward_s: list[float] = []
         self.losses: list[float] = []
         self.cpu: list[list[int] | None] = []
         """Per step: [busy, total] CPU ticks of this rank's host during the step (None: not measured)."""
+
+    def zero_grad(self) -> None:
+        if self.framework == "ddp":
+            # gradients set to None would be new tensors that DDP copies into its buckets again
+            self.opt.zero_grad(set_to_none=not self.views)
+        else:
+            self.opt.zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward and the gradients' AllReduce, until they are reduced."""
+        loss.backward()
+        if self.framework == "horovod":
+            self.opt.synchronize()  # type: ignore[attr-defined]
+
+    def step(self) -> None:
+        if self.framework == "horovod":
+            with self.opt.skip_synchronize():  # type: ignore[attr-defined]
+                self.opt.step()
+        else:
+            self.opt.step()
 
 
 class _TrainRank:
@@ -129,9 +160,6 @@ class _TrainRank:
         self.config = config
         self.device = device
         self.control = control
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.reporter = self.rank == 0
         hook_config = ControllerConfig()
         if config.hook_warmup is not None:
             hook_config = dataclasses.replace(hook_config, warmup_steps=config.hook_warmup)
@@ -141,12 +169,23 @@ class _TrainRank:
             hook_config = dataclasses.replace(hook_config, detector=detector)
         self.hook_config = hook_config
         views = config.gradient_as_bucket_view
-        self.plain = _Run("plain", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
-        self.hooked = _Run("hooked", DDP(build_model(config).to(device), gradient_as_bucket_view=views), config.lr)
-        if not stragglerkit.is_initialized():
-            stragglerkit.init()  # collective: every rank builds its _TrainRank at the same point
-        self.state = stragglerkit.DDPState(None, hook_config)
-        self.hooked.model.register_comm_hook(self.state, stragglerkit.ddp_hook)
+        self.loop: StragglerLoop
+        if config.framework == "horovod":
+            self.plain, self.hooked, self.loop = self._horovod_runs(config, device)
+        else:
+            models = [DDP(build_model(config).to(device), gradient_as_bucket_view=views) for _ in range(2)]
+            self.plain, self.hooked = (
+                _Run(name, model, torch.optim.SGD(model.parameters(), lr=config.lr), "ddp", views)
+                for name, model in zip(("plain", "hooked"), models, strict=True)
+            )
+            if not stragglerkit.is_initialized():
+                stragglerkit.init()  # collective: every rank builds its _TrainRank at the same point
+            state = stragglerkit.DDPState(None, hook_config)
+            models[1].register_comm_hook(state, stragglerkit.ddp_hook)
+            self.loop = state.loop
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.reporter = self.rank == 0
         self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
         self.numel = sum(p.numel() for p in self.plain.model.parameters())
         self.delay = config.delay or 0.0
@@ -156,6 +195,35 @@ class _TrainRank:
         """Per step: the hooked run's algorithm after the step."""
         self.rank_maps: list[list[int]] = []
         """Per step: the hooked run's rank map (logical -> physical) after the step."""
+
+    def _horovod_runs(self, config: TrainConfig, device: torch.device) -> tuple[_Run, _Run, StragglerLoop]:
+        """Plain ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` over two copies
+        of the model, as a Horovod script sets them up (the wrap makes the torch.distributed group
+        from Horovod's ranks, across the hosts); then Horovod's broadcasts of both."""
+        import horovod.torch as hvd
+
+        import stragglerkit
+        from stragglerkit.config import Config
+
+        detection: dict[str, Any] = {}
+        if config.hook_warmup is not None:
+            detection["warmup_steps"] = config.hook_warmup
+        if config.degraded_threshold is not None:
+            detection["degraded_threshold"] = config.degraded_threshold
+        hook_config = Config().replace(detection=detection)
+        runs = []
+        for name in ("plain", "hooked"):
+            model = build_model(config).to(device)
+            sgd = torch.optim.SGD(model.parameters(), lr=config.lr)
+            named = [(f"{name}.{key}", p) for key, p in model.named_parameters()]
+            if name == "plain":
+                opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
+            else:
+                opt = stragglerkit.straggler_aware(sgd, named_parameters=named, config=hook_config)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+            runs.append(_Run(name, model, opt, "horovod", views=False))
+        return runs[0], runs[1], runs[1].opt._stragglerkit.loop  # type: ignore[attr-defined]
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -222,15 +290,15 @@ class _TrainRank:
         for (x, y), late in zip(batches, lateness, strict=True):
             cpu_before = CpuTimes.read()
             # gradients set to None would be new tensors that DDP copies into its buckets again
-            run.opt.zero_grad(set_to_none=not self.config.gradient_as_bucket_view)
+            run.zero_grad()
             loss = nn.functional.mse_loss(run.model(x), y)
             if late > 0:
                 sleep_precisely(late)
             arrived = time.perf_counter()
-            loss.backward()
+            run.backward(loss)
             self.synchronize()
-            run.backward.append(time.perf_counter() - arrived)
-            run.opt.step()
+            run.backward_s.append(time.perf_counter() - arrived)
+            run.step()
             self.synchronize()
             end = time.perf_counter()
             run.times.append(end - previous_end)
@@ -241,8 +309,8 @@ class _TrainRank:
             run.cpu.append(None if used is None else [used.busy, used.total])
             run.losses.append(float(loss.detach()))
             if run is self.hooked:
-                self.algorithms.append(self.state.algorithm)
-                self.rank_maps.append(self.state.loop.rank_map)
+                self.algorithms.append(self.loop.algorithm)
+                self.rank_maps.append(self.loop.rank_map)
 
     def max_param_diff(self) -> float:
         with torch.no_grad():
@@ -265,7 +333,7 @@ class _TrainRank:
             for run in order:
                 self.run_block(run, block, batches)
             diffs += [self.max_param_diff()] * len(block)
-            events = self.state.events
+            events = self.loop.events
             for event in events[seen_events:]:
                 _progress(self.reporter, f"step {event['step']}: {_describe_event(event)}")
             seen_events = len(events)
@@ -276,9 +344,9 @@ class _TrainRank:
                 _progress(
                     True,
                     f"step {done}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0's own, median "
-                    f"of the last {len(self.plain.times[recent])}), hook: {self.state.algorithm}",
+                    f"of the last {len(self.plain.times[recent])}), hook: {self.loop.algorithm}",
                 )
-        self.state.close()
+        self.loop.close()
         return self._record(diffs)
 
     def _record(self, diffs: list[float]) -> dict[str, Any]:
@@ -293,8 +361,8 @@ class _TrainRank:
             "hooked_s": self.hooked.times,
             "plain_end_s": self.plain.ends,
             "hooked_end_s": self.hooked.ends,
-            "plain_backward_s": self.plain.backward,
-            "hooked_backward_s": self.hooked.backward,
+            "plain_backward_s": self.plain.backward_s,
+            "hooked_backward_s": self.hooked.backward_s,
             "plain_cpu": self.plain.cpu,
             "hooked_cpu": self.hooked.cpu,
             "diffs": diffs,
@@ -308,7 +376,7 @@ class _TrainRank:
             """``key`` of every rank, as [step][rank]."""
             return [list(t) for t in zip(*(g[key] for g in gathered), strict=True)]
 
-        last = self.state.step - 1
+        last = self.loop.step - 1
         return {
             "world_size": self.world_size,
             "device": str(self.device),
@@ -316,10 +384,10 @@ class _TrainRank:
             "hidden": hidden_width(self.config.model_bytes),
             "parameters": self.numel,
             "gradient_bytes": 4 * self.numel,
-            "buckets_bytes": [t.nbytes for t in sorted(self.state.loop.profiler.buckets(last), key=lambda t: t.bucket)],
+            "buckets_bytes": [t.nbytes for t in sorted(self.loop.profiler.buckets(last), key=lambda t: t.bucket)],
             "delay_s": self.delay if self.config.straggler is not None else None,
             "delay_calibration": self.calibration,
-            "hook_config": asdict(self.hook_config),
+            "hook_config": asdict(self.loop.config),
             "reshaped": self.reshaped,
             # [step][rank]
             **{key: by_step(key) for key in ("plain_s", "hooked_s", "plain_end_s", "hooked_end_s")},
@@ -333,11 +401,11 @@ class _TrainRank:
             "loss": {"plain": self.plain.losses, "hooked": self.hooked.losses},
             "algorithms": self.algorithms,
             "rank_maps": self.rank_maps,
-            "events": self.state.events,
-            "final_plan": self.state.loop.controller.plan.describe(),
+            "events": self.loop.events,
+            "final_plan": self.loop.controller.plan.describe(),
             # rank 0 decides: its detector's latest evaluation and its fitted cost model, as evidence
-            "detector_evidence": self.state.loop.controller.detector.last_evidence,
-            "cost_model": dict(self.state.loop.controller.model.fit_info),
+            "detector_evidence": self.loop.controller.detector.last_evidence,
+            "cost_model": dict(self.loop.controller.model.fit_info),
         }
 
 
@@ -388,14 +456,22 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig.from_json(Path(args[0]).read_text(encoding="utf-8"))
     control = Path(args[2]) if len(args) == 3 else None
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout))
+    if config.framework == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()  # from the variables the launcher set, as horovodrun sets them; the torch group comes later
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout))
     try:
         record = train(config, torch.device("cpu"), control)
         if dist.get_rank() == 0:
             _write_atomically(args[1], record)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        if config.framework == "horovod":
+            hvd.shutdown()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

@@ -54,7 +54,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     wrong = given_options(argv, TRAIN_ONLY)
     if wrong:
-        raise ValueError(f"{', '.join(wrong)}: only for --mode train (a DDP training); add --mode train or leave out")
+        raise ValueError(f"{', '.join(wrong)}: only for --mode train (a training run); add --mode train or leave out")
     config = BenchConfig(
         world_size=world_size,
         bandwidth=bandwidth,

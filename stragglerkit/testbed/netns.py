@@ -426,6 +426,21 @@ class EmulatedCluster:
         self._processes.append(process)
         return process
 
+    def popen_on_bridge(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen[Any]:
+        """Starts ``argv`` in the bridge namespace, which every host reaches at :attr:`probe_address`
+        as it would a launcher machine on the same switch (e.g. a job's rendezvous server).
+
+        Ended when the cluster closes, like :meth:`popen`'s processes."""
+        self._require_active()
+        if isinstance(argv, str | bytes) or not argv:
+            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+        argv = ["ip", "netns", "exec", self.bridge_namespace, *map(str, argv)]
+        process = subprocess.Popen(argv, env=self._environment(env), **kwargs)
+        self._processes.append(process)
+        return process
+
     def run(
         self,
         host: int,
