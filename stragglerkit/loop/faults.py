@@ -48,13 +48,19 @@ class FaultReport:
     """The ranks named as stalled or dead (empty: none could be pinned)."""
 
 
-def report_store(index: int) -> dist.Store | None:
-    """The rendezvous store under a prefix of loop ``index``'s own (``None`` if there is none)."""
+def report_store(index: int, group: dist.ProcessGroup | None = None) -> dist.Store | None:
+    """The rendezvous store under a prefix of loop ``index``'s own (``None`` if there is none).
+
+    ``group``: the loop's group when it is not the default one; its ranks go into the prefix, so
+    that loops of disjoint groups (Megatron's data-parallel groups) never read each other's notes."""
     try:
         store = dist.distributed_c10d._get_default_store()
     except Exception:  # initialised without a store the loop can reach
         return None
-    return dist.PrefixStore(f"stragglerkit/loop{index}", store)
+    prefix = f"stragglerkit/loop{index}"
+    if group is not None and group is not dist.distributed_c10d._get_default_group():
+        prefix += "/ranks" + "-".join(map(str, dist.get_process_group_ranks(group)))
+    return dist.PrefixStore(prefix, store)
 
 
 def compare_notes(

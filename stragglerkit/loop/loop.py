@@ -207,7 +207,7 @@ class StragglerLoop:
         """Use ``session``'s groups and runtime (local: the session was set up collectively)."""
         session.loops += 1  # numbers the loops of a group the same on every rank
         self._session = session
-        self._store = report_store(session.loops - 1)
+        self._store = report_store(session.loops - 1, session.group)
         self.exchange = StatsExchange(session.side_group, session.world_size, session.rank, self.config.max_buckets)
         self.clock_offsets: ClockOffsets = session.clock_offsets
         """Per rank: add to its wall clock (ns) for rank 0's; re-measured every ``clock_sync_every`` steps."""
