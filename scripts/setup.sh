@@ -27,6 +27,10 @@ fi
 echo "[setup] installing stragglerkit (editable) and its tools"
 "${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml pytest ruff mypy types-PyYAML
 "${PIP[@]}" install --no-build-isolation -e .
+# megatron-core 0.16.1 (pinned: the Megatron integration wraps one of its private methods) for
+# stragglerkit.megatron, its tests and examples/megatron; pure Python, needs only torch, numpy, packaging
+"${PIP[@]}" install megatron-core==0.16.1 \
+  || echo "[setup] megatron-core could not be installed; the Megatron tests will be skipped"
 # Horovod 0.28.1 for the Horovod integration and its tests (built once, cached outside the repository)
 bash scripts/install_horovod.sh || echo "[setup] Horovod could not be installed; the Horovod tests will be skipped"
 .venv/bin/python -c 'import torch, stragglerkit, stragglerkit._C; print("[setup] ready: stragglerkit", stragglerkit.__version__, "torch", torch.__version__)'
