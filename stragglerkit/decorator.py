@@ -14,8 +14,15 @@ that builds an optimizer, with or without arguments::
 
 The keyword arguments are ``hvd.DistributedOptimizer``'s (``named_parameters``, ``compression``,
 ``backward_passes_per_step``, ``op``, ``gradient_predivide_factor``, ``groups``,
-``sparse_as_dense``, ``process_set``) with Horovod's meaning, plus stragglerkit's ``config``. Under
-Horovod (``hvd.init()`` was called) the result is :func:`stragglerkit.horovod.DistributedOptimizer`.
+``sparse_as_dense``, ``process_set``) with Horovod's meaning, plus stragglerkit's ``config``.
+Where the optimizer is made decides what it runs on:
+
+* under Horovod (``hvd.init()`` was called): :func:`stragglerkit.horovod.DistributedOptimizer`,
+  over Horovod's ranks;
+* else, with torch.distributed initialised: :func:`stragglerkit.integrations.optimizer.DistributedOptimizer`,
+  the same behaviour over the default group, for data parallelism written by hand (it calls
+  ``stragglerkit.init()`` if that was not done; Horovod-only arguments raise a ConfigError);
+* neither: a ConfigError that says what to call.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import functools
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError
@@ -73,20 +81,33 @@ def straggler_aware(target: Any = None, /, *, config: Config | None = None, **ho
 
 
 def _distributed(optimizer: torch.optim.Optimizer, config: Config | None, arguments: dict[str, Any]) -> Any:
-    if hasattr(optimizer, "_register_hooks") and hasattr(optimizer, "synchronize"):
+    from stragglerkit.integrations.optimizer import DistributedOptimizer, StragglerAwareOptimizer
+
+    if isinstance(optimizer, StragglerAwareOptimizer) or (
+        hasattr(optimizer, "_register_hooks") and hasattr(optimizer, "synchronize")
+    ):
         raise ConfigError(
             f"this {type(optimizer).__name__} is already distributed (by straggler_aware or hvd.DistributedOptimizer): "
             "wrap the plain optimizer once"
         )
+    if _horovod_running():
+        from stragglerkit.horovod import DistributedOptimizer as HorovodOptimizer
+
+        return HorovodOptimizer(optimizer, config=config, **arguments)
+    if dist.is_available() and dist.is_initialized():
+        return DistributedOptimizer(optimizer, config=config, **arguments)
+    raise ConfigError(
+        "straggler_aware needs the ranks to be connected first: under Horovod call hvd.init() "
+        "(import horovod.torch as hvd); with torch.distributed call dist.init_process_group(...) and then "
+        "stragglerkit.init(), on every rank (for PyTorch DDP use stragglerkit.DDPState with "
+        "model.register_comm_hook instead)"
+    )
+
+
+def _horovod_running() -> bool:
+    """Is Horovod installed and initialised in this process?"""
     try:
         import horovod.torch as hvd
     except ImportError:
-        hvd = None
-    if hvd is None or not hvd.is_initialized():
-        raise ConfigError(
-            "straggler_aware runs under Horovod: call hvd.init() first (import horovod.torch as hvd); "
-            "for PyTorch DDP use stragglerkit.DDPState with model.register_comm_hook instead"
-        )
-    from stragglerkit.horovod import DistributedOptimizer
-
-    return DistributedOptimizer(optimizer, config=config, **arguments)
+        return False
+    return bool(hvd.is_initialized())

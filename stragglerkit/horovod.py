@@ -10,7 +10,14 @@ While nothing is wrong the loop's baseline is Horovod's own allreduce of the buc
 compression, averaging and pre/post-scaling); when the loop finds a persistent straggler or a
 degraded NIC, the buckets switch at the same step on every rank to StragglAR / OptCC / the
 balanced ring through the executor, with the same verification and rollback as for DDP.
-Compression applies on both paths (the bucket is compressed before either reduces it).
+Compression applies on both paths (the bucket is compressed before either reduces it). The
+buckets are :mod:`stragglerkit.integrations.optimizer_buckets`', which the optimizer without
+Horovod (:mod:`stragglerkit.integrations.optimizer`) uses too.
+
+Making the optimizer is collective: the ranks compare their optimizers' parameters (name, shape,
+dtype, requires_grad) on the session's side group, and a rank whose parameters differ from rank
+0's is named on every rank with the first parameter that differs (a :class:`ConfigError`); a
+rank whose arguments fail Horovod's own checks raises Horovod's error and the others name it.
 
 The executor needs a torch.distributed group over Horovod's ranks. If none exists, the first
 optimizer makes one: rank 0 opens a TCP store on the address of Horovod's Gloo interface
@@ -60,15 +67,17 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
     ) from _err
 
 from stragglerkit.config import Config
-from stragglerkit.errors import ConfigError, PeerError
+from stragglerkit.errors import ConfigError
+from stragglerkit.integrations.optimizer_buckets import (
+    BUCKET_BYTES,
+    GradientBuckets,
+    check_same_parameters,
+    parameter_signature,
+)
 from stragglerkit.loop.faults import REPORT_WAIT_S
 from stragglerkit.loop.loop import StragglerLoop
 
 __all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
-
-BUCKET_BYTES = 25 * 1024 * 1024
-"""Gradients reach the loop in buckets of about this many bytes (DDP's default bucket size: large
-enough for the straggler-aware algorithms to pay, small enough to overlap the backward pass)."""
 
 _HOROVOD_PATH_WARNED: set[str] = set()
 _hosting_store = False
@@ -120,10 +129,23 @@ def DistributedOptimizer(
             _HOROVOD_PATH_WARNED.add(why)
             warnings.warn(f"stragglerkit: {why}: Horovod's own optimizer runs unchanged", stacklevel=2)
         return _horovods_optimizer(optimizer, **arguments)  # Horovod's, even where hvd's name was rebound to ours
-    loop = StragglerLoop(_horovod_session(config), config)
+    session = _horovod_session(config)
+    loop = StragglerLoop(session, config)
     name = optimizer.__class__.__name__
     cls = type(name, (optimizer.__class__,), {**_DistributedOptimizer.__dict__, **_OVERRIDES})
-    distributed = cls(optimizer.param_groups, *arguments.values())
+    distributed: Any = None
+    signature = None
+    try:
+        distributed = cls(optimizer.param_groups, *arguments.values())  # Horovod's checks, Horovod's messages
+        names = distributed._parameter_names
+        signature = parameter_signature(
+            (names.get(p, f"param_groups[{i}].params[{j}]"), p)
+            for i, group in enumerate(distributed.param_groups)
+            for j, p in enumerate(group["params"])
+        )
+    except Exception as err:  # the other ranks are in the check below: they name this rank
+        check_same_parameters(None, session.side_group, "stragglerkit.horovod.DistributedOptimizer", err)
+    check_same_parameters(signature, session.side_group, "stragglerkit.horovod.DistributedOptimizer")
     distributed._stragglerkit = _Buckets(distributed, loop)
     return distributed
 
@@ -142,83 +164,30 @@ def _horovod_path_reason(op: Any, groups: Any, process_set: Any) -> str | None:
     return None
 
 
-class _Buckets:
-    """The gradients of one optimizer in buckets, handed to the loop in bucket order each step."""
+class _Buckets(GradientBuckets):
+    """The gradients of one Horovod optimizer in buckets (:class:`GradientBuckets`), whose loop's
+    baseline is Horovod's allreduce of the bucket."""
+
+    __slots__ = ("_waiter", "number", "optimizer")
 
     made = 0
 
     def __init__(self, optimizer: Any, loop: StragglerLoop) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p in optimizer._requires_update]
+        super().__init__(
+            params,
+            loop,
+            "avg" if optimizer.op == Average else "sum",
+            lambda flat: optimizer._compression.compress(flat)[0],
+            # this process hosts the store the other ranks read the fault notes from: give them
+            # the report window before the error may end it
+            hold_error_s=REPORT_WAIT_S if _hosting_store else 0.0,
+        )
         self.optimizer = optimizer
-        self.loop = loop
-        self.op = "avg" if optimizer.op == Average else "sum"
-        ordered = [p for group in reversed(optimizer.param_groups) for p in reversed(group["params"])]
-        params = [p for p in ordered if p in optimizer._requires_update]
-        self.buckets: list[list[torch.Tensor]] = []
-        size = 0
-        for p in params:
-            previous = self.buckets[-1][-1] if self.buckets else None
-            same_kind = previous is not None and (previous.dtype, previous.device) == (p.dtype, p.device)
-            nbytes = p.numel() * p.element_size()
-            if not same_kind or size + nbytes > BUCKET_BYTES:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += nbytes
-        self.slot_of: dict[torch.Tensor, tuple[int, int]] = {}
-        """parameter -> (its bucket, its first element in the bucket's flat tensor)"""
-        for b, bucket in enumerate(self.buckets):
-            offset = 0
-            for p in bucket:
-                self.slot_of[p] = (b, offset)
-                offset += p.numel()
-        self.ready = [0] * len(self.buckets)
-        self.next_bucket = 0
-        self.results: list[torch.futures.Future[torch.Tensor] | None] = [None] * len(self.buckets)
-        self.starting = 0
         self.number = _Buckets.made  # the same on every rank: each makes its optimizers in the same order
         _Buckets.made += 1
         self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit-horovod")
         loop.baseline = self._horovod_allreduce
-
-    def grad_ready(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """``p``'s gradient is final for this step: count it, start every full bucket in order, and
-        return what Horovod's ``synchronize()`` calls for ``p``'s reduced (still compressed) gradient."""
-        self.ready[self.slot_of[p][0]] += 1
-        while self.next_bucket < len(self.buckets) and self.ready[self.next_bucket] == len(
-            self.buckets[self.next_bucket]
-        ):
-            self._start(self.next_bucket)
-            self.next_bucket += 1
-        if self.next_bucket == len(self.buckets):  # every bucket of the step is on its way
-            self.ready = [0] * len(self.buckets)
-            self.next_bucket = 0
-        return functools.partial(self._reduced, p)
-
-    def _start(self, bucket: int) -> None:
-        grads = []
-        for p in self.buckets[bucket]:
-            grad = p.grad
-            assert grad is not None
-            grads.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
-        compressed, _ = self.optimizer._compression.compress(torch.cat(grads))
-        self.starting = bucket  # names Horovod's allreduce, if the loop runs the baseline
-        future = self.loop.all_reduce_bucket(compressed, bucket, bucket == len(self.buckets) - 1, self.op)
-        self.results[bucket] = future
-
-    def _reduced(self, p: torch.Tensor) -> torch.Tensor:
-        bucket, offset = self.slot_of[p]
-        future = self.results[bucket]
-        if future is None:
-            raise RuntimeError(f"stragglerkit: bucket {bucket} was never started (internal error)")
-        try:
-            self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
-        except PeerError:
-            if _hosting_store:
-                # this process hosts the store the other ranks read the fault notes from: give them
-                # the report window before the error may end it
-                time.sleep(REPORT_WAIT_S)
-            raise
-        return future.wait()[offset : offset + p.numel()].view(p.shape)
 
     def _horovod_allreduce(self, tensor: torch.Tensor, op: str) -> torch.futures.Future[torch.Tensor]:
         """The loop's baseline: Horovod's allreduce of the bucket, waited for on a thread."""
@@ -263,7 +232,8 @@ def _allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Callable[[], torc
     if p.grad is None:
         p.grad = p.data.new(p.size()).zero_()
     _, ctx = self._compression.compress(p.grad.new_empty(0))
-    return self._stragglerkit.grad_ready(p), ctx
+    self._stragglerkit.grad_ready(p)
+    return functools.partial(self._stragglerkit.reduced, p), ctx
 
 
 _OVERRIDES = {"_allreduce_grad_async": _allreduce_grad_async}

@@ -133,10 +133,43 @@ def bad_input(args: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errors}
 
 
-def stalled_rank(args: dict[str, Any]) -> dict[str, Any]:
-    """Rank ``stalled`` sleeps ``stall_s`` before its backward at step 5 (Horovod's allreduce would
-    wait for it forever); the others must fail within the timeout naming it. Each rank writes its
-    own result (``OUT.rankN.json``): after the failure Horovod has shut down, nothing is gathered."""
+def mismatched_parameters(args: dict[str, Any]) -> dict[str, Any]:
+    """Rank 1 (and 2, where noted) builds another model than rank 0; each case's error on this rank.
+    ``values``: same shapes, other values (legitimate before broadcast_parameters)."""
+    import stragglerkit
+
+    rank = hvd.rank()
+
+    def build(kind: str) -> nn.Module:
+        if kind == "values":
+            torch.manual_seed(rank)
+        elif kind == "shape" and rank == 1:
+            return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 9))
+        elif kind == "dtype" and rank == 1:
+            return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 8)).double()
+        elif kind == "count" and rank in (1, 2):
+            return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 8), nn.Linear(8, 8))
+        return nn.Sequential(nn.Linear(64, 192), nn.ReLU(), nn.Linear(192, 8))
+
+    errors: dict[str, str] = {}
+    for kind in ("values", "shape", "dtype", "count"):
+        model = build(kind)
+        try:
+            stragglerkit.straggler_aware(
+                torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters()
+            )
+            errors[kind] = "no error"
+        except Exception as err:
+            errors[kind] = f"{type(err).__name__}: {err}"
+    return {"errors": errors}
+
+
+def faulty_rank(args: dict[str, Any]) -> dict[str, Any]:
+    """Rank ``faulty`` exits (``fault="dies"``, with status 0 so that horovodrun leaves the others
+    running) or sleeps ``stall_s`` (``"stalls"``; Horovod's allreduce would wait for it forever)
+    before its backward at step 5; the others must fail within the timeout naming it. Each rank
+    writes its own result (``OUT.rankN.json``): after the failure Horovod has shut down, nothing
+    is gathered."""
     import stragglerkit
 
     model = _model(0)
@@ -149,7 +182,9 @@ def stalled_rank(args: dict[str, Any]) -> dict[str, Any]:
         for step in range(10):
             x, y = _batch(hvd.rank(), step)
             loss = nn.functional.mse_loss(model(x), y)
-            if hvd.rank() == args["stalled"] and step == 5:
+            if hvd.rank() == args["faulty"] and step == 5:
+                if args["fault"] == "dies":
+                    os._exit(0)
                 time.sleep(args["stall_s"])
             loss.backward()
             opt.step()
@@ -163,7 +198,12 @@ def stalled_rank(args: dict[str, Any]) -> dict[str, Any]:
     os._exit(0)
 
 
-CASES = {"side_by_side": side_by_side, "bad_input": bad_input, "stalled_rank": stalled_rank}
+CASES = {
+    "side_by_side": side_by_side,
+    "bad_input": bad_input,
+    "mismatched_parameters": mismatched_parameters,
+    "faulty_rank": faulty_rank,
+}
 
 
 def main() -> None:

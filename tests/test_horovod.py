@@ -23,6 +23,13 @@ pytestmark = pytest.mark.skipif(
     reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
 )
 
+DIFFERENCES = {
+    "shape": "parameter 2: rank 1 has '2.weight' of shape (9, 192) float32, rank 0 has '2.weight' of shape (8, 192)",
+    "dtype": "parameter 0: rank 1 has '0.weight' of shape (192, 64) float64, rank 0 has '0.weight' of shape (192, 64)",
+    "count": "parameter 4: rank 1 has '3.weight' of shape (8, 8) float32 there, rank 0 has no parameter",
+}
+"""What every rank's error says when rank 1's model differs from rank 0's in one way."""
+
 
 def horovodrun(n: int, case: str, tmp_path: Path, timeout: float = 300.0, **args: Any) -> list[dict[str, Any]]:
     """Run ``case`` of tests/horovod_bodies.py on ``n`` ranks; every rank's result, each checked ok."""
@@ -89,19 +96,40 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert "backward_passes_per_step must be > 0" in errors["passes"], errors
 
 
-def test_a_stalled_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
+def test_parameters_that_differ_across_ranks_are_named_on_every_rank(tmp_path: Path) -> None:
+    """3 ranks; rank 1 (and in ``count`` rank 2 too) builds another model: every rank raises the
+    same ConfigError naming rank 1 and the first parameter that differs, at construction (which
+    is collective). Other values alone are not an error (hvd.broadcast_parameters follows)."""
+    results = horovodrun(3, "mismatched_parameters", tmp_path)
+    for rank, result in enumerate(results):
+        errors = result["errors"]
+        assert errors["values"] == "no error", (rank, errors["values"])
+        for kind, text in DIFFERENCES.items():
+            assert errors[kind].startswith("ConfigError") and text in errors[kind], (rank, kind, errors[kind])
+            assert errors[kind] == results[0]["errors"][kind], (rank, kind)  # the same words on every rank
+
+
+@pytest.mark.parametrize("fault", ["stalls", "dies"])
+def test_a_rank_that_stalls_or_dies_is_named_within_the_timeout(fault: str, tmp_path: Path) -> None:
     """Horovod's own allreduce waits for a stalled rank forever; under the loop every other rank
-    fails within the timeout (plus the fault report's 2 s) with a PeerError naming it."""
-    out = tmp_path / "stalled"
+    fails within the timeout (plus the fault report's 2 s) with a PeerError naming it. A rank that
+    exits mid-step (status 0, so horovodrun does not end the others) is named the same way."""
+    out = tmp_path / fault
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [HOROVODRUN, "--gloo", "-np", "3", "-H", "localhost:3", sys.executable, str(BODIES), "stalled_rank"]
-    arguments = {"stalled": 2, "stall_s": 25.0, "timeout": 6.0}  # rank 0 exits as soon as it has its error
-    subprocess.run([*command, str(out), json.dumps(arguments)], capture_output=True, text=True, timeout=180, env=env)
+    command = [HOROVODRUN, "--gloo", "-np", "3", "-H", "localhost:3", sys.executable, str(BODIES), "faulty_rank"]
+    arguments = {"faulty": 2, "fault": fault, "stall_s": 25.0, "timeout": 6.0}  # rank 0 exits once it has its error
+    proc = subprocess.run(
+        [*command, str(out), json.dumps(arguments)], capture_output=True, text=True, timeout=180, env=env
+    )
     for rank in (0, 1):
-        result = json.loads(Path(f"{out}.rank{rank}.json").read_text())
-        assert result["error"] == "PeerError" and result["peer"] == 2, result
-        assert "rank 2 did not reach step 5" in result["message"], result
+        path = Path(f"{out}.rank{rank}.json")
+        assert path.exists(), f"rank {rank} wrote no result:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        result = json.loads(path.read_text())
+        assert result["error"] == "PeerError" and "rank 2 did not reach step 5" in result["message"], result
+        # A dead rank ends Horovod's loop first on the ranks that talk to it; a rank still blocked in
+        # Horovod's allreduce when their report window ends is named with it (then no single peer)
+        assert result["peer"] == 2 or (fault == "dies" and result["peer"] is None), result
         assert result["seconds"] < 6.0 + 2 * 2.0 + 6.0, result  # timeout + report windows + the steps before

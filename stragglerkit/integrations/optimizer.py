@@ -1,0 +1,498 @@
+"""A distributed optimizer without Horovod: Horovod's interface on the default torch.distributed group.
+
+For data parallelism written by hand (no DDP, no Horovod): ``DistributedOptimizer`` takes
+``hvd.DistributedOptimizer``'s arguments and behaves as Horovod's optimizer does, over the
+default torch.distributed group, with the gradients going through stragglerkit's closed loop.
+``stragglerkit.straggler_aware`` returns it when Horovod is not running.
+
+What the result does, as Horovod's does:
+
+* A hook on each parameter (``Tensor.register_post_accumulate_grad_hook``) counts its backward
+  passes; after ``backward_passes_per_step`` of them the gradient (the sum of those passes) joins
+  its bucket (:mod:`stragglerkit.integrations.optimizer_buckets`: about 25 MiB, reverse parameter
+  order, started strictly in bucket order) and each full bucket goes to the loop. While nothing is
+  wrong the loop runs the group's own ``all_reduce`` of the bucket; when it finds a persistent
+  straggler or a degraded NIC every rank switches at the same step to StragglAR, OptCC or the
+  balanced ring (:mod:`stragglerkit.loop.loop`).
+* ``step()`` first calls ``synchronize()``: the buckets not started yet (a parameter that got no
+  gradient is reduced as zeros, as another rank may have one) are handed over, every bucket is
+  waited for and each gradient is replaced by its reduced value. ``synchronize()`` can be called
+  by hand, then ``step()`` inside ``with optimizer.skip_synchronize():`` (gradient clipping
+  between them). ``zero_grad()`` while reductions are in flight raises.
+* ``op``: average (default) or sum; ``gradient_predivide_factor`` (average only) divides the
+  gradients by it before the sum and the sum by ``world_size / factor`` after; ``compression``:
+  an object with ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx)`` (Horovod's
+  ``hvd.Compression.fp16`` is one), applied to each bucket. Sparse gradients are reduced dense
+  and made sparse again (``sparse_as_dense`` either way).
+
+What only Horovod has raises a :class:`~stragglerkit.ConfigError` that names the argument:
+``process_set`` (other than Horovod's global one), ``groups``/``num_groups`` and
+``op=hvd.Adasum``.
+
+Construction is collective: ``stragglerkit.init()`` runs if it has not (with ``config``), and the
+ranks compare their optimizers' parameters (name, shape, dtype, requires_grad) on the session's
+side group; a rank whose parameters differ from rank 0's is named on every rank with the first
+parameter that differs. A rank that dies or stalls makes ``step()`` (or ``synchronize()``) raise
+:class:`~stragglerkit.PeerError` naming it on every other rank within ``executor.timeout`` plus
+the report window (2 s).
+
+The result is an instance of the optimizer's own class (a subclass of it, with the same name)
+sharing the given optimizer's parameter groups and state; step the result, not the optimizer
+passed in.
+
+Example::
+
+    dist.init_process_group("gloo")
+    stragglerkit.init()
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
+
+from stragglerkit.config import Config
+from stragglerkit.errors import ConfigError, StragglerKitError
+from stragglerkit.integrations.optimizer_buckets import GradientBuckets, check_same_parameters, parameter_signature
+from stragglerkit.loop.loop import StragglerLoop
+
+__all__ = ["DistributedOptimizer", "StragglerAwareOptimizer"]
+
+_WHAT = "stragglerkit.straggler_aware (torch.distributed)"
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Any = None,
+    backward_passes_per_step: int = 1,
+    op: Any = "avg",
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+    *,
+    config: Config | None = None,
+) -> torch.optim.Optimizer:
+    """``optimizer`` distributed over the default torch.distributed group with ``hvd.DistributedOptimizer``'s
+    arguments and meaning (see the module docstring); ``config`` is stragglerkit's (default: the
+    session's). Collective: every rank calls it, for the same optimizers in the same order.
+
+    Example::
+
+        optimizer = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op="sum")
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"{_WHAT} distributes a torch.optim.Optimizer, got a {type(optimizer).__name__}")
+    if isinstance(optimizer, StragglerAwareOptimizer):
+        raise ConfigError(
+            f"this {type(optimizer).__name__} is already distributed (by straggler_aware): "
+            "wrap the plain optimizer once"
+        )
+    loop_op = _loop_op(op)
+    _check_arguments(loop_op, compression, backward_passes_per_step, gradient_predivide_factor, num_groups, groups)
+    _check_process_set(process_set)
+    if not isinstance(sparse_as_dense, bool):
+        raise ConfigError(f"sparse_as_dense must be True or False, got {sparse_as_dense!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigError(
+            f"{_WHAT}: torch.distributed is not initialised: call dist.init_process_group(...) and "
+            "stragglerkit.init() on every rank first (or hvd.init() to run under Horovod)"
+        )
+    import stragglerkit
+    from stragglerkit.session import session_for
+
+    if not stragglerkit.is_initialized():
+        stragglerkit.init(config=config)
+    session = session_for(None)
+    named: list[tuple[str, torch.Tensor]] = []
+    error: ConfigError | None = None
+    try:
+        named = _name_parameters(optimizer, named_parameters)
+    except ConfigError as err:  # the other ranks are in the check below: they name this rank
+        error = err
+    if session.world_size > 1:
+        check_same_parameters(None if error else parameter_signature(named), session.side_group, _WHAT, error)
+    elif error is not None:
+        raise error
+    distributed = _distributed_copy(optimizer)
+    sync = _GradientSync(
+        named,
+        compression,
+        backward_passes_per_step,
+        loop_op,
+        gradient_predivide_factor,
+        StragglerLoop(session, config) if session.world_size > 1 else None,
+    )
+    distributed._stragglerkit = sync
+    return distributed
+
+
+class StragglerAwareOptimizer(torch.optim.Optimizer):
+    """What :func:`DistributedOptimizer` adds to an optimizer's class: Horovod's methods over
+    stragglerkit's loop. Its instances come from :func:`DistributedOptimizer` only (a subclass
+    with the optimizer's own class after this one, and the same name).
+
+    Example::
+
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    """
+
+    _stragglerkit: _GradientSync
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes whose gradients are summed locally before they are reduced."""
+        return self._stragglerkit.backward_passes_per_step
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change ``backward_passes_per_step`` (between steps, on every rank)."""
+        self._stragglerkit.set_passes(passes)
+
+    def synchronize(self) -> None:
+        """Reduce every gradient of this step and wait: afterwards each holds the group's result.
+        Raises :class:`~stragglerkit.PeerError` naming the rank when one died or stalled."""
+        self._stragglerkit.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this context does not synchronize (it was done by hand before).
+
+        Example::
+
+            optimizer.synchronize()
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        sync = self._stragglerkit
+        sync.should_synchronize = False
+        try:
+            yield
+        finally:
+            sync.should_synchronize = True
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Synchronize (unless inside :meth:`skip_synchronize`), then the optimizer's own step."""
+        sync = self._stragglerkit
+        if sync.should_synchronize:
+            if sync.synchronized:
+                warnings.warn(
+                    "optimizer.step() was called after optimizer.synchronize() outside "
+                    "optimizer.skip_synchronize(): the gradients are reduced a second time; step "
+                    "inside `with optimizer.skip_synchronize():` after synchronizing by hand",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        sync.synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The optimizer's own ``zero_grad``; raises while this step's reductions are in flight."""
+        pending = len(self._stragglerkit.touched)
+        if pending:
+            raise StragglerKitError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                f"optimizer.synchronize(): the gradients of {pending} parameter(s) are being reduced, and "
+                "zeroing them now would race with that; call optimizer.step() (or synchronize()) first"
+            )
+        super().zero_grad(set_to_none)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The optimizer's own ``load_state_dict``; forgets this step's backward passes."""
+        self._stragglerkit.reset()
+        super().load_state_dict(state_dict)
+
+
+# -- what an instance holds ------------------------------------------------------------------------
+class _GradientSync:
+    """The per-optimizer state: backward passes per parameter, what is in flight, the buckets."""
+
+    __slots__ = (  # noqa: RUF023 (grouped: what users tune, then internal state)
+        # user-tuned
+        "backward_passes_per_step",
+        "compression",
+        # internal
+        "buckets",
+        "contexts",
+        "hooks",
+        "passes_left",
+        "should_synchronize",
+        "synchronized",
+        "touched",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        compression: Any,
+        passes: int,
+        op: str,
+        predivide_factor: float,
+        loop: StragglerLoop | None,
+    ) -> None:
+        self.backward_passes_per_step = passes
+        self.compression = compression
+        params = [p for _, p in named if p.requires_grad]
+        self.buckets: GradientBuckets | None = None
+        """``None`` on a world of one rank: nothing to reduce, no hooks (as Horovod does)."""
+        if loop is not None:
+            compress = None if compression is None else (lambda flat: compression.compress(flat)[0])
+            self.buckets = GradientBuckets(params, loop, op, compress, predivide_factor=predivide_factor)
+        self.passes_left = {p: passes for p in params}
+        self.touched: set[torch.Tensor] = set()
+        """Parameters whose hook ran since the last synchronize."""
+        self.contexts: dict[torch.Tensor, Any] = {}
+        """Parameters handed to their bucket this step -> their compression context."""
+        self.should_synchronize = True
+        self.synchronized = False
+        self.hooks: list[RemovableHandle] = []
+        if self.buckets is not None:
+            owner = weakref.ref(self)
+            for p in params:
+                self.hooks.append(p.register_post_accumulate_grad_hook(_gradient_hook(owner)))
+            weakref.finalize(self, _remove_hooks, list(self.hooks))
+
+    @property
+    def loop(self) -> StragglerLoop | None:
+        """The loop that reduces the buckets (``None`` on one rank)."""
+        return None if self.buckets is None else self.buckets.loop
+
+    def set_passes(self, passes: int) -> None:
+        _check_passes(passes)
+        self.backward_passes_per_step = passes
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget this step's backward passes (nothing is in flight afterwards)."""
+        for p in self.passes_left:
+            self.passes_left[p] = self.backward_passes_per_step
+        self.touched.clear()
+        self.contexts.clear()
+
+    def on_gradient(self, p: torch.Tensor) -> None:
+        """``p``'s hook: one more backward pass; after the last one, ``p`` joins its bucket."""
+        if self.passes_left[p] <= 0:
+            raise ConfigError(
+                f"a gradient was computed more than backward_passes_per_step ({self.backward_passes_per_step}) "
+                "times before optimizer.step(): increase backward_passes_per_step to sum the gradients of "
+                "more backward passes locally, or call step() (or synchronize()) after each pass"
+            )
+        self.touched.add(p)
+        self.passes_left[p] -= 1
+        if self.passes_left[p] == 0:
+            self._hand_over(p)
+
+    def _hand_over(self, p: torch.Tensor) -> None:
+        assert self.buckets is not None
+        if p.grad is None:  # no gradient on this rank this step; another rank may have one
+            p.grad = torch.zeros_like(p)
+        if self.compression is not None:
+            _, self.contexts[p] = self.compression.compress(torch.empty(0, dtype=p.grad.dtype, device=p.device))
+        else:
+            self.contexts[p] = None
+        self.buckets.grad_ready(p)
+
+    def synchronize(self) -> None:
+        buckets = self.buckets
+        if buckets is None:
+            self.synchronized = True
+            return
+        try:
+            for p in buckets.order:
+                if p not in self.contexts:
+                    self._hand_over(p)
+            buckets.wait()
+            for p, context in self.contexts.items():
+                reduced = buckets.reduced(p)
+                if self.compression is not None:
+                    reduced = self.compression.decompress(reduced, context)
+                grad = p.grad
+                assert grad is not None
+                if grad.is_sparse:
+                    p.grad = reduced.to(grad.dtype).to_sparse()
+                else:
+                    grad.copy_(reduced)
+        finally:
+            self.reset()
+        self.synchronized = True
+
+
+def _gradient_hook(owner: weakref.ref[_GradientSync]) -> Callable[[torch.Tensor], None]:
+    """A parameter's hook that reaches its optimizer's state while the optimizer lives (a discarded
+    optimizer's hooks do nothing, and are removed when its state is collected)."""
+
+    def hook(p: torch.Tensor) -> None:
+        sync = owner()
+        if sync is not None:
+            sync.on_gradient(p)
+
+    return hook
+
+
+def _remove_hooks(hooks: list[RemovableHandle]) -> None:
+    for handle in hooks:
+        handle.remove()
+
+
+# -- arguments -------------------------------------------------------------------------------------
+_OP_NAMES = {"avg": "avg", "average": "avg", "mean": "avg", "sum": "sum"}
+
+
+def _loop_op(op: Any) -> str:
+    """``op`` as the loop's ``"avg"``/``"sum"``: torch's (and stragglerkit's) ``ReduceOp.AVG``/``SUM``,
+    the strings, or Horovod's ``hvd.Average``/``hvd.Sum`` where Horovod is installed."""
+    if isinstance(op, str) and op.strip().lower() in _OP_NAMES:
+        return _OP_NAMES[op.strip().lower()]
+    if isinstance(op, dist.ReduceOp | dist.ReduceOp.RedOpType):
+        from stragglerkit.api import _op_name
+
+        name = _op_name(op)
+        if name in ("avg", "sum"):
+            return name
+    horovod = _horovod_ops()
+    if isinstance(op, int) and not isinstance(op, bool) and op in horovod:
+        loop_op = horovod[op]
+        if loop_op is None:
+            raise ConfigError(
+                "op=hvd.Adasum is Horovod's own reduction: run under Horovod (hvd.init() first), or use "
+                "op='avg' or 'sum' on torch.distributed"
+            )
+        return loop_op
+    raise ConfigError(
+        f"op must be average or sum: 'avg' or 'sum', torch.distributed.ReduceOp.AVG or .SUM (or Horovod's "
+        f"hvd.Average or hvd.Sum), got {op!r}"
+    )
+
+
+def _horovod_ops() -> dict[int, str | None]:
+    """Horovod's op constants -> the loop's op (``None``: Adasum), if Horovod is installed."""
+    try:
+        from horovod.torch.mpi_ops import Adasum, Average, Sum
+    except ImportError:
+        return {}
+    return {Average: "avg", Sum: "sum", Adasum: None}
+
+
+def _check_passes(passes: Any) -> None:
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
+        raise ConfigError(f"backward_passes_per_step must be > 0 (an integer), got {passes!r}")
+
+
+def _check_arguments(op: str, compression: Any, passes: Any, predivide: Any, num_groups: Any, groups: Any) -> None:
+    _check_passes(passes)
+    if not isinstance(predivide, int | float) or not math.isfinite(predivide) or predivide <= 0:
+        raise ConfigError(f"gradient_predivide_factor must be a positive number, got {predivide!r}")
+    if predivide != 1.0 and op != "avg":
+        raise ConfigError(
+            f"gradient_predivide_factor ({predivide:g}) applies to the average only (as in Horovod): "
+            "use op='avg', or leave the factor at 1.0 with op='sum'"
+        )
+    if compression is not None and not (
+        callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))
+    ):
+        raise ConfigError(
+            "compression must have compress(tensor) -> (tensor, ctx) and decompress(tensor, ctx) "
+            f"(as hvd.Compression.fp16 has), got a {type(compression).__name__}; None: no compression"
+        )
+    if num_groups or groups:
+        which = "groups" if groups else "num_groups"
+        raise ConfigError(
+            f"{which} asks for Horovod's grouped allreduce, which exists only under Horovod: without Horovod "
+            "the gradients go in buckets of about 25 MiB (DDP's order); drop it, or call hvd.init() first"
+        )
+
+
+def _check_process_set(process_set: Any) -> None:
+    """``None`` or Horovod's global process set (the whole group); any other set is Horovod's alone."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return
+    raise ConfigError(
+        f"process_set {process_set!r} is a Horovod process set: without Horovod the optimizer reduces over "
+        "the whole default torch.distributed group; drop process_set, or call hvd.init() to run under Horovod"
+    )
+
+
+def _name_parameters(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of ``optimizer`` with its name, in the optimizer's order; Horovod's checks of
+    ``named_parameters`` (pairs, unique names, every parameter named), in words of our own."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [
+            (f"param_groups[{i}].params[{j}]", p)
+            for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])
+        ]
+    pairs = list(named_parameters)
+    for index, item in enumerate(pairs):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+            raise ConfigError(
+                "named_parameters must be (name, parameter) pairs, as model.named_parameters() gives; "
+                f"its item {index} is a {type(item).__name__}"
+            )
+    counts = collections.Counter(name for name, _ in pairs)
+    duplicates = sorted(name for name, count in counts.items() if count > 1)
+    if duplicates:
+        raise ConfigError(
+            "named_parameters must give each parameter a name of its own; these names are used more than "
+            f"once: {', '.join(map(repr, duplicates))} (model.named_parameters() gives unique names)"
+        )
+    name_of: dict[torch.Tensor, str] = {}
+    for name, p in pairs:
+        name_of.setdefault(p, name)
+    unnamed = [
+        (i, j, p)
+        for i, group in enumerate(optimizer.param_groups)
+        for j, p in enumerate(group["params"])
+        if p not in name_of
+    ]
+    if unnamed:
+        listed = ", ".join(f"param_groups[{i}].params[{j}] of shape {tuple(p.shape)}" for i, j, p in unnamed[:4])
+        raise ConfigError(
+            f"named_parameters was given but {len(unnamed)} of the optimizer's {len(params)} parameters are not "
+            f"in it ({listed}{', ...' if len(unnamed) > 4 else ''}): pass the names of every parameter the "
+            "optimizer updates (model.named_parameters() of the model it optimizes)"
+        )
+    return [(name_of[p], p) for p in params]
+
+
+# -- the distributed instance ----------------------------------------------------------------------
+_CLASSES: dict[type, type] = {}
+
+
+def _distributed_copy(optimizer: torch.optim.Optimizer) -> Any:
+    """An instance of a subclass of ``optimizer``'s class with :class:`StragglerAwareOptimizer`'s
+    methods first, holding the same parameter groups, state and hooks (not constructed again: the
+    optimizer's own arguments are kept, whatever its constructor needs)."""
+    plain = type(optimizer)
+    cls = _CLASSES.get(plain)
+    if cls is None:
+        cls = type(
+            plain.__name__,
+            (StragglerAwareOptimizer, plain),
+            {"__module__": plain.__module__, "__qualname__": plain.__qualname__, "__doc__": plain.__doc__},
+        )
+        _CLASSES[plain] = cls
+    distributed: Any = object.__new__(cls)
+    # methods a learning-rate scheduler may have wrapped on the instance would bypass the class's
+    vars(distributed).update({k: v for k, v in vars(optimizer).items() if k not in ("step", "zero_grad")})
+    return distributed
