@@ -4,11 +4,12 @@
 # 1 Gbit/s, each rank a Horovod process in its own network namespace, launched as horovodrun
 # --gloo launches (the rendezvous server on the switch); the DDP bench's MLP (MODEL, default 32MiB).
 # Four scenarios, each launched RUNS times (default 3; the summary quotes the median):
-#   no fault (200 steps):                             within 2 % of plain Horovod's step
+#   no fault (150 steps):                             within 2 % of plain Horovod's step
 #   rank 7 late by 2x its pre-phase from step 20:     switched by step 40, 1.1x
 #   rank 3's NIC at 1/2 from step 20:                 switched by step 50, 1.2x
 #   every rank late by uniform[0, 20 ms] from step 20: no switch
 # and in every run the parameters equal plain Horovod's within 1e-5, identical on every rank.
+# About 18 minutes a run on a 2-core machine.
 # Needs root and Horovod (bash scripts/install_horovod.sh). Extra arguments go to every launch.
 # Overwrites profiling/results/bench_train_horovod.json (the per-run files live in a scratch folder).
 #   bash profiling/bench_train_horovod.sh
@@ -20,13 +21,13 @@ RUNS=${RUNS:-3}
 COMMON=(--mode train --framework horovod --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
 for i in $(seq 1 "$RUNS"); do
   echo "== Horovod training run $i/$RUNS: no fault" >&2
-  bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
+  bench "${COMMON[@]}" --steps 150 "$@" --json "$SCRATCH/no_fault_run$i.json"
   echo "== Horovod training run $i/$RUNS: straggler" >&2
   bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
   echo "== Horovod training run $i/$RUNS: degraded NIC" >&2
-  bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 160 "$@" --json "$SCRATCH/degraded_run$i.json"
+  bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 140 "$@" --json "$SCRATCH/degraded_run$i.json"
   echo "== Horovod training run $i/$RUNS: jitter" >&2
-  bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 120 "$@" --json "$SCRATCH/jitter_run$i.json"
+  bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 100 "$@" --json "$SCRATCH/jitter_run$i.json"
 done
 "$PY" profiling/_train_summary.py --framework horovod "$SCRATCH"/*_run*.json \
   --command "RUNS=$RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train_horovod.sh $*"
