@@ -1,7 +1,7 @@
 """Print the acceptance and training tables of docs/results.md from the summaries.
 
-After ``bench_acceptance.sh`` or ``bench_train.sh`` has overwritten its summary, paste this
-script's output over the matching table in docs/results.md (and the figure in the README's table).
+After ``bench_acceptance.sh``, ``bench_train.sh`` or ``bench_train_horovod.sh`` has overwritten
+its summary, paste this script's output over the matching table in docs/results.md (and the figure in the README's table).
 
 Example::
 
@@ -59,25 +59,34 @@ def acceptance(record: dict[str, Any]) -> str:
 
 
 def train(record: dict[str, Any]) -> str:
+    plain = {"ddp": "plain DDP step / hooked step", "horovod": "plain Horovod step / straggler_aware step"}
     lines = [
-        "| scenario | target | plain DDP step / hooked step (median) | runs | detected at step | switched to | "
-        "commit, date |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| scenario | target | {plain.get(record.get('framework', 'ddp'), 'plain step / stragglerkit step')} "
+        "(median) | runs | detected at step | switched at step | switched to | met | commit, date |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in record["scenarios"]:
         runs = ", ".join(f"{v:.3f}x" for v in s["runs"])
         detected = ", ".join("-" if d is None else str(d) for d in s["detected_step"])
+        switched_at = ", ".join("-" if d is None else str(d) for d in s.get("switched_step", []))
         switched = ", ".join(sorted({str(a or "-") for a in s["switched_to"]}))
         commit = (s.get("commit") or "?")[:7]
+        met = "yes" if s["met"] else "**no**"
         lines.append(
             f"| {s['description']} | {s['target']} | **{s['speedup_steady']:.3f}x** | {runs} | {detected} | "
-            f"{switched} | `{commit}`, {s['dates'][0][:10]} |"
+            f"{switched_at or '?'} | {switched} | {met} | `{commit}`, {s['dates'][0][:10]} |"
         )
     return "\n".join(lines)
 
 
 def main() -> int:
-    for name, render in (("bench_acceptance.json", acceptance), ("bench_train.json", train)):
+    for name, render in (
+        ("bench_acceptance.json", acceptance),
+        ("bench_train.json", train),
+        ("bench_train_horovod.json", train),
+    ):
+        if not (RESULTS / name).exists():
+            continue
         record = json.loads((RESULTS / name).read_text(encoding="utf-8"))
         print(f"<!-- {name} -->\n{render(record)}\n")
     return 0
