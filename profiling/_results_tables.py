@@ -1,7 +1,8 @@
 """Print the acceptance and training tables of docs/results.md from the summaries.
 
 After ``bench_acceptance.sh``, ``bench_train.sh`` or ``bench_train_horovod.sh`` has overwritten
-its summary, paste this script's output over the matching table in docs/results.md (and the figure in the README's table).
+its summary, paste this script's output over the matching table in docs/results.md (and the
+figure in the README's table).
 
 Example::
 
