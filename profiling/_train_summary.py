@@ -2,8 +2,8 @@
 
 Reads ``stragglerkit bench --mode train --json`` files named ``<scenario>_run<i>.json`` (scenario:
 ``no_fault``, ``straggler``, ``degraded``, ``jitter``) and overwrites one summary (default
-``profiling/results/bench_train.json``, with ``--framework horovod``
-``profiling/results/bench_train_horovod.json``): per scenario, the plain framework's steady step
+``profiling/results/bench_train.json``, with ``--framework horovod`` or ``megatron``
+``profiling/results/bench_train_<framework>.json``): per scenario, the plain framework's steady step
 over stragglerkit's (median and every run, by step and by total time), the target, when the fault
 was detected and switched, what stragglerkit switched to and ran at the end, and whether its model
 matched the plain one's (within 1e-5 of the largest parameter, identical on every rank).
@@ -52,11 +52,19 @@ TARGETS = {
         "degraded": Target("rank 3's NIC at 1/2 from step 20", "switched by step 50, >= 1.2x", 1.2, switched_by=50),
         "jitter": Target("every rank late by uniform[0, 20 ms] from step 20", "no switch", None, never_switches=True),
     },
+    "megatron": {
+        "no_fault": Target("no fault: within 2 % of plain megatron-core's step", ">= 0.98x", 0.98),
+        "straggler": Target("rank 7 late by 2x its pre-phase from step 20", ">= 1.1x", 1.1),
+        "degraded": Target("rank 3's NIC at 1/2 from step 20", ">= 1.2x", 1.2),
+        "jitter": Target("every rank late by uniform[0, 20 ms] from step 20", "no switch", None, never_switches=True),
+    },
 }
 SETTING = {
     "ddp": "8 ranks, emulated cluster, 1 Gbit/s; plain DDP and the hook in turns of 10 steps",
     "horovod": "8 ranks, emulated cluster, 1 Gbit/s, horovodrun-style Gloo launch; hvd.DistributedOptimizer and "
     "stragglerkit.straggler_aware in turns of 10 steps",
+    "megatron": "8 ranks, emulated cluster, 1 Gbit/s; a 2-layer GPT on megatron-core's DistributedDataParallel "
+    "(overlap_grad_reduce, its schedule and SGD), without and with stragglerkit.megatron.install, in turns of 10 steps",
 }
 PARAMETER_TOLERANCE = 1e-5
 """Largest |plain - stragglerkit| parameter difference, relative to the largest parameter."""
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", help="the command that made the runs (recorded)")
     parser.add_argument("--commit", help="the commit the runs used, where their headers lack it")
     parser.add_argument("--framework", choices=sorted(TARGETS), default="ddp", help="whose targets (default ddp)")
-    parser.add_argument("--out", type=Path, help="default profiling/results/bench_train[_horovod].json")
+    parser.add_argument("--out", type=Path, help="default profiling/results/bench_train[_<framework>].json")
     args = parser.parse_args(argv)
     default = "bench_train.json" if args.framework == "ddp" else f"bench_train_{args.framework}.json"
     out = args.out or RESULTS / default

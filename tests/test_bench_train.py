@@ -450,3 +450,117 @@ def test_progress_lines_say_what_each_verdict_measured() -> None:
     assert _describe_event(probing) == "probing every 64 steps: healthy"
     # other ranks see the decision without rank 0's figures
     assert _describe_event(dict(verified, evidence={"decided_by": 0})) == "verified, now optcc"
+
+
+# ------------------------------------------------------------------------------------- megatron-core
+
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+    reason="megatron-core is not installed: pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"framework": "megatron", "degraded_threshold": 1.1}, "at least 1.2"),
+        ({"framework": "megatron", "batch": -1}, "--batch"),
+        ({"framework": "megatron", "world_size": 1}, "world-size"),
+    ],
+)
+def test_megatron_config_rejects_bad_settings(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_megatron_config_defaults_to_one_sequence_per_step_and_round_trips() -> None:
+    config = TrainConfig(framework="megatron", mode="loopback", straggler=3, delay=0.05, from_step=2)
+    assert config.batch == 1 and TrainConfig().batch == 16  # 0 = the framework's default, resolved at once
+    assert TrainConfig(framework="megatron", batch=2).batch == 2
+    assert TrainConfig.from_json(config.to_json()) == config
+    assert TrainConfig(framework="megatron", mode="torchrun").framework == "megatron"
+
+
+def test_gpt_hidden_size_matches_the_gradient_size() -> None:
+    from stragglerkit.bench.train_megatron import HEAD_SIZE, gpt_hidden_size, gpt_parameters
+
+    assert gpt_hidden_size(32 * 2**20) == 576 and gpt_parameters(576) == 8_587_008
+    for size in (8 * 2**20, 32 * 2**20, 128 * 2**20):
+        hidden = gpt_hidden_size(size)
+        assert hidden % HEAD_SIZE == 0
+        assert abs(4 * gpt_parameters(hidden) - size) / size < 0.05, (size, hidden)
+    assert gpt_hidden_size(64 * 1024) == HEAD_SIZE  # the smallest model: the embeddings dominate
+
+
+@needs_megatron
+def test_megatron_loopback_train_switches_with_megatron_cores_parameters(tmp_path: Path) -> None:
+    """--framework megatron over loopback: the GPT copy with stragglerkit.megatron.install finds
+    the late rank, switches to StragglAR and trains the parameters that megatron-core's own DDP
+    trains, identical on every rank."""
+    from stragglerkit.bench.train_megatron import gpt_hidden_size, gpt_parameters
+
+    json_path, out = tmp_path / "train.json", io.StringIO()
+    config = TrainConfig(
+        world_size=4,
+        mode="loopback",
+        bandwidth=None,
+        framework="megatron",
+        steps=40,
+        straggler=3,
+        delay=0.05,
+        from_step=2,
+        hook_warmup=5,
+        degraded_threshold=1e9,  # loopback has no NICs to judge
+        model_bytes=2 * 2**20,
+        timeout=240,
+    )
+    summary = run_train(config, argv=["--mode", "train", "--framework", "megatron"], json_path=str(json_path), out=out)
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert FIELDS <= set(data)
+    assert data["header"]["config"]["framework"] == "megatron"
+    assert data["model"]["layers"].startswith("GPT 2 layers")
+    assert data["model"]["parameters"] == gpt_parameters(gpt_hidden_size(2 * 2**20))  # megatron-core's GPTModel
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    assert data["detected_step"] is not None and data["detected"][0]["ranks"].keys() == {"3"}
+    assert data["switches"] and data["switches"][0]["algorithm"] == "stragglar", data["switches"]
+    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    # the lateness is slept between forward and backward: the late rank's step holds it, its backward does not
+    per_rank = data["steps"]["per_rank"]
+    for name in ("plain", "hooked"):
+        assert all(ranks[3] >= 0.05 for ranks in per_rank[f"{name}_s"][2:])
+        assert min(ranks[3] for ranks in per_rank[f"{name}_backward_s"][2:]) < 0.05
+    losses = data["steps"]["loss_rank0"]["plain"]
+    assert statistics.mean(losses[-10:]) < statistics.mean(losses[:5])  # it learns the text
+    assert "plain: megatron-core's DistributedDataParallel" in out.getvalue()
+
+
+@needs_megatron
+def test_megatron_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Path) -> None:
+    """Each rank in its own namespace: megatron-core's groups and the one stragglerkit.megatron
+    sets up for the data-parallel group meet across the shaped NICs."""
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    config = TrainConfig(
+        world_size=3,
+        bandwidth=50e6,
+        framework="megatron",
+        steps=12,
+        straggler=1,
+        delay=0.05,
+        from_step=2,
+        model_bytes=2**20,
+        timeout=240,
+    )
+    json_path = tmp_path / "train.json"
+    summary = run_train(config, json_path=str(json_path), out=io.StringIO())
+    assert summary is not None
+    data = json.loads(json_path.read_text())
+    assert data["header"]["mode"] == "emulated" and len(data["header"]["cluster"]["addresses"]) == 3
+    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    # a 1.3 MB ring over 50 MB/s links takes more than 20 ms a step: the traffic crossed the shaped NICs
+    assert statistics.median(data["steps"]["plain_s"][:2]) > 0.02, data["steps"]["plain_s"]
+    assert _our_namespaces() == []

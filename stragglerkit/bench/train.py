@@ -3,7 +3,9 @@
 Runs a short training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
 ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook`` (``--framework ddp``), or
 ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` (``--framework horovod``, the
-ranks started as ``horovodrun --gloo`` starts them: :mod:`.horovod_launch`), with the same initial parameters, the same
+ranks started as ``horovodrun --gloo`` starts them: :mod:`.horovod_launch`); or of a small GPT on
+megatron-core, its ``DistributedDataParallel`` with and without ``stragglerkit.megatron.install``
+(``--framework megatron``: :mod:`.train_megatron`); with the same initial parameters, the same
 data and the same injected faults (a persistent straggler that may move, degraded NICs from a
 given step, random jitter). Reports the per-step times of both, when the hook detected the fault
 and switched, the steady-state speedup and the largest parameter difference between the two
@@ -105,7 +107,8 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         choices=FRAMEWORKS,
         help="ddp: plain DDP against the DDP hook (default); horovod: hvd.DistributedOptimizer against "
         "stragglerkit.straggler_aware, the ranks started as horovodrun --gloo starts them (emulated cluster "
-        "or loopback; needs Horovod: bash scripts/install_horovod.sh)",
+        "or loopback; needs Horovod: bash scripts/install_horovod.sh); megatron: a small GPT on megatron-core's "
+        "DistributedDataParallel against the same with --straggler-aware-allreduce (needs megatron-core)",
     )
     group.add_argument("--steps", type=int, help="training steps (default 120)")
     group.add_argument(
@@ -140,9 +143,11 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--seed", type=int, help="seeds the model, the data and the jitter (default 0)")
     group.add_argument(
-        "--model-size", type=checked(parse_size), metavar="SIZE", help="gradient size of the MLP (default 8MiB)"
+        "--model-size", type=checked(parse_size), metavar="SIZE", help="gradient size of the model (default 8MiB)"
     )
-    group.add_argument("--batch", type=int, help="samples per rank and step (default 16)")
+    group.add_argument(
+        "--batch", type=int, help="samples per rank and step (default 16; megatron: 1 sequence of 32 tokens)"
+    )
     group.add_argument("--hook-warmup", type=int, metavar="STEPS", help="the hook's warm-up steps (default 10)")
     group.add_argument(
         "--degraded-threshold",
@@ -265,6 +270,14 @@ def run_train(
 
 def launch_train(config: TrainConfig, why: str = "") -> tuple[LaunchResult, dict[str, Any] | None]:
     """Run the ranks in ``config.mode``; the setting and rank 0's record (None on torchrun ranks > 0)."""
+    if config.framework == "megatron":
+        import warnings
+
+        from stragglerkit.megatron import check_megatron_core
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron-core's import-time notes on Transformer Engine and Apex
+            check_megatron_core()  # a ConfigError naming what to install, before any rank starts
     launched, record = by_mode(
         config.mode,
         "stragglerkit-train-",

@@ -13,13 +13,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from stragglerkit.bench.config import JsonConfig, check_setting, check_slowdowns, scenario_of
+from stragglerkit.config import CLEAR_DEGRADED
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.units import parse_time
 
-__all__ = ["FRAMEWORKS", "TrainConfig", "parse_jitter"]
+__all__ = ["DEFAULT_BATCH", "FRAMEWORKS", "TrainConfig", "parse_jitter"]
 
-FRAMEWORKS = ("ddp", "horovod")
+FRAMEWORKS = ("ddp", "horovod", "megatron")
 """What ``--framework`` trains with: the plain framework against it with stragglerkit."""
+DEFAULT_BATCH = {"ddp": 16, "horovod": 16, "megatron": 1}
+"""Samples per rank and step when ``batch`` is 0: 16 rows of the MLP; 1 sequence of the GPT
+(:mod:`stragglerkit.bench.train_megatron` says why so few)."""
 
 _MIN_MODEL_BYTES = 64 * 1024
 _MAX_MODEL_BYTES = 2**30
@@ -63,7 +67,9 @@ class TrainConfig(JsonConfig):
     framework: str = "ddp"
     """``ddp``: plain DDP against DDP with ``stragglerkit.ddp_hook``; ``horovod``:
     ``hvd.DistributedOptimizer`` against ``stragglerkit.straggler_aware``, the ranks started as
-    ``horovodrun --gloo`` starts them (emulated cluster or loopback)."""
+    ``horovodrun --gloo`` starts them (emulated cluster or loopback); ``megatron``: a small GPT on
+    megatron-core, its ``DistributedDataParallel`` plain against it with
+    ``stragglerkit.megatron.install`` (:mod:`stragglerkit.bench.train_megatron`)."""
     steps: int = 120
     """Training steps; each step runs plain DDP and the hooked DDP once."""
     straggler: int | None = None
@@ -88,9 +94,11 @@ class TrainConfig(JsonConfig):
     seed: int = 0
     """Seeds the model, the data and the jitter (every rank computes the same figures)."""
     model_bytes: int = 8 * 2**20
-    """Gradient size of the MLP (float32); the hidden width is chosen to match."""
-    batch: int = 16
-    """Samples per rank and step."""
+    """Gradient size of the model (float32); the MLP's hidden width, or the GPT's hidden size, is
+    chosen to match."""
+    batch: int = 0
+    """Samples per rank and step (GPT: sequences, one micro-batch); 0 = the framework's default,
+    :data:`DEFAULT_BATCH` (set when the config is made, so the JSON holds the number)."""
     hook_warmup: int | None = None
     """The hook's warm-up steps (ControllerConfig.warmup_steps); None = its default."""
     degraded_threshold: float | None = None
@@ -117,6 +125,8 @@ class TrainConfig(JsonConfig):
     RANK_KEYED: ClassVar[tuple[str, ...]] = ("degrade", "reshape_to")
 
     def __post_init__(self) -> None:
+        if self.batch == 0 and self.framework in DEFAULT_BATCH:
+            self.batch = DEFAULT_BATCH[self.framework]
         self.degrade = {int(k): float(v) for k, v in self.degrade.items()}
         self.moves = [(int(s), int(r)) for s, r in self.moves]
         self.validate()
@@ -136,12 +146,18 @@ class TrainConfig(JsonConfig):
             raise ValueError(f"--model-size must be between 64KiB and 1GiB of gradients, got {self.model_bytes} bytes")
         if not isinstance(self.steps_per_block, int) or self.steps_per_block < 1:
             raise ValueError(f"--steps-per-block must be an integer >= 1 (1 = lockstep), got {self.steps_per_block!r}")
-        if self.batch < 1:
-            raise ValueError(f"--batch must be >= 1, got {self.batch}")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"--batch must be an integer >= 1, got {self.batch!r}")
         if self.hook_warmup is not None and self.hook_warmup < 0:
             raise ValueError(f"--hook-warmup must be >= 0 steps, got {self.hook_warmup}")
         if self.degraded_threshold is not None and not (1.0 < self.degraded_threshold < math.inf):
             raise ValueError(f"--degraded-threshold must be a slowdown l above 1, got {self.degraded_threshold}")
+        if self.degraded_threshold is not None and self.framework != "ddp" and self.degraded_threshold < CLEAR_DEGRADED:
+            raise ValueError(
+                f"--framework {self.framework} gives --degraded-threshold to stragglerkit.Config's "
+                f"detection.degraded_threshold, which must be at least {CLEAR_DEGRADED} (below it a NIC counts as "
+                f"recovered), got {self.degraded_threshold}"
+            )
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         self._validate_faults()

@@ -210,7 +210,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "delay_s": record["delay_s"],
         "delay_calibration": record["delay_calibration"],
         "model": {
-            "layers": f"{256}-{record['hidden']}-{record['hidden']}-{16} MLP",
+            "layers": record.get("model_layers") or f"{256}-{record['hidden']}-{record['hidden']}-{16} MLP",
             "parameters": record["parameters"],
             "gradient_bytes": record["gradient_bytes"],
             "buckets_bytes": record["buckets_bytes"],
@@ -268,16 +268,22 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
         print(line, file=stream)
 
     say(f"# stragglerkit bench --mode train: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})")
-    horovod = config.get("framework", "ddp") == "horovod"
+    framework = config.get("framework", "ddp")
+    horovod = framework == "horovod"
+    owner = {"horovod": "stragglerkit's", "megatron": "megatron-core DDP"}.get(framework, "DDP")
     say(
-        f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients in "
-        + ("stragglerkit's" if horovod else "DDP")
+        f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients in {owner}"
         + " buckets of "
         + ", ".join(f"{b / 2**20:.2f}" for b in model["buckets_bytes"])
         + f" MiB; batch {model['batch']}; load average {header['load_average'][0]:.2f}"
     )
     if horovod:
         say("# plain: hvd.DistributedOptimizer; hooked: stragglerkit.straggler_aware (Horovod ranks, Gloo)")
+    elif framework == "megatron":
+        say(
+            "# plain: megatron-core's DistributedDataParallel (overlap_grad_reduce); hooked: the same with "
+            "stragglerkit.megatron.install; megatron-core's schedule and SGD"
+        )
     elif config.get("gradient_as_bucket_view", False):
         say("# both copies: DDP with gradient_as_bucket_view, gradients zeroed in place")
     else:

@@ -5,9 +5,11 @@ Every rank builds two copies of the same MLP (same seed, so the same initial par
 all_reduce, the baseline) and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``; with
 ``framework="horovod"`` one trains with ``hvd.DistributedOptimizer`` and one with
 ``stragglerkit.straggler_aware`` (the "hooked" copy), both broadcast from rank 0 as a Horovod
-script does; the backward's time then includes the optimizer's ``synchronize()``. Both train on the same batches
-(``torch.Generator`` seeded by (seed, step, rank)), taking turns in blocks of
-``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
+script does; the backward's time then includes the optimizer's ``synchronize()``. With
+``framework="megatron"`` the two copies are a small GPT on megatron-core's DDP, schedule and
+optimizer, one with ``stragglerkit.megatron.install`` (:mod:`stragglerkit.bench.train_megatron`).
+Both train on the same batches (``torch.Generator`` seeded by (seed, step, rank)), taking turns in
+blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 
 1. ``dist.barrier()``, then the block runs free, as training does: each step is forward, the
    injected lateness (the straggler's delay and/or this rank's jitter, the same figure for both
@@ -45,6 +47,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -54,13 +57,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import stragglerkit
 from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
+from stragglerkit.config import Config
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
 
-__all__ = ["RESHAPE", "RESHAPE_AGAIN", "build_model", "control_files", "hidden_width", "main", "train"]
+__all__ = [
+    "RESHAPE",
+    "RESHAPE_AGAIN",
+    "batch_generator",
+    "build_model",
+    "control_files",
+    "hidden_width",
+    "main",
+    "train",
+]
 
 INPUTS, OUTPUTS = 256, 16
 RESHAPE, RESHAPE_AGAIN = "reshape", "reshape-again"
@@ -95,8 +109,13 @@ def build_model(config: TrainConfig) -> nn.Module:
     )
 
 
+def batch_generator(config: TrainConfig, step: int, rank: int) -> torch.Generator:
+    """The generator of ``rank``'s batch at ``step``: the same for both copies, another for every rank and step."""
+    return torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + rank)
+
+
 def _batch(config: TrainConfig, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + rank)
+    g = batch_generator(config, step, rank)
     x, y = torch.randn(config.batch, INPUTS, generator=g), torch.randn(config.batch, OUTPUTS, generator=g)
     return x.to(device), y.to(device)
 
@@ -111,9 +130,10 @@ class _Run:
 
     Under DDP the AllReduce runs inside ``backward()``; under Horovod the backward starts it and the
     optimizer's ``synchronize()`` waits for it, so :meth:`backward` includes that wait and
-    :meth:`step` skips the synchronisation, as a Horovod script that clips gradients does."""
+    :meth:`step` skips the synchronisation, as a Horovod script that clips gradients does.
+    megatron-core's GPT: :class:`stragglerkit.bench.train_megatron.MegatronRun`."""
 
-    def __init__(self, name: str, model: nn.Module, opt: torch.optim.Optimizer, framework: str, views: bool) -> None:
+    def __init__(self, name: str, model: nn.Module, opt: Any, framework: str, views: bool) -> None:
         self.name = name
         self.model = model
         self.opt = opt
@@ -135,15 +155,26 @@ class _Run:
         else:
             self.opt.zero_grad()
 
+    def forward_backward(self, batch: Any, late: float) -> tuple[torch.Tensor, float]:
+        """Forward, ``late`` seconds of sleep, backward until the gradients are reduced; the loss and
+        when the sleep ended (``time.perf_counter()``)."""
+        x, y = batch
+        loss = nn.functional.mse_loss(self.model(x), y)
+        if late > 0:
+            sleep_precisely(late)
+        arrived = time.perf_counter()
+        self.backward(loss)
+        return loss, arrived
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backward and the gradients' AllReduce, until they are reduced."""
         loss.backward()
         if self.framework == "horovod":
-            self.opt.synchronize()  # type: ignore[attr-defined]
+            self.opt.synchronize()
 
     def step(self) -> None:
         if self.framework == "horovod":
-            with self.opt.skip_synchronize():  # type: ignore[attr-defined]
+            with self.opt.skip_synchronize():
                 self.opt.step()
         else:
             self.opt.step()
@@ -170,8 +201,25 @@ class _TrainRank:
         self.hook_config = hook_config
         views = config.gradient_as_bucket_view
         self.loop: StragglerLoop
+        self.plain: _Run
+        self.hooked: _Run
+        self.close: Callable[[], None]
+        """Ends the hooked copy's loop (every rank, after the last step)."""
+        self.hidden = hidden_width(config.model_bytes)
+        self.model_layers = f"{INPUTS}-{self.hidden}-{self.hidden}-{OUTPUTS} MLP"
+        self.make_batch: Callable[[TrainConfig, int, int, torch.device], Any] = _batch
         if config.framework == "horovod":
             self.plain, self.hooked, self.loop = self._horovod_runs(config, device)
+            self.close = self.loop.close
+        elif config.framework == "megatron":
+            from stragglerkit.bench import train_megatron
+
+            self.plain, self.hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config))
+            assert megatron.loop is not None
+            self.loop, self.close = megatron.loop, megatron.close
+            self.hidden = train_megatron.gpt_hidden_size(config.model_bytes)
+            self.model_layers = train_megatron.describe(self.hidden)
+            self.make_batch = train_megatron.gpt_batch
         else:
             models = [DDP(build_model(config).to(device), gradient_as_bucket_view=views) for _ in range(2)]
             self.plain, self.hooked = (
@@ -183,6 +231,7 @@ class _TrainRank:
             state = stragglerkit.DDPState(None, hook_config)
             models[1].register_comm_hook(state, stragglerkit.ddp_hook)
             self.loop = state.loop
+            self.close = self.loop.close
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.reporter = self.rank == 0
@@ -203,14 +252,8 @@ class _TrainRank:
         import horovod.torch as hvd
 
         import stragglerkit
-        from stragglerkit.config import Config
 
-        detection: dict[str, Any] = {}
-        if config.hook_warmup is not None:
-            detection["warmup_steps"] = config.hook_warmup
-        if config.degraded_threshold is not None:
-            detection["degraded_threshold"] = config.degraded_threshold
-        hook_config = Config().replace(detection=detection)
+        hook_config = _hook_settings(config)
         runs = []
         for name in ("plain", "hooked"):
             model = build_model(config).to(device)
@@ -223,7 +266,7 @@ class _TrainRank:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(opt, root_rank=0)
             runs.append(_Run(name, model, opt, "horovod", views=False))
-        return runs[0], runs[1], runs[1].opt._stragglerkit.loop  # type: ignore[attr-defined]
+        return runs[0], runs[1], runs[1].opt._stragglerkit.loop
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -234,6 +277,9 @@ class _TrainRank:
         config = self.config
         if config.straggler is None or config.delay is not None:
             return
+        if not stragglerkit.is_initialized():
+            # collective; with megatron-core only its data-parallel group has a session so far
+            stragglerkit.init()
         x = torch.ones(self.numel, device=self.device)
         measured = measure_pre_phase(x, x.clone(), config.straggler, config.bandwidth, self.synchronize)
         self.delay = config.auto_delay_scale * measured["delay_s"]
@@ -282,20 +328,15 @@ class _TrainRank:
             self.reshaped = {**(self.reshaped or {}), **answer}
         dist.barrier()
 
-    def run_block(self, run: _Run, block: range, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def run_block(self, run: _Run, block: range, batches: list[Any]) -> None:
         """``run`` trains the steps of ``block`` from one barrier, without a barrier between steps."""
         lateness = [self.lateness(step) for step in block]
         dist.barrier()
         block_start = previous_end = time.perf_counter()
-        for (x, y), late in zip(batches, lateness, strict=True):
+        for batch, late in zip(batches, lateness, strict=True):
             cpu_before = CpuTimes.read()
-            # gradients set to None would be new tensors that DDP copies into its buckets again
             run.zero_grad()
-            loss = nn.functional.mse_loss(run.model(x), y)
-            if late > 0:
-                sleep_precisely(late)
-            arrived = time.perf_counter()
-            run.backward(loss)
+            loss, arrived = run.forward_backward(batch, late)
             self.synchronize()
             run.backward_s.append(time.perf_counter() - arrived)
             run.step()
@@ -328,7 +369,7 @@ class _TrainRank:
                 self.reshape(RESHAPE, block.start)
             if reshape and block.start == config.reshape_at:
                 self.reshape(RESHAPE_AGAIN, block.start)
-            batches = [_batch(config, step, self.rank, self.device) for step in block]
+            batches = [self.make_batch(config, step, self.rank, self.device) for step in block]
             order = (self.plain, self.hooked) if index % 2 == 0 else (self.hooked, self.plain)
             for run in order:
                 self.run_block(run, block, batches)
@@ -346,7 +387,7 @@ class _TrainRank:
                     f"step {done}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0's own, median "
                     f"of the last {len(self.plain.times[recent])}), hook: {self.loop.algorithm}",
                 )
-        self.loop.close()
+        self.close()
         return self._record(diffs)
 
     def _record(self, diffs: list[float]) -> dict[str, Any]:
@@ -381,7 +422,8 @@ class _TrainRank:
             "world_size": self.world_size,
             "device": str(self.device),
             "backend": dist.get_backend(),
-            "hidden": hidden_width(self.config.model_bytes),
+            "hidden": self.hidden,
+            "model_layers": self.model_layers,
             "parameters": self.numel,
             "gradient_bytes": 4 * self.numel,
             "buckets_bytes": [t.nbytes for t in sorted(self.loop.profiler.buckets(last), key=lambda t: t.bucket)],
@@ -407,6 +449,17 @@ class _TrainRank:
             "detector_evidence": self.loop.controller.detector.last_evidence,
             "cost_model": dict(self.loop.controller.model.fit_info),
         }
+
+
+def _hook_settings(config: TrainConfig) -> Config:
+    """stragglerkit's configuration for the hooked copy where it takes a ``Config`` (Horovod,
+    megatron-core): the defaults with ``--hook-warmup`` and ``--degraded-threshold``."""
+    detection: dict[str, Any] = {}
+    if config.hook_warmup is not None:
+        detection["warmup_steps"] = config.hook_warmup
+    if config.degraded_threshold is not None:
+        detection["degraded_threshold"] = config.degraded_threshold
+    return Config().replace(detection=detection)
 
 
 def _describe_event(event: dict[str, Any]) -> str:
@@ -441,8 +494,8 @@ def train(config: TrainConfig, device: torch.device, control: Path | None = None
     state = _TrainRank(config, device, control)
     _progress(
         state.reporter,
-        f"{state.world_size} ranks, MLP of {state.numel / 1e6:.2f}M parameters ({4 * state.numel / 2**20:.1f} MiB of "
-        f"gradients), {config.steps} steps, scenario {config.scenario}",
+        f"{state.world_size} ranks, {state.model_layers}: {state.numel / 1e6:.2f}M parameters "
+        f"({4 * state.numel / 2**20:.1f} MiB of gradients), {config.steps} steps, scenario {config.scenario}",
     )
     state.calibrate()
     return state.train()
@@ -470,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if config.framework == "horovod":
             hvd.shutdown()
+        if config.framework == "megatron":
+            from megatron.core import parallel_state
+
+            parallel_state.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
