@@ -538,18 +538,19 @@ def test_megatron_loopback_train_switches_with_megatron_cores_parameters(tmp_pat
 
 @needs_megatron
 def test_megatron_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Path) -> None:
-    """Each rank in its own namespace: megatron-core's groups and the one stragglerkit.megatron
-    sets up for the data-parallel group meet across the shaped NICs."""
+    """Each rank in its own namespace: megatron-core's groups, the one stragglerkit.megatron sets
+    up for the data-parallel group and the default group that times ``--delay auto`` meet across
+    the shaped NICs (four hosts: StragglAR, whose pre-phase sets the delay, needs an even count)."""
     ok, reason = EmulatedCluster.available()
     if not ok:
         pytest.skip(reason)
     config = TrainConfig(
-        world_size=3,
+        world_size=4,
         bandwidth=50e6,
         framework="megatron",
         steps=12,
         straggler=1,
-        delay=0.05,
+        delay=None,
         from_step=2,
         model_bytes=2**20,
         timeout=240,
@@ -558,7 +559,8 @@ def test_megatron_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Pat
     summary = run_train(config, json_path=str(json_path), out=io.StringIO())
     assert summary is not None
     data = json.loads(json_path.read_text())
-    assert data["header"]["mode"] == "emulated" and len(data["header"]["cluster"]["addresses"]) == 3
+    assert data["header"]["mode"] == "emulated" and len(data["header"]["cluster"]["addresses"]) == 4
+    assert data["delay_s"] > 0 and data["delay_calibration"]["scale"] == 2.0
     assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
     assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
     # a 1.3 MB ring over 50 MB/s links takes more than 20 ms a step: the traffic crossed the shaped NICs

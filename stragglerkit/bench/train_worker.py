@@ -184,7 +184,6 @@ class _TrainRank:
     """This rank's state: the two runs, the hook's state, the injected lateness."""
 
     def __init__(self, config: TrainConfig, device: torch.device, control: Path | None) -> None:
-        import stragglerkit
         from stragglerkit.detect.controller_config import ControllerConfig
         from stragglerkit.detect.detector import DetectorConfig
 
@@ -250,8 +249,6 @@ class _TrainRank:
         of the model, as a Horovod script sets them up (the wrap makes the torch.distributed group
         from Horovod's ranks, across the hosts); then Horovod's broadcasts of both."""
         import horovod.torch as hvd
-
-        import stragglerkit
 
         hook_config = _hook_settings(config)
         runs = []
