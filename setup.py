@@ -35,8 +35,9 @@ setup(
     packages=find_packages(include=["stragglerkit", "stragglerkit.*"]),
     python_requires=">=3.11",
     # the oldest torch tested is 2.11 (the development set-up pins 2.13.0: scripts/setup.sh)
-    install_requires=["torch>=2.11", "numpy", "scipy", "networkx", "matplotlib", "pyyaml"],
-    extras_require={"dev": ["pytest", "ruff", "mypy", "types-PyYAML"]},
+    install_requires=["torch>=2.11", "numpy", "scipy", "networkx", "matplotlib", "pyyaml", "tqdm"],
+    # wandb: per-step logging to Weights & Biases; nvtx: NVTX ranges without a CUDA build of torch
+    extras_require={"dev": ["pytest", "ruff", "mypy", "types-PyYAML"], "wandb": ["wandb"], "nvtx": ["nvtx"]},
     ext_modules=[native_extension()],
     cmdclass={"build_ext": BuildExtension},
     entry_points={"console_scripts": ["stragglerkit=stragglerkit.cli:main"]},

@@ -19,13 +19,21 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
       "the emulated-cluster tests will be skipped"
   fi
 fi
+# The report's browser test renders the HTML report in headless Chromium; skipped without it.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing chromium for the report's browser test"
+  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null \
+    || echo "[setup] could not install chromium; the report's browser test will be skipped"
+fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
   "${PIP[@]}" install torch==2.13.0
 fi
 echo "[setup] installing stragglerkit (editable) and its tools"
-"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml pytest ruff mypy types-PyYAML
+"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml tqdm pytest ruff mypy types-PyYAML
+# the optional report back-ends, so their tests run: Weights & Biases (offline) and the nvtx package
+"${PIP[@]}" install wandb nvtx || echo "[setup] wandb or nvtx could not be installed; their tests will be skipped"
 "${PIP[@]}" install --no-build-isolation -e .
 # megatron-core 0.16.1 (pinned: the Megatron integration wraps one of its private methods) for
 # stragglerkit.megatron, its tests and examples/megatron; pure Python, needs only torch, numpy, packaging
