@@ -1,7 +1,7 @@
 """Print the acceptance and training tables of docs/results.md from the summaries.
 
-After ``bench_acceptance.sh``, ``bench_train.sh`` or ``bench_train_horovod.sh`` has overwritten
-its summary, paste this script's output over the matching table in docs/results.md (and the
+After ``bench_acceptance.sh`` or one of the ``bench_train*.sh`` scripts has overwritten its
+summary, paste this script's output over the matching table in docs/results.md (and the
 figure in the README's table).
 
 Example::
@@ -60,7 +60,11 @@ def acceptance(record: dict[str, Any]) -> str:
 
 
 def train(record: dict[str, Any]) -> str:
-    plain = {"ddp": "plain DDP step / hooked step", "horovod": "plain Horovod step / straggler_aware step"}
+    plain = {
+        "ddp": "plain DDP step / hooked step",
+        "horovod": "plain Horovod step / straggler_aware step",
+        "megatron": "plain megatron-core step / flag-on step",
+    }
     lines = [
         f"| scenario | target | {plain.get(record.get('framework', 'ddp'), 'plain step / stragglerkit step')} "
         "(median) | runs | detected at step | switched at step | switched to | met | commit, date |",
@@ -85,6 +89,7 @@ def main() -> int:
         ("bench_acceptance.json", acceptance),
         ("bench_train.json", train),
         ("bench_train_horovod.json", train),
+        ("bench_train_megatron.json", train),
     ):
         if not (RESULTS / name).exists():
             continue
