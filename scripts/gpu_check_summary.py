@@ -1,8 +1,8 @@
 """The summary of scripts/gpu_check.sh: one table of every check, and OUTDIR/gpu_check.json.
 
 Reads what the script left in OUTDIR (the build's exit code and time, pytest's JUnit XML of
-tests/test_gpu.py, bench_cuda_reduce.json). Exits 1 when anything failed, was skipped (on a GPU
-machine nothing may skip) or is missing.
+tests/test_gpu.py, bench_cuda_reduce.json, the Megatron example's summaries). Exits 1 when
+anything failed, was skipped (on a GPU machine nothing may skip) or is missing.
 
     python scripts/gpu_check_summary.py OUTDIR BUILD_EXIT_CODE
 """
@@ -10,6 +10,7 @@ machine nothing may skip) or is missing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -49,6 +50,29 @@ def bench_rows(bench: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def megatron_rows(outdir: Path) -> list[dict[str, Any]]:
+    """examples/megatron/train_gpt.py on one GPU, 4 ranks over gloo, rank 3 late: flag off, then on."""
+    rows = []
+    for flag in ("off", "on"):
+        path = outdir / f"megatron_{flag}.json"
+        check = f"megatron-core GPT, flag {flag}"
+        if not path.exists():
+            rows.append({"check": check, "ok": False, "detail": f"did not finish (see megatron_{flag}.log)"})
+            continue
+        run = json.loads(path.read_text())
+        losses = run["losses"]
+        falling = all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+        switched = [e for e in run["events"] if e["kind"] == "switch"]
+        ok = falling and (flag == "off" or bool(switched))
+        detail = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, median step {run['median_step_ms']:.0f} ms"
+        if flag == "on":
+            detail += ", " + (
+                f"switched to {switched[0]['algorithm']} at step {switched[0]['step']}" if switched else "no switch"
+            )
+        rows.append({"check": check, "ok": ok, "detail": detail})
+    return rows
+
+
 def main() -> int:
     outdir, build_rc = Path(sys.argv[1]), int(sys.argv[2])
     seconds = (outdir / "build_seconds").read_text().strip() if (outdir / "build_seconds").exists() else "?"
@@ -56,6 +80,7 @@ def main() -> int:
     if build_rc == 0:
         rows += test_rows(outdir / "gpu_tests.xml")
         rows += bench_rows(outdir / "bench_cuda_reduce.json")
+        rows += megatron_rows(outdir)
     width = max(len(r["check"]) for r in rows)
     print(f"\n{'check':<{width}}  result  detail")
     for r in rows:

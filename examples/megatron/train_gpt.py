@@ -14,7 +14,8 @@ data-parallel size of 4 or more).
 
 On a machine without CUDA it runs on CPU over gloo, with megatron-core's few CUDA-only calls sent
 to the CPU (``stragglerkit.megatron.cpu_shim``) and gradient clipping off (megatron-core's clipping
-asserts CUDA tensors); with GPUs the same command runs on NCCL, one GPU per rank.
+asserts CUDA tensors); with GPUs the same command runs on NCCL, one GPU per rank
+(``--backend gloo``: several ranks may share one GPU, as the GPU check does).
 
 Example::
 
@@ -58,6 +59,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-overlap-grad-reduce", action="store_true", help="reduce after the backward pass")
     parser.add_argument("--late-rank", type=int, default=-1, help="rank that arrives late every step (-1: none)")
     parser.add_argument("--late-ms", type=float, default=0.0, help="how late, in milliseconds")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="auto: nccl with GPUs (one per rank), gloo on CPU; gloo with GPUs lets several ranks share one GPU",
+    )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--summary-json", default=None, help="write the run's figures here (rank 0)")
@@ -104,10 +111,13 @@ def main() -> None:
     if on_cpu:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         device = torch.device("cpu")
-    else:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    dist.init_process_group("gloo" if on_cpu else "nccl")
+    else:  # with gloo several ranks may share a GPU (NCCL refuses two ranks on one device)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = args.backend if args.backend != "auto" else ("gloo" if on_cpu else "nccl")
+    if on_cpu and backend == "nccl":
+        raise SystemExit("train_gpt.py: --backend nccl needs CUDA, and this machine has none; use gloo")
+    dist.init_process_group(backend)
     with cuda_calls_on_cpu():  # does nothing where CUDA is available
         train(args, device, on_cpu)
     dist.destroy_process_group()
@@ -162,7 +172,7 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
     if rank == 0:
         print(
             f"GPT {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(tokens) / 1e3:.0f}k tokens "
-            f"of text; data-parallel size {dp_size} on {'CPU (gloo)' if on_cpu else 'GPU (nccl)'}; "
+            f"of text; data-parallel size {dp_size} on {'CPU' if on_cpu else 'GPU'} ({dist.get_backend()}); "
             f"straggler-aware AllReduce {'on: ' + str(state.buckets) + ' bucket(s)' if state else 'off'}",
             flush=True,
         )
