@@ -3,8 +3,9 @@
 ``stragglerkit schedule``  builds, checks and prints (or saves) one algorithm's schedule.
 ``stragglerkit simulate``  predicts AllReduce times of several algorithms on a simulated network.
 ``stragglerkit bench``     measures them on real ranks: emulated cluster, loopback, or torchrun.
+``stragglerkit report``    writes an HTML page with figures about one run from its logs and traces.
 
-One module per command (:mod:`.schedule`, :mod:`.simulate`, :mod:`.bench`), each with its
+One module per command (:mod:`.schedule`, :mod:`.simulate`, :mod:`.bench`, :mod:`.report`), each with its
 ``add_parser`` and ``cmd_*``; :mod:`.options` holds the value parsers they share. Run
 ``stragglerkit COMMAND --help`` for the options of each.
 """
@@ -16,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from stragglerkit.cli import bench, schedule, simulate
+from stragglerkit.cli import bench, report, schedule, simulate
 from stragglerkit.errors import NotApplicableError, ScheduleError
 from stragglerkit.units import parse_time
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_parser(sub)
     simulate.add_parser(sub)
     bench.add_parser(sub)
+    report.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,278 @@
+"""The report's figures, drawn with matplotlib (Agg) into PNG bytes.
+
+One function per figure, each taking a :class:`~.run_data.RunData` and returning a
+:class:`Figure`: the PNG, or -- when the run has no data for it -- the one-line reason it is
+left out (the HTML shows that line instead of the figure). The figures:
+
+* ``report_lateness_cdf``: per rank, the distribution (CDF) of its arrival delay after the
+  step's first arrival;
+* ``report_last_rank``: which rank arrived last at each step, and how often each rank did;
+* ``report_allreduce``: the AllReduce part per step (the step time where that is all there is),
+  coloured by the algorithm that ran, with a line at every detection, switch, verification,
+  rollback and clearing;
+* ``report_nic_rates``: each rank's achieved NIC rate (its slowest measured link) over the steps;
+* ``report_predicted``: the cost model's prediction against the measured AllReduce time.
+
+Example::
+
+    for figure in figures(run):
+        print(figure.name, figure.reason or len(figure.png))
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from stragglerkit.report.run_data import DETECTIONS, RunData, last_ranks
+
+__all__ = ["FIGURES", "Figure", "figures"]
+
+_DECISION_STYLE = {
+    "detected_straggler": ("#d62728", "detected straggler"),
+    "detected_degraded": ("#ff7f0e", "detected degraded NIC"),
+    "switch": ("#2ca02c", "switch"),
+    "verified": ("#1f77b4", "verified"),
+    "rollback": ("#9467bd", "rollback"),
+    "cleared": ("#7f7f7f", "cleared"),
+}
+_ALGORITHM_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One figure: its file stem, title, a caption, and the PNG or the reason it is absent."""
+
+    name: str
+    title: str
+    caption: str
+    png: bytes | None = None
+    reason: str | None = None
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "font.size": 9,
+            "axes.titlesize": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "legend.frameon": False,
+        }
+    )
+    return plt
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=110)
+    _pyplot().close(fig)
+    return buffer.getvalue()
+
+
+def _rank_colors(n: int) -> list[Any]:
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10" if n <= 10 else "viridis")
+    return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
+
+
+def _legend(ax: Any, count: int) -> None:
+    if count <= 16:
+        ax.legend(fontsize=8, ncol=1 if count <= 8 else 2, loc="best")
+
+
+def _no_lateness(run: RunData) -> str:
+    if run.kind == "event log":
+        return "no per-rank arrival times: the event log has no window lines (rank 0 writes them)"
+    return "no per-rank arrival times in these inputs"
+
+
+def lateness_cdf(run: RunData) -> Figure:
+    title, name = "Arrival delay per rank", "report_lateness_cdf"
+    caption = "Each rank's arrival at the AllReduce after the step's first arrival, as a CDF over the steps."
+    n = run.world_size or 0
+    series: list[list[float]] = [[] for _ in range(n)]
+    for record in run.steps:
+        for rank, value in enumerate(record.lateness_s or []):
+            if value is not None and rank < n:
+                series[rank].append(value * 1e3)
+    if not any(series):
+        return Figure(name, title, caption, reason=_no_lateness(run))
+    if run.lateness_note:
+        caption += " " + run.lateness_note[0].upper() + run.lateness_note[1:] + "."
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    colors = _rank_colors(n)
+    for rank, values in enumerate(series):
+        if not values:
+            continue
+        values = sorted(values)
+        fractions = [(i + 1) / len(values) for i in range(len(values))]
+        ax.step(values, fractions, where="post", color=colors[rank], label=f"rank {rank}", lw=1.4)
+    ax.set_xlabel("arrival delay after the first rank (ms)")
+    ax.set_ylabel("fraction of steps")
+    ax.set_ylim(0, 1.02)
+    _legend(ax, sum(1 for s in series if s))
+    ax.set_title(title)
+    return Figure(name, title, caption, png=_png(fig))
+
+
+def last_rank(run: RunData) -> Figure:
+    title, name = "Last rank to arrive", "report_last_rank"
+    caption = "Which rank arrived last at each step (left) and how many steps each rank was last (right)."
+    pairs = last_ranks(run)
+    if not pairs:
+        return Figure(name, title, caption, reason=_no_lateness(run))
+    n = run.world_size or (max(r for _, r in pairs) + 1)
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2), gridspec_kw={"width_ratios": [3, 1]})
+    colors = _rank_colors(n)
+    left.scatter([s for s, _ in pairs], [r for _, r in pairs], s=10, c=[colors[r] for _, r in pairs])
+    left.set_xlabel("step")
+    left.set_ylabel("last rank")
+    left.set_ylim(-0.5, n - 0.5)
+    if n <= 16:
+        left.set_yticks(range(n))
+    counts = [sum(1 for _, r in pairs if r == rank) for rank in range(n)]
+    right.barh(range(n), counts, color=colors)
+    right.set_xlabel("steps last")
+    right.set_ylim(-0.5, n - 0.5)
+    if n <= 16:
+        right.set_yticks(range(n))
+    fig.suptitle(title, fontsize=10)
+    return Figure(name, title, caption, png=_png(fig))
+
+
+def _algorithm_colors(run: RunData) -> dict[str, str]:
+    names = list(dict.fromkeys(r.algorithm or "?" for r in run.steps))
+    return {a: _ALGORITHM_COLORS[i % len(_ALGORITHM_COLORS)] for i, a in enumerate(names)}
+
+
+def _mark_decisions(ax: Any, run: RunData) -> None:
+    seen: set[str] = set()
+    for decision in run.decisions:
+        kind = decision["kind"]
+        if kind not in _DECISION_STYLE:
+            continue
+        color, label = _DECISION_STYLE[kind]
+        style = "--" if kind in DETECTIONS else "-"
+        ax.axvline(decision["step"], color=color, ls=style, lw=1.1, alpha=0.85, label=None if kind in seen else label)
+        seen.add(kind)
+
+
+def allreduce_time(run: RunData) -> Figure:
+    name = "report_allreduce"
+    use_allreduce = any(r.allreduce_s is not None for r in run.steps)
+    what = "AllReduce time" if use_allreduce else "Step time"
+    title = f"{what} per step"
+    caption = (
+        "The AllReduce part of each step (last arrival to last finish), coloured by the algorithm that ran; "
+        "lines mark the loop's decisions (dashed: detections)."
+        if use_allreduce
+        else f"Each step's time, coloured by the algorithm that ran; lines mark the loop's decisions "
+        f"({run.step_time_note or 'no AllReduce times in these inputs'})."
+    )
+    points: list[tuple[int, float, str]] = []
+    for r in run.steps:
+        value = r.allreduce_s if use_allreduce else r.step_time_s
+        if value is not None:
+            points.append((r.step, value, r.algorithm or "?"))
+    if not points:
+        return Figure(name, title, caption, reason="no AllReduce or step times in these inputs")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    if not use_allreduce and any(r.baseline_step_s is not None for r in run.steps):
+        base = [(r.step, r.baseline_step_s * 1e3) for r in run.steps if r.baseline_step_s is not None]
+        ax.plot([s for s, _ in base], [v for _, v in base], color="#b0b0b0", lw=1.0, label="without stragglerkit")
+    colors = _algorithm_colors(run)
+    for algorithm, color in colors.items():
+        mine = [(s, v * 1e3) for s, v, a in points if a == algorithm]
+        if mine:
+            ax.scatter([s for s, _ in mine], [v for _, v in mine], s=12, color=color, label=algorithm, zorder=3)
+    _mark_decisions(ax, run)
+    ax.set_xlabel("step" if run.kind != "bench (allreduce)" else "measured AllReduce (cases in order)")
+    ax.set_ylabel(f"{what} (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title)
+    return Figure(name, title, caption, png=_png(fig))
+
+
+def nic_rates(run: RunData) -> Figure:
+    title, name = "NIC rate per rank", "report_nic_rates"
+    caption = "Each rank's achieved rate on its slowest measured link, per stats exchange (MB/s, 1 MB = 1e6 B)."
+    samples = [s for s in run.nic if any(v is not None for v in s.rates_Bps)]
+    if not samples:
+        why = "no NIC rates: no probe ran" if run.kind == "event log" else f"no NIC rates in a {run.kind} input"
+        return Figure(name, title, caption, reason=why)
+    n = max(len(s.rates_Bps) for s in samples)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    colors = _rank_colors(n)
+    for rank in range(n):
+        mine = [(s.step, s.rates_Bps[rank]) for s in samples if rank < len(s.rates_Bps)]
+        mine = [(step, v / 1e6) for step, v in mine if v is not None]
+        if mine:
+            ax.plot(
+                [s for s, _ in mine], [v for _, v in mine], marker="o", ms=3, color=colors[rank], label=f"rank {rank}"
+            )
+    _mark_decisions(ax, run)
+    ax.set_xlabel("step")
+    ax.set_ylabel("achieved rate (MB/s)")
+    ax.set_ylim(bottom=0)
+    if n <= 16:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title)
+    return Figure(name, title, caption, png=_png(fig))
+
+
+def predicted_vs_measured(run: RunData) -> Figure:
+    title, name = "Predicted against measured AllReduce time", "report_predicted"
+    caption = (
+        "The cost model's prediction of the AllReduce part for the plan that ran, against the measured one; "
+        "on the dotted line they agree."
+    )
+    points: list[tuple[float | None, float | None, str]]
+    if run.comparisons:
+        points = [(c.predicted_s, c.measured_s, c.algorithm) for c in run.comparisons]
+        caption = "Per bench case: the simulator's prediction against the measured time (the bench's median)."
+    else:
+        points = [(r.predicted_s, r.allreduce_s, r.algorithm or "?") for r in run.steps]
+    pairs = [(p * 1e3, m * 1e3, a) for p, m, a in points if p is not None and m is not None]
+    if not pairs:
+        return Figure(name, title, caption, reason="no predictions: the inputs carry no cost-model prediction")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 4.2))
+    colors = _algorithm_colors(run)
+    for algorithm in dict.fromkeys(a for _, _, a in pairs):
+        mine = [(p, m) for p, m, a in pairs if a == algorithm]
+        ax.scatter(
+            [p for p, _ in mine], [m for _, m in mine], s=14, label=algorithm, color=colors.get(algorithm), zorder=3
+        )
+    top = max(max(p, m) for p, m, _ in pairs) * 1.08
+    ax.plot([0, top], [0, top], color="#555555", lw=0.8, ls=":", label="predicted = measured")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted (ms)")
+    ax.set_ylabel("measured (ms)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title)
+    return Figure(name, title, caption, png=_png(fig))
+
+
+FIGURES = (allreduce_time, lateness_cdf, last_rank, nic_rates, predicted_vs_measured)
+"""Every figure, in the report's order."""
+
+
+def figures(run: RunData) -> list[Figure]:
+    """All figures of ``run``, drawn or with the reason each is absent."""
+    return [draw(run) for draw in FIGURES]
