@@ -163,7 +163,8 @@ def _run_table(run: RunData, offsets_note: list[str]) -> str:
     if run.world_size is not None:
         seen = run.ranks_seen
         have = f"{len(seen)} of {run.world_size}" if seen and len(seen) != run.world_size else "all"
-        rows.append(("ranks", f"{run.world_size} (files for {_e(have)})"))
+        per_rank = not run.kind.startswith("bench")
+        rows.append(("ranks", f"{run.world_size}" + (f" (files for {_e(have)})" if per_rank else "")))
     if run.framework:
         rows.append(("framework", _e(run.framework)))
     if run.hosts:
@@ -211,13 +212,11 @@ def _summary_table(run: RunData) -> str:
                 f"{saving.after_steps[0]}–{saving.after_steps[1]})"
             )
         saved = "" if saving.saved_s is None else f"; saved {_seconds(saving.saved_s)}"
-        rows.append(
-            (
-                f"{saving.kind} to {saving.algorithm} at step {saving.step}",
-                f"AllReduce {_ms(saving.allreduce_before_s)} → {_ms(saving.allreduce_after_s)}{step_text}"
-                f"{saved}{ranges}",
-            )
-        )
+        allreduce = ""
+        if saving.allreduce_before_s is not None or saving.allreduce_after_s is not None:
+            allreduce = f"; AllReduce {_ms(saving.allreduce_before_s)} → {_ms(saving.allreduce_after_s)}"
+        text = f"{allreduce}{step_text}{saved}".removeprefix("; ")
+        rows.append((f"{saving.kind} to {saving.algorithm} at step {saving.step}", (text or "no times") + ranges))
     for rank, (count, total) in sorted(run.kernels.items()):
         rows.append((f"rank {rank}: collective kernels", f"{count} kernels, {_seconds(total)} on the GPU"))
     return _kv(rows)
@@ -257,6 +256,8 @@ def _decisions(run: RunData) -> str:
     shown = [d for d in run.decisions if d["kind"] not in ("exchange", "probing")]
     routine = len(run.decisions) - len(shown)
     if not run.decisions:
+        if run.kind == "bench (allreduce)":
+            return "<p>None: the AllReduce bench runs each algorithm as asked.</p>"
         return "<p>No decisions were recorded.</p>"
     rows = []
     for d in shown:

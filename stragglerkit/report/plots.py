@@ -85,11 +85,6 @@ def _rank_colors(n: int) -> list[Any]:
     return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
 
 
-def _legend(ax: Any, count: int) -> None:
-    if count <= 16:
-        ax.legend(fontsize=8, ncol=1 if count <= 8 else 2, loc="best")
-
-
 def _no_lateness(run: RunData) -> str:
     if run.kind == "event log":
         return "no per-rank arrival times: the event log has no window lines (rank 0 writes them)"
@@ -110,7 +105,7 @@ def lateness_cdf(run: RunData) -> Figure:
     if run.lateness_note:
         caption += " " + run.lateness_note[0].upper() + run.lateness_note[1:] + "."
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     colors = _rank_colors(n)
     for rank, values in enumerate(series):
         if not values:
@@ -121,7 +116,8 @@ def lateness_cdf(run: RunData) -> Figure:
     ax.set_xlabel("arrival delay after the first rank (ms)")
     ax.set_ylabel("fraction of steps")
     ax.set_ylim(0, 1.02)
-    _legend(ax, sum(1 for s in series if s))
+    if sum(1 for s in series if s) <= 16:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     return Figure(name, title, caption, png=_png(fig))
 
