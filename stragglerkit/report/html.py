@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from stragglerkit.report.plots import Figure
-from stragglerkit.report.run_data import DETECTIONS, RunData, lost_to_stragglers, savings
+from stragglerkit.report.run_data import DETECTIONS, RunData, lost_to_stragglers, plan_label, savings
 
 __all__ = ["render", "verdict"]
 
@@ -139,7 +139,7 @@ def verdict(run: RunData) -> tuple[str, str]:
         "cleared": "cleared",
     }
     actions = [
-        verbs[d["kind"]].format(d.get("algorithm", "?")) + f" at step {d['step']}"
+        verbs[d["kind"]].format(plan_label(run, d)) + f" at step {d['step']}"
         for d in run.decisions
         if d["kind"] in verbs
     ]
@@ -211,7 +211,10 @@ def _summary_table(run: RunData) -> str:
                 f" (steps {saving.before_steps[0]}–{saving.before_steps[1]} against "
                 f"{saving.after_steps[0]}–{saving.after_steps[1]})"
             )
-        saved = "" if saving.saved_s is None else f"; saved {_seconds(saving.saved_s)}"
+        saved = ""
+        if saving.saved_s is not None:
+            verb = "saved" if saving.saved_s >= 0 else "cost"
+            saved = f"; {verb} {_seconds(abs(saving.saved_s))}"
         allreduce = ""
         if saving.allreduce_before_s is not None or saving.allreduce_after_s is not None:
             allreduce = f"; AllReduce {_ms(saving.allreduce_before_s)} → {_ms(saving.allreduce_after_s)}"
@@ -266,7 +269,7 @@ def _decisions(run: RunData) -> str:
         detail = f"<details><summary>{_e(_evidence_summary(d)) or 'evidence'}</summary><pre>{full}</pre></details>"
         rows.append(
             f"<tr><td class='num'>{_e(d['step'])}</td><td class='kind {_e(d['kind'])}'>{_e(d['kind'])}</td>"
-            f"<td>{_e(d.get('algorithm', '?'))}</td><td>{detail}</td></tr>"
+            f"<td>{_e(plan_label(run, d))}</td><td>{detail}</td></tr>"
         )
     note = f"<p class='omitted'>{routine} routine events (probing, exchange) not listed.</p>" if routine else ""
     table = ""

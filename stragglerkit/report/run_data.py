@@ -38,6 +38,7 @@ __all__ = [
     "StepRecord",
     "last_ranks",
     "lost_to_stragglers",
+    "plan_label",
     "savings",
 ]
 
@@ -171,6 +172,22 @@ def _window_start(run: RunData, before: int) -> int | None:
     return None
 
 
+_PLAN_KEYS = {"switch": "to", "rollback": "restored", "verified": "kept"}
+
+
+def plan_label(run: RunData, decision: dict[str, Any]) -> str:
+    """What ran under the plan a decision left in force: its buckets' algorithms (``+``-joined) as the
+    evidence describes the plan, else as the first step from the decision on ran, else the event's
+    ``algorithm`` (the plan's default)."""
+    evidence = decision.get("evidence") or {}
+    plan = evidence.get(_PLAN_KEYS.get(decision["kind"], "")) or evidence.get("plan")  # "plan": ranks other than 0
+    if isinstance(plan, dict) and ("buckets" in plan or "default" in plan):
+        buckets = [str(b) for b in plan.get("buckets") or [] if b]
+        return "+".join(dict.fromkeys(buckets)) if buckets else str(plan.get("default", "?"))
+    after = next((r.algorithm for r in run.steps if r.step >= decision["step"] and r.algorithm), None)
+    return after or str(decision.get("algorithm", "?"))
+
+
 def savings(run: RunData) -> list[Saving]:
     """Per plan change, the AllReduce part and step time before and after (see the module docstring)."""
     changes = [d for d in run.decisions if d["kind"] in PLAN_CHANGES]
@@ -188,7 +205,7 @@ def savings(run: RunData) -> list[Saving]:
         saving = Saving(
             step=at,
             kind=change["kind"],
-            algorithm=str(change.get("algorithm", "?")),
+            algorithm=plan_label(run, change),
             before_steps=(before[0], before[-1]) if before else None,
             after_steps=(after[0], after[-1]) if after else None,
         )
