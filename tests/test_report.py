@@ -314,3 +314,31 @@ def test_every_figure_draws_for_each_kind_of_input(tmp_path: Path) -> None:
     drawn = {f.name: f for f in figures(bench)}
     assert drawn["report_predicted"].png and drawn["report_allreduce"].png
     assert all(f.png is None or f.png.startswith(b"\x89PNG") for f in drawn.values())
+
+
+def test_event_logs_and_profiles_of_one_run_combine(tmp_path: Path) -> None:
+    write_event_logs(tmp_path, world_size=2, steps=30, fault_step=5)
+    for rank in (0, 1):
+        ranges = step_ranges(rank, 6, 1, 0.02)
+        kernels = [("ncclKernel_AllReduce_RING_LL_Sum_float", s, e) for n, s, e in ranges if "all_reduce" in n]
+        write_nsys_export(tmp_path / f"report.rank{rank}.sqlite", ranges, kernels)
+    write_chrome_trace(tmp_path / "trace.rank0.json", 0, 4, step_ranges(0, 3, 1, 0.01))
+    loaded = load([str(tmp_path)])
+    run = loaded.run
+    assert run is not None and run.kind == "event log" and len(run.steps) == 30, "the log's windows, not the traces'"
+    assert set(run.kernels) == {0, 1} and run.kernels[1][0] == 6
+    assert [line.split(": ", 1)[1] for line in loaded.left_out] == [
+        "world size 4, not 2; left out of the run of " + str(tmp_path / "events.rank0.jsonl") + " (5f1c0a9e2b7d4c31)"
+    ]
+
+
+def test_a_log_without_a_header_is_read_as_rank_0_s(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"algorithm": "stragglar", "evidence": {"why": "test"}, "kind": "switch", "step": 40}\n'
+        '{"algorithm": "ring", "evidence": {}, "kind": "rollback", "step": 60}\n'
+    )
+    loaded = load([str(path)])
+    assert loaded.run is not None and [d["kind"] for d in loaded.run.decisions] == ["switch", "rollback"]
+    [problem] = loaded.problems
+    assert problem.startswith(f"{path}: no run header on the first line")
