@@ -139,7 +139,7 @@ def header(rank: int, world_size: int, run_id: str = RUN_ID) -> dict[str, Any]:
         "framework": "ddp",
         "hosts": list(range(world_size)),
         "version": "0.2.0",
-        "config": {"warmup_steps": 10, "exchange_every": 5},
+        "config": {"warmup_steps": 10, "exchange_every": 5, "detector": {"window": 16, "degraded_threshold": 1.5}},
     }
 
 

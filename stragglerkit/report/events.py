@@ -66,7 +66,7 @@ class Window:
     """Per step, per bucket."""
     bucket_bytes: list[int]
     nic_rate_Bps: list[float | None] | None
-    """Per rank: achieved bytes/s of its slowest measured link in this window (None: not measured)."""
+    """Per rank: the achieved NIC rate in bytes/s that this exchange measured (None: not measured)."""
     slowdown: list[float | None] | None
     """Per rank: the detector's slowdown estimate l."""
     predicted_s: list[float | None]

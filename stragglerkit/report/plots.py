@@ -10,7 +10,7 @@ left out (the HTML shows that line instead of the figure). The figures:
 * ``report_allreduce``: the AllReduce part per step (the step time where that is all there is),
   coloured by the algorithm that ran, with a line at every detection, switch, verification,
   rollback and clearing;
-* ``report_nic_rates``: each rank's achieved NIC rate (its slowest measured link) over the steps;
+* ``report_nic_rates``: each rank's achieved NIC rate over the steps (and the detector's slowdown l);
 * ``report_predicted``: the cost model's prediction against the measured AllReduce time.
 
 Example::
@@ -205,29 +205,56 @@ def allreduce_time(run: RunData) -> Figure:
 
 def nic_rates(run: RunData) -> Figure:
     title, name = "NIC rate per rank", "report_nic_rates"
-    caption = "Each rank's achieved rate on its slowest measured link, per stats exchange (MB/s, 1 MB = 1e6 B)."
+    caption = (
+        "Each rank's achieved NIC rate as the stats exchanges measured it on its links (MB/s, 1 MB = 1e6 B; "
+        "docs/event_log.md)."
+    )
     samples = [s for s in run.nic if any(v is not None for v in s.rates_Bps)]
     if not samples:
         why = "no NIC rates: no probe ran" if run.kind == "event log" else f"no NIC rates in a {run.kind} input"
         return Figure(name, title, caption, reason=why)
     n = max(len(s.rates_Bps) for s in samples)
+    slowdowns = [s for s in samples if s.slowdown and any(v is not None for v in s.slowdown)]
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    if slowdowns:
+        fig, (ax, lower) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+        caption += " Below: the detector's slowdown estimate l per rank (1: healthy)."
+    else:
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+        lower = None
     colors = _rank_colors(n)
+    top = 1.0
     for rank in range(n):
         mine = [(s.step, s.rates_Bps[rank]) for s in samples if rank < len(s.rates_Bps)]
-        mine = [(step, v / 1e6) for step, v in mine if v is not None]
-        if mine:
-            ax.plot(
-                [s for s, _ in mine], [v for _, v in mine], marker="o", ms=3, color=colors[rank], label=f"rank {rank}"
-            )
+        points = [(step, v / 1e6) for step, v in mine if v is not None]
+        if points:
+            xs, ys = [s for s, _ in points], [v for _, v in points]
+            ax.plot(xs, ys, marker="o", ms=3, color=colors[rank], label=f"rank {rank}")
+        if lower is not None:
+            ls = [(s.step, s.slowdown[rank]) for s in slowdowns if s.slowdown and rank < len(s.slowdown)]
+            known = [(step, v) for step, v in ls if v is not None]
+            if known:
+                lower.plot([s for s, _ in known], [v for _, v in known], marker=".", ms=3, color=colors[rank])
+                top = max(top, *(v for _, v in known))
     _mark_decisions(ax, run)
-    ax.set_xlabel("step")
     ax.set_ylabel("achieved rate (MB/s)")
     ax.set_ylim(bottom=0)
     if n <= 16:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
+    if lower is not None:
+        _mark_decisions(lower, run)
+        threshold = (run.config.get("detector") or {}).get("degraded_threshold")
+        if isinstance(threshold, int | float):
+            lower.axhline(threshold, color="#555555", ls=":", lw=0.9)
+            lower.annotate("degraded above", (0.005, threshold), xycoords=("axes fraction", "data"), fontsize=7,
+                           va="bottom", color="#555555")  # fmt: skip
+            top = max(top, threshold)
+        lower.set_ylim(0.8, top * 1.1 + 0.1)  # noise around 1 is not zoomed into a crisis
+        lower.set_ylabel("slowdown l")
+        lower.set_xlabel("step")
+    else:
+        ax.set_xlabel("step")
     return Figure(name, title, caption, png=_png(fig))
 
 
