@@ -205,11 +205,10 @@ def load(inputs: list[str]) -> Loaded:
         for source in found:
             sources.append(source)
             loaded.read.append(f"{source.path}: {_describe(source)}")
-            if source.kind == "log":
-                loaded.problems += source.item.problems
     if not sources:
         return loaded
     chosen = _choose(sources, loaded)
+    loaded.problems += [problem for s in chosen if s.kind == "log" for problem in s.item.problems]
     logs = [s.item for s in chosen if s.kind == "log"]
     traces = [s.item for s in chosen if s.kind == "trace"]
     benches = [s.item for s in chosen if s.kind == "bench"]
