@@ -173,11 +173,16 @@ class ReportConfig:
     """What the library records for people."""
 
     event_log: str | None = None
-    """JSONL file of the closed loop's decisions (detections, switches, rollbacks with their evidence),
-    written by rank 0; a path containing ``{rank}`` is written by every rank."""
+    """JSONL file of the closed loop's records (a run header, the decisions with their evidence and,
+    from rank 0, each stats exchange's per-step measurements; docs/event_log.md), written by rank 0;
+    a path containing ``{rank}`` is written by every rank."""
     nvtx: bool | None = None
     """NVTX ranges around every AllReduce, phase and round: ``None`` (on when a profiler such as nsys
     is attached), ``True`` or ``False``."""
+    wandb: bool | None = None
+    """Weights & Biases logging on rank 0 (per-step AllReduce time, lateness and NIC rate per rank,
+    every decision): ``None`` (auto: when the script imported wandb and ``wandb.run`` is active),
+    ``True`` (needs ``pip install wandb``) or ``False``."""
 
     def __post_init__(self) -> None:
         if self.event_log is not None and not isinstance(self.event_log, str | os.PathLike):
@@ -191,6 +196,18 @@ class ReportConfig:
             self.nvtx = switch
         if self.nvtx is not None and not isinstance(self.nvtx, bool):
             raise ConfigError(f"report.nvtx must be true, false or auto (null), got {self.nvtx!r}")
+        if isinstance(self.wandb, str):
+            switch = parse_switch(self.wandb)
+            if switch is None and self.wandb.strip().lower() != "auto":
+                raise ConfigError(f"report.wandb must be true, false or auto, got {self.wandb!r}")
+            self.wandb = switch
+        if self.wandb is not None and not isinstance(self.wandb, bool):
+            raise ConfigError(f"report.wandb must be true, false or auto (null), got {self.wandb!r}")
+        if self.wandb is True:
+            from stragglerkit.report.wandb import available
+
+            if not available():
+                raise ConfigError("report.wandb is true but wandb is not installed: pip install wandb (or set auto)")
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -217,6 +234,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("STRAGGLERKIT_OPTCC_SEND_BUFFER", "optcc", "send_buffer", "a size, or off"),
     EnvironmentVariable("STRAGGLERKIT_EVENT_LOG", "report", "event_log", "path of the decision log"),
     EnvironmentVariable("STRAGGLERKIT_NVTX", "report", "nvtx", "on, off or auto"),
+    EnvironmentVariable("STRAGGLERKIT_WANDB", "report", "wandb", "on, off or auto"),
 )
 """The per-job overrides, applied over the configuration :func:`stragglerkit.init` receives.
 ``STRAGGLERKIT_CONFIG`` names a YAML file used when ``init`` gets no configuration."""
@@ -236,7 +254,7 @@ class Config:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     """The closed loop's thresholds and intervals."""
     report: ReportConfig = field(default_factory=ReportConfig)
-    """Event log and NVTX ranges."""
+    """Event log, NVTX ranges, Weights & Biases."""
 
     SECTIONS: ClassVar[tuple[str, ...]] = tuple(_SECTIONS)
 
@@ -351,7 +369,7 @@ def _from_text(variable: EnvironmentVariable, text: str) -> object:
             return float(text)
         except ValueError:
             raise ConfigError("give seconds, e.g. 600") from None
-    if variable.field == "nvtx":
+    if variable.field in ("nvtx", "wandb"):
         switch = parse_switch(text)
         if switch is None and text.lower() != "auto":
             raise ConfigError("give on, off or auto")

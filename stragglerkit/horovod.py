@@ -130,7 +130,7 @@ def DistributedOptimizer(
             warnings.warn(f"stragglerkit: {why}: Horovod's own optimizer runs unchanged", stacklevel=2)
         return _horovods_optimizer(optimizer, **arguments)  # Horovod's, even where hvd's name was rebound to ours
     session = _horovod_session(config)
-    loop = StragglerLoop(session, config)
+    loop = StragglerLoop(session, config, framework="horovod")
     name = optimizer.__class__.__name__
     cls = type(name, (optimizer.__class__,), {**_DistributedOptimizer.__dict__, **_OVERRIDES})
     distributed: Any = None

@@ -131,12 +131,14 @@ GOOD_VALUES = {
     "STRAGGLERKIT_OPTCC_SEND_BUFFER": ("off", ("optcc", "send_buffer"), None),
     "STRAGGLERKIT_EVENT_LOG": ("events.jsonl", ("report", "event_log"), "events.jsonl"),
     "STRAGGLERKIT_NVTX": ("off", ("report", "nvtx"), False),
+    "STRAGGLERKIT_WANDB": ("off", ("report", "wandb"), False),
 }
 BAD_VALUES = {
     "STRAGGLERKIT_TIMEOUT": "soon",
     "STRAGGLERKIT_TCP_SEND_BUFFER": "1KiB",
     "STRAGGLERKIT_OPTCC_SEND_BUFFER": "small",
     "STRAGGLERKIT_NVTX": "perhaps",
+    "STRAGGLERKIT_WANDB": "sometimes",
 }
 
 

@@ -41,8 +41,8 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 from collections import deque
 from typing import Any
 
@@ -64,6 +64,7 @@ from stragglerkit.detect.plans import (
 )
 from stragglerkit.detect.probe_schedule import ProbeSchedule, off_plan
 from stragglerkit.detect.verification import SwitchVerifier
+from stragglerkit.report.records import RecordLog, window_record
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, why_not
 
 __all__ = [
@@ -94,7 +95,9 @@ class Controller(ProbeSchedule, SwitchVerifier):
         self.events: list[dict[str, Any]] = []
         self.model = OnlineModel(world_size, config.prior, config.fit_samples)
         self.detector = Detector(config.detector)
-        self.log_path = log_path
+        self.records = RecordLog(log_path)
+        """The JSONL log's records (decisions on every writing rank, rank 0's windows); the loop
+        writes the header and flushes it (:mod:`stragglerkit.report.records`)."""
         self._seq = 0
         self._plan_start = config.warmup_steps
         self._blocked: dict[tuple[object, ...], int] = {}
@@ -118,6 +121,15 @@ class Controller(ProbeSchedule, SwitchVerifier):
 
     # -- every rank -----------------------------------------------------------------------------
     @property
+    def log_path(self) -> str | None:
+        """This rank's JSONL log (``None``: it writes none)."""
+        return self.records.path
+
+    @log_path.setter
+    def log_path(self, path: str | None) -> None:
+        self.records.path = path
+
+    @property
     def plan_start(self) -> int:
         """The first step under the plan in force (on every rank: from the decisions it adopted)."""
         return self._plan_start
@@ -134,9 +146,9 @@ class Controller(ProbeSchedule, SwitchVerifier):
         for event in decision.events:
             event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
             self.events.append(event)
-            if self.log_path is not None:
-                with open(self.log_path, "a", encoding="utf-8") as log:
-                    log.write(json.dumps(event, sort_keys=True) + "\n")
+            if self.records.wanted:
+                self.records.put(event)
+        self.records.flush()  # a decision is written when adopted (with rank 0's windows queued before it)
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def _gaps(self, stats: WindowStats) -> np.ndarray | None:
@@ -219,6 +231,8 @@ class Controller(ProbeSchedule, SwitchVerifier):
         self._rescale_samples(findings)
         self._probing(stats.steps[-1] if stats.steps else apply_step, slowdowns)
         self._exchanging(critical, stats.steps)
+        if self.records.wanted:
+            self._record_window(stats, slowdowns)
         if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
             lateness = np.median(np.stack(self._lateness), axis=0)
             for f in findings:
@@ -240,6 +254,45 @@ class Controller(ProbeSchedule, SwitchVerifier):
             return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
         return self._switch(apply_step, target, findings, cleared)
+
+    def _record_window(self, stats: WindowStats, slowdowns: np.ndarray) -> None:
+        """Queue the exchange's ``window`` record (rank 0, the controller's thread; the loop writes it)."""
+        try:
+            cache: dict[tuple[str, ...], float | None] = {}  # the window's steps mostly ran the same
+            predicted = [self._predicted_step(algorithms, stats.bucket_bytes, cache) for algorithms in stats.algorithms]
+            self.records.put(window_record(stats, slowdowns, predicted))
+        except Exception as err:  # a record must not cost a decision
+            warnings.warn(f"stragglerkit could not record the window of steps {stats.steps}: {err!r}", stacklevel=2)
+
+    def _predicted_step(
+        self, algorithms: list[str], bucket_bytes: list[int], cache: dict[tuple[str, ...], float | None]
+    ) -> float | None:
+        """The cost model's AllReduce part of a step whose buckets ran ``algorithms`` (``None``
+        when a bucket's algorithm is unknown), summed over the buckets as a switch's prediction is."""
+        ran = tuple(algorithms[: len(bucket_bytes)])
+        if not ran or "" in ran:
+            return None
+        if ran not in cache:
+            plan = self.plan
+            slow = dict(self.detector.degraded)
+            straggler = self.detector.straggler
+            delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
+            total = 0.0
+            for b, (algorithm, nbytes) in enumerate(zip(ran, bucket_bytes, strict=False)):
+                if nbytes <= 0:
+                    continue
+                planned = plan.algorithm_for(b) == algorithm
+                total += self.model.predict(
+                    algorithm,
+                    nbytes,
+                    straggler=straggler,
+                    delay=float(delays[b]) if delays is not None and b < delays.size else 0.0,
+                    slowdowns=slow,
+                    planned_slowdowns=dict(plan.slowdowns) if planned and plan.slowdowns else None,
+                    planned_straggler=plan.straggler if planned else None,
+                )
+            cache[ran] = total
+        return cache[ran]
 
     def _plan_outdated(self, step: int) -> bool:
         """Under OptCC: does every estimate in the detector's window read a planned rank that is

@@ -17,6 +17,7 @@ from stragglerkit.detect.controller_config import ControllerConfig
 from stragglerkit.detect.detector import Detector
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.plans import Plan
+from stragglerkit.report.records import RecordLog
 
 __all__ = ["ControllerState"]
 
@@ -54,11 +55,11 @@ class ControllerState:
         "detector",
         "events",
         "exchange_every",
-        "log_path",
         "model",
         "plan",
         "probe_every",
         "rank",
+        "records",
         "world_size",
     )
 
@@ -72,7 +73,7 @@ class ControllerState:
     detector: Detector
     probe_every: int
     exchange_every: int
-    log_path: str | None
+    records: RecordLog
     _seq: int
     _plan_start: int
     # rank 0: what the exchanges brought

@@ -71,7 +71,7 @@ class DDPState:
         self, process_group: dist.ProcessGroup | None = None, config: Config | ControllerConfig | None = None
     ) -> None:
         self.process_group = process_group
-        self.loop = StragglerLoop(session_for(process_group), config)
+        self.loop = StragglerLoop(session_for(process_group), config, framework="ddp")
 
     def bind(self, process_group: dist.ProcessGroup | None = None) -> None:
         """Bind a restored state to ``process_group``'s session (``None``: the default group's);

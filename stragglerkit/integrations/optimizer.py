@@ -136,7 +136,7 @@ def DistributedOptimizer(
         backward_passes_per_step,
         loop_op,
         gradient_predivide_factor,
-        StragglerLoop(session, config) if session.world_size > 1 else None,
+        StragglerLoop(session, config, framework="horovod") if session.world_size > 1 else None,
     )
     distributed._stragglerkit = sync
     return distributed

@@ -47,6 +47,14 @@ previous call and raises the loop's :class:`~stragglerkit.errors.PeerError` if o
 Gradients come out identical on every rank. The controller verifies each switch and rolls it
 back if it did not pay (:mod:`stragglerkit.detect.controller`).
 
+**Records** (``Config.report``; docs/event_log.md): with an event log, each writing rank starts
+its file with a ``run`` header at its first step (a ``run_id`` that every rank of the job agrees
+on through the rendezvous store, the adapter's name, each rank's host), the decisions follow as
+they are adopted, and rank 0 adds a ``window`` line per exchange, queued by the controller's
+thread and written by the loop's once per exchange, after the step's first bucket went to its
+AllReduce. With Weights & Biases on (``report.wandb``) rank 0 hands the same records to
+:mod:`stragglerkit.report.wandb`.
+
 **Faults**: a rank that dies or stalls makes the step fail on every other rank within
 ``executor.timeout`` plus the notes of :mod:`stragglerkit.loop.faults`, with a ``PeerError``
 naming it (``.peer``). The bucket's future fails with it, ``synchronize()`` and every later call
@@ -60,6 +68,7 @@ restored loop is bound to a session with :meth:`StragglerLoop.bind` and resumes 
 next step; the figures of the steps since the last exchange are not kept (times taken in another
 process mean nothing here). A rank that restores another rank's state (every rank loading rank
 0's checkpoint) keeps the plan, the step and the events, and starts its own records afresh.
+A restored loop keeps its run's ``run_id`` and appends to its event log.
 
 Example::
 
@@ -73,6 +82,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
+import os
 import threading
 import time
 import warnings
@@ -92,6 +103,8 @@ from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
 from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, StragglerKitError
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
+from stragglerkit.report.records import FRAMEWORKS, new_run_id, run_record
+from stragglerkit.report.wandb import WandbLogger, wandb_logger
 from stragglerkit.runtime.runtime import AllReduceCall, RunRecord, Runtime
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 from stragglerkit.session import Session
@@ -105,6 +118,11 @@ Baseline = Callable[[torch.Tensor, str], "torch.futures.Future[Any]"]
 ``"sum"``) reduces ``tensor`` in place; the future completes when it is done."""
 """What ``all_reduce_bucket`` can do to a bucket."""
 _STATE_VERSION = 1
+_RUN_ID_KEY = "stragglerkit/run_id"
+"""The rendezvous store's key under which the first rank to create a loop leaves the run's id."""
+HOSTS_WAIT_S = 30.0
+"""How long a rank waits at its first step for every rank's host id for its log's header (they
+are all there once every rank reached that step's AllReduce; after this the header says null)."""
 
 
 class StragglerLoop:
@@ -113,7 +131,8 @@ class StragglerLoop:
     ``session``: what :func:`stragglerkit.init` set up for the group (not collective: creating a
     loop only reads it). ``config``: overrides the session's detection configuration for this
     loop (a :class:`stragglerkit.Config`, or the controller's full ``ControllerConfig``); the
-    timeout is always the session's ``executor.timeout``.
+    timeout is always the session's ``executor.timeout``. ``framework``: the adapter that feeds
+    the loop (``ddp``, ``horovod``, ``megatron``), as its records name it; ``loop`` when used directly.
 
     Example::
 
@@ -125,6 +144,7 @@ class StragglerLoop:
     __slots__ = (  # noqa: RUF023 (grouped: what users tune, then internal state)
         # user-tuned
         "config",
+        "framework",
         # internal: the loop's own state (what a checkpoint keeps)
         "_algorithm",
         "_decision_in_flight",
@@ -134,9 +154,11 @@ class StragglerLoop:
         "_step",
         "clock_syncs",
         "controller",
+        "run_id",
         # internal: the session's, and what is in flight
         "_failure",
         "_fault_report",
+        "_header_due",
         "_host",
         "_lock",
         "_observer",
@@ -149,13 +171,16 @@ class StragglerLoop:
         "_step_open",
         "_store",
         "_unsynced",
+        "_wandb",
         "baseline",
         "clock_offsets",
         "exchange",
         "profiler",
     )
 
-    def __init__(self, session: Session, config: Config | ControllerConfig | None = None) -> None:
+    def __init__(
+        self, session: Session, config: Config | ControllerConfig | None = None, *, framework: str = "loop"
+    ) -> None:
         if not isinstance(session, Session):
             raise ConfigError(
                 f"session must be a stragglerkit Session (from stragglerkit.init), got {type(session).__name__}"
@@ -168,12 +193,18 @@ class StragglerLoop:
             raise ConfigError(
                 f"config must be a stragglerkit.Config or a ControllerConfig, got {type(config).__name__}"
             )
+        if framework not in FRAMEWORKS:
+            raise ConfigError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
         self.config = dataclasses.replace(cfg, timeout=session.config.executor.timeout)
         """The controller's configuration (``ControllerConfig``)."""
-        event_log = (config if isinstance(config, Config) else session.config).report.event_log
+        self.framework = framework
+        """What feeds the loop, as its records say: ``ddp``, ``horovod``, ``megatron`` or ``loop``."""
+        report = (config if isinstance(config, Config) else session.config).report
         self.controller = Controller(
-            session.world_size, session.rank, self.config, log_path_for(event_log, session.rank)
+            session.world_size, session.rank, self.config, log_path_for(report.event_log, session.rank)
         )
+        self.run_id = _shared_run_id()
+        """The run's id in the records, the same on every rank (kept by a restored loop)."""
         self.clock_syncs: deque[dict[str, Any]] = deque(maxlen=64)
         """The latest clock re-measurements: ``{"step", "largest_shift_ms", "largest_rtt_ms"}``."""
         self._step = 0
@@ -187,7 +218,7 @@ class StragglerLoop:
         future that completes once the tensor holds the result (a framework's own AllReduce, e.g.
         Horovod's); ``None``: the process group's own ``all_reduce``. Not saved with the state."""
         self._reset_in_flight()
-        self._attach(session)
+        self._attach(session, report.wandb)
 
     # -- binding and checkpoints ----------------------------------------------------------------
     def _reset_in_flight(self) -> None:
@@ -202,9 +233,12 @@ class StragglerLoop:
         self._failure: PeerError | None = None
         self._fault_report: tuple[int, FaultReport] | None = None
         self._lock = threading.Lock()
+        self._header_due = False
+        self._wandb: WandbLogger | None = None
 
-    def _attach(self, session: Session) -> None:
-        """Use ``session``'s groups and runtime (local: the session was set up collectively)."""
+    def _attach(self, session: Session, wandb: bool | None) -> None:
+        """Use ``session``'s groups and runtime (local: the session was set up collectively);
+        ``wandb``: ``report.wandb`` (rank 0 logs to Weights & Biases)."""
         session.loops += 1  # numbers the loops of a group the same on every rank
         self._session = session
         self._store = report_store(session.loops - 1, session.group)
@@ -216,6 +250,21 @@ class StragglerLoop:
         self.profiler = ArrivalProfiler(keep_steps=4 * longest + 4)
         self._speed = local_link_speed()
         self._host = host_id()
+        self._start_records(wandb)
+
+    def _start_records(self, wandb: bool | None) -> None:
+        """Leave this rank's host id for the others' headers, and the W&B logger on rank 0; the
+        header itself is written at the first step (:meth:`_write_header`)."""
+        records = self.controller.records
+        self._header_due = records.path is not None
+        if self._store is not None:
+            try:
+                self._store.set(f"host/{self.rank}", str(self._host))
+            except Exception as err:  # a header without hosts: not worth failing the set-up for
+                warnings.warn(f"stragglerkit could not share this rank's host id: {err!r}", stacklevel=3)
+        if self.rank == 0 and self.world_size > 1:
+            self._wandb = wandb_logger(wandb)
+            records.consumer = self._wandb
 
     def bind(self, session: Session) -> None:
         """Bind a restored loop to ``session`` (every rank, before its first bucket; not collective).
@@ -230,7 +279,8 @@ class StragglerLoop:
                 f"the loop was saved on {self.controller.world_size} ranks and cannot resume on "
                 f"{session.world_size}: create a new one (its warm-up learns the plan again)"
             )
-        event_log = log_path_for(session.config.report.event_log, session.rank)
+        report = session.config.report
+        event_log = log_path_for(report.event_log, session.rank)
         if session.rank != self._saved_rank:  # another rank's state: keep what every rank shares
             saved = self.controller
             controller = Controller(session.world_size, session.rank, self.config, event_log)
@@ -241,7 +291,7 @@ class StragglerLoop:
         else:
             self.controller.log_path = event_log  # this run's log (the saved path may be gone)
         self._saved_rank = session.rank
-        self._attach(session)
+        self._attach(session, report.wandb)
 
     @property
     def bound(self) -> bool:
@@ -259,6 +309,7 @@ class StragglerLoop:
                 self._receive(self._pending)
                 self._pending = None
             self._join_observer()
+            self._flush_records()
             self._previous_sizes = [(t.bucket, t.nbytes) for t in self.profiler.buckets(self._step - 1)]
         return {
             "version": _STATE_VERSION,
@@ -271,6 +322,8 @@ class StragglerLoop:
             "decision_in_flight": self._decision_in_flight,
             "previous_sizes": self._previous_sizes,
             "rank": self._saved_rank,
+            "run_id": self.run_id,
+            "framework": self.framework,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -287,6 +340,8 @@ class StragglerLoop:
         self._decision_in_flight = state["decision_in_flight"]
         self._previous_sizes = list(state["previous_sizes"])
         self._saved_rank = state["rank"]
+        self.run_id = state.get("run_id") or _shared_run_id()
+        self.framework = state.get("framework", "loop")
         self.baseline = None
         self._reset_in_flight()
 
@@ -358,6 +413,7 @@ class StragglerLoop:
         self._unsynced.append(future)
         if first:
             self._start_exchange(step)
+            self._after_first_bucket(step)
         return future
 
     def synchronize(self) -> None:
@@ -388,6 +444,9 @@ class StragglerLoop:
             self._join_observer()
             self._observer.shutdown()
             self._observer = None
+        self._flush_records()
+        if self._wandb is not None:
+            self._wandb.close()
 
     # -- per step ---------------------------------------------------------------------------------
     def _begin_step(self, session: Session) -> None:
@@ -437,6 +496,54 @@ class StragglerLoop:
             self._pending = self.exchange.start(payload, first)
             self._shipped = decision
             self._last_exchange = step
+
+    def _after_first_bucket(self, step: int) -> None:
+        """The records' turn, once the step's first bucket is on its way: the header at the first
+        step, what the controller queued at an exchange step, and a row for W&B on rank 0."""
+        if self._header_due:
+            self._header_due = False
+            self._write_header()
+        if step == self._last_exchange:
+            self._flush_records()
+        if self._wandb is not None:
+            self._wandb.pump()
+
+    def _write_header(self) -> None:
+        hosts = None
+        if self._store is not None:
+            keys = [f"host/{r}" for r in range(self.world_size)]
+            try:  # every rank left its id before its first step: only a rank far behind is waited for
+                self._store.wait(keys, datetime.timedelta(seconds=HOSTS_WAIT_S))
+                hosts = [int(self._store.get(key)) for key in keys]
+            except Exception:
+                hosts = None  # a rank that never comes fails the step with its own error
+        header = run_record(
+            self.run_id,
+            rank=self.rank,
+            world_size=self.world_size,
+            framework=self.framework,
+            hosts=hosts if hosts is not None else ([self._host] if self.world_size == 1 else None),
+            config=self.config,
+        )
+        try:
+            self.controller.records.start(header)
+        except OSError as err:
+            self._records_failed(err)
+
+    def _flush_records(self) -> None:
+        try:
+            self.controller.records.flush()
+        except OSError as err:
+            self._records_failed(err)
+
+    def _records_failed(self, err: OSError) -> None:
+        """An event log that cannot be written must not stop training: say so once, write no more."""
+        records = self.controller.records
+        warnings.warn(
+            f"stragglerkit: the event log {records.path} cannot be written, no more records go there: {err}",
+            stacklevel=3,
+        )
+        records.path = None
 
     def _bucket_to_probe(self) -> int:
         """This step's probe: the largest bucket of the previous step (-1: none). The same on every
@@ -620,6 +727,19 @@ class StragglerLoop:
             if self._failure is None:
                 self._failure = error
         return error
+
+
+def _shared_run_id() -> str:
+    """The run's id: the first rank to ask leaves a fresh one in the rendezvous store and every
+    rank gets that one (``compare_set`` neither waits nor is collective); without a reachable
+    store, torchrun's ``TORCHELASTIC_RUN_ID`` or else a fresh one of this rank's own."""
+    candidate = new_run_id()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return bytes(store.compare_set(_RUN_ID_KEY, "", candidate)).decode()
+    except Exception:
+        elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        return elastic if elastic and elastic != "none" else candidate
 
 
 def _future_for(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:

@@ -333,7 +333,7 @@ def install(
         stragglerkit.init(group=group, config=config.config)
         made_session = True
     session = session_for(group)
-    loop = StragglerLoop(session, config.config)
+    loop = StragglerLoop(session, config.config, framework="megatron")
     loop.baseline = functools.partial(_megatron_all_reduce, session)
     state = MegatronState(config, chunks, dense, group, loop, made_session)
     for bucket_group in dense:
