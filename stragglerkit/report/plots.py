@@ -37,6 +37,9 @@ _DECISION_STYLE = {
     "rollback": ("#9467bd", "rollback"),
     "cleared": ("#7f7f7f", "cleared"),
 }
+_MAX_LABELLED = 12
+"""Ranks beyond which a figure names only the few that stand out."""
+_HIGHLIGHTED = 5
 _ALGORITHM_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
 
 
@@ -107,17 +110,24 @@ def lateness_cdf(run: RunData) -> Figure:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.6))
     colors = _rank_colors(n)
-    for rank, values in enumerate(series):
-        if not values:
-            continue
-        values = sorted(values)
+    shown = [rank for rank, values in enumerate(series) if values]
+    if len(shown) > _MAX_LABELLED:  # many ranks: the latest few in colour, the others grey
+        medians = {rank: sorted(series[rank])[len(series[rank]) // 2] for rank in shown}
+        named = sorted(shown, key=lambda r: -medians[r])[:_HIGHLIGHTED]
+        palette = _rank_colors(len(named))
+        colors = [palette[named.index(r)] if r in named else "#c8c8c8" for r in range(n)]
+        caption += f" The {len(named)} ranks with the largest median delay in colour, the other ranks in grey."
+    else:
+        named = shown
+    for rank in sorted(shown, key=lambda r: r in named):  # the coloured ones on top
+        values = sorted(series[rank])
         fractions = [(i + 1) / len(values) for i in range(len(values))]
-        ax.step(values, fractions, where="post", color=colors[rank], label=f"rank {rank}", lw=1.4)
+        label = f"rank {rank}" if rank in named else ("other ranks" if rank == min(set(shown) - set(named)) else None)
+        ax.step(values, fractions, where="post", color=colors[rank], label=label, lw=1.4 if rank in named else 0.8)
     ax.set_xlabel("arrival delay after the first rank (ms)")
     ax.set_ylabel("fraction of steps")
     ax.set_ylim(0, 1.02)
-    if sum(1 for s in series if s) <= 16:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     return Figure(name, title, caption, png=_png(fig))
 
@@ -223,13 +233,25 @@ def nic_rates(run: RunData) -> Figure:
         fig, ax = plt.subplots(figsize=(9, 3.4))
         lower = None
     colors = _rank_colors(n)
+    named = list(range(n))
+    if n > _MAX_LABELLED:  # many ranks: the slowest few in colour, the others grey
+        rates = {
+            r: sorted(v for s in samples if r < len(s.rates_Bps) and (v := s.rates_Bps[r]) is not None) for r in named
+        }
+        named = sorted((r for r in named if rates[r]), key=lambda r: rates[r][len(rates[r]) // 2])[:_HIGHLIGHTED]
+        palette = _rank_colors(len(named))
+        colors = [palette[named.index(r)] if r in named else "#c8c8c8" for r in range(n)]
+        caption += f" The {len(named)} ranks with the lowest median rate in colour, the other ranks in grey."
     top = 1.0
-    for rank in range(n):
+    labelled_other = False
+    for rank in sorted(range(n), key=lambda r: r in named):  # the coloured ones on top
         mine = [(s.step, s.rates_Bps[rank]) for s in samples if rank < len(s.rates_Bps)]
         points = [(step, v / 1e6) for step, v in mine if v is not None]
         if points:
             xs, ys = [s for s, _ in points], [v for _, v in points]
-            ax.plot(xs, ys, marker="o", ms=3, color=colors[rank], label=f"rank {rank}")
+            label = f"rank {rank}" if rank in named else (None if labelled_other else "other ranks")
+            labelled_other = labelled_other or rank not in named
+            ax.plot(xs, ys, marker="o", ms=3 if rank in named else 0, color=colors[rank], label=label)
         if lower is not None:
             ls = [(s.step, s.slowdown[rank]) for s in slowdowns if s.slowdown and rank < len(s.slowdown)]
             known = [(step, v) for step, v in ls if v is not None]
@@ -239,8 +261,7 @@ def nic_rates(run: RunData) -> Figure:
     _mark_decisions(ax, run)
     ax.set_ylabel("achieved rate (MB/s)")
     ax.set_ylim(bottom=0)
-    if n <= 16:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     if lower is not None:
         _mark_decisions(lower, run)
