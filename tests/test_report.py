@@ -342,3 +342,13 @@ def test_a_log_without_a_header_is_read_as_rank_0_s(tmp_path: Path) -> None:
     assert loaded.run is not None and [d["kind"] for d in loaded.run.decisions] == ["switch", "rollback"]
     [problem] = loaded.problems
     assert problem.startswith(f"{path}: no run header on the first line")
+
+
+def test_a_large_world_names_the_ranks_that_stand_out(tmp_path: Path) -> None:
+    write_event_logs(tmp_path, world_size=24, per_rank=False, steps=40, straggler=17, fault_step=0)
+    run = load([str(tmp_path)]).run
+    assert run is not None
+    drawn = {f.name: f for f in figures(run)}
+    assert "The 5 ranks with the largest median delay in colour" in drawn["report_lateness_cdf"].caption
+    assert "The 5 ranks with the lowest median rate in colour" in drawn["report_nic_rates"].caption
+    assert all(f.png for f in drawn.values())
