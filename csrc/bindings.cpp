@@ -2,6 +2,9 @@
 #include <torch/extension.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
 #include "executor.h"
 
 namespace stragglerkit {
@@ -52,6 +55,28 @@ torch::Tensor execute(const c10::intrusive_ptr<c10d::ProcessGroup>& group, torch
   return timings;
 }
 
+// torch.profiler records on the thread that started it (and those torch hands its state to): the
+// runtime's worker thread takes the calling thread's profiler state for the calls queued under it
+// (stragglerkit/runtime/runtime.py). Only the profiler's part of the thread-local state travels.
+struct ProfilerThreadState {
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info = c10::ThreadLocalDebugInfo::current();
+  at::RecordFunctionTLS record_function = at::get_record_function_tls_();
+};
+
+py::object call_with_profiler_state(const ProfilerThreadState& state, const py::function& fn) {
+  c10::DebugInfoGuard debug_info(state.debug_info);
+  const at::RecordFunctionTLS previous = at::get_record_function_tls_();
+  at::set_record_function_tls_(state.record_function);
+  try {
+    py::object result = fn();
+    at::set_record_function_tls_(previous);
+    return result;
+  } catch (...) {
+    at::set_record_function_tls_(previous);
+    throw;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -88,6 +113,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dtype code and plan id).");
   m.def("shutdown_listeners", &stragglerkit::shutdown_listeners, py::call_guard<py::gil_scoped_release>(),
         "Stop the abort listener threads (called at interpreter exit).");
+
+  // -- profiler state for the runtime's worker thread --
+  py::class_<ProfilerThreadState>(m, "ProfilerThreadState",
+                                  "The calling thread's torch.profiler state (taken when created).")
+      .def(py::init<>());
+  m.def("call_with_profiler_state", &call_with_profiler_state, py::arg("state"), py::arg("fn"),
+        "Call fn() on this thread under the profiler state `state` (taken on another thread).");
 
   // -- simulator --
   stragglerkit::register_simulator(m);  // sim_extract_ops, sim_build_edges, sim_longest_path

@@ -247,6 +247,7 @@ class Run {
     row[3] = col(op, kColKind);
     row[4] = start_ns_[op];
     row[5] = end_ns;
+    message_range(op, false);
     land_staged(op);
     if (col(op, kColKind) == kRecvReduce) {
       reduce_into_buffer(op);
@@ -362,6 +363,7 @@ class Run {
     const int64_t kind = col(op, kColKind);
     const int peer = static_cast<int>(physical(col(op, kColPeer)));
     start_ns_[op] = now_ns();
+    message_range(op, true);
     std::vector<torch::Tensor> tensors;
     try {
       // Messages from the higher to the lower physical rank use the reverse group when there is one.
@@ -685,6 +687,12 @@ class Run {
   }
 
   // ---- NVTX ranges (only when a callback is given) -------------------------------------------
+  // The callback takes (code, begin): code >= 0 is a label (phase/round: one at a time, nested in
+  // the call), -1 a reduction, -(op + 2) the message `op` from its posting to its observed completion
+  // (messages overlap: stragglerkit/runtime/executor.py gives them ranges that need not nest).
+  void message_range(int64_t op, bool begin) {
+    if (range_callback_) range_callback_(-op - 2, begin);
+  }
   void enter_range(int64_t label) {
     if (!range_callback_ || label == current_label_) return;
     close_range();

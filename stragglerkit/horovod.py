@@ -76,6 +76,7 @@ from stragglerkit.integrations.optimizer_buckets import (
 )
 from stragglerkit.loop.faults import REPORT_WAIT_S
 from stragglerkit.loop.loop import StragglerLoop
+from stragglerkit.report import nvtx
 
 __all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
 
@@ -194,6 +195,7 @@ class _Buckets(GradientBuckets):
         opt = self.optimizer
         average = op == "avg"
         scale = opt.gradient_predivide_factor if average else 1.0
+        profiled = nvtx.start(nvtx.ALL_REDUCE, "horovod", cross_thread=True)  # until the wait below saw it complete
         handle = hvd.allreduce_async_(
             tensor,
             name=f"stragglerkit.optimizer.{self.number}.bucket.{self.starting}",
@@ -217,8 +219,10 @@ class _Buckets(GradientBuckets):
                     pause = min(2 * pause, 1e-3)
                 hvd.synchronize(handle)
             except Exception as err:
+                nvtx.end(profiled)
                 future.set_exception(err)  # type: ignore[arg-type]
             else:
+                nvtx.end(profiled)
                 future.set_result(tensor)
 
         self._waiter.submit(wait)

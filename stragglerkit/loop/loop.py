@@ -55,6 +55,11 @@ thread and written by the loop's once per exchange, after the step's first bucke
 AllReduce. With Weights & Biases on (``report.wandb``) rank 0 hands the same records to
 :mod:`stragglerkit.report.wandb`.
 
+**Profiling** (docs/profiling.md): with NVTX or torch.profiler looking (report/nvtx.py), each
+step's arrival is marked (``stragglerkit/step <s>``), and the baseline's AllReduce, probes, the
+stats exchange and ``synchronize``'s wait are ranges, and each adopted decision's events are marked
+(``stragglerkit/decision <kind>``); otherwise each costs an attribute check.
+
 **Faults**: a rank that dies or stalls makes the step fail on every other rank within
 ``executor.timeout`` plus the notes of :mod:`stragglerkit.loop.faults`, with a ``PeerError``
 naming it (``.peer``). The bucket's future fails with it, ``synchronize()`` and every later call
@@ -103,6 +108,7 @@ from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
 from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, StragglerKitError
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
+from stragglerkit.report import nvtx
 from stragglerkit.report.records import FRAMEWORKS, new_run_id, run_record
 from stragglerkit.report.wandb import WandbLogger, wandb_logger
 from stragglerkit.runtime.runtime import AllReduceCall, RunRecord, Runtime
@@ -408,6 +414,7 @@ class StragglerLoop:
         first = not self._step_open
         step = self._step
         if first:
+            nvtx.mark(nvtx.STEP, step)  # this rank's arrival at the step's AllReduce
             self._begin_step(session)
         future = self._hand_off(session, tensor, index, last, op)
         self._unsynced.append(future)
@@ -420,11 +427,12 @@ class StragglerLoop:
         """Wait for every bucket handed over since the last call; raise the fault if one failed."""
         futures, self._unsynced = self._unsynced, []
         error: BaseException | None = None
-        for future in futures:
-            try:
-                future.wait()
-            except Exception as err:
-                error = error or err
+        with nvtx.range(nvtx.WAIT):
+            for future in futures:
+                try:
+                    future.wait()
+                except Exception as err:
+                    error = error or err
         if self._failure is not None:
             raise self._failure
         if error is not None:
@@ -456,7 +464,8 @@ class StragglerLoop:
         self._unsynced = [f for f in self._unsynced if not f.done()]
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._receive(pending)
+            with nvtx.range(nvtx.EXCHANGE):
+                self._receive(pending)
         every = self.config.clock_sync_every
         if every and self.world_size > 1 and self._step > 0 and self._step % every == 0:
             self._sync_clocks(session)  # nothing is in flight on the side group now
@@ -492,8 +501,9 @@ class StragglerLoop:
             arrivals = [self.profiler.step_arrival(s, buckets) for s in range(first, step)]
             self._join_observer()
             decision, self._decision_in_flight = self._decision_in_flight, None
-            payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
-            self._pending = self.exchange.start(payload, first)
+            with nvtx.range(nvtx.EXCHANGE):
+                payload = self.exchange.pack(first, arrivals, self._speed, self._host, decision)
+                self._pending = self.exchange.start(payload, first)
             self._shipped = decision
             self._last_exchange = step
 
@@ -578,6 +588,8 @@ class StragglerLoop:
             ) from err
         decision = self._shipped if self.rank == 0 else self.exchange.decision(rows)
         if decision is not None:
+            for event in decision.events:  # marks where this rank adopts each
+                nvtx.mark(nvtx.DECISION, event.get("kind"))
             self.controller.apply(decision)
         if self.rank == 0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
@@ -645,8 +657,10 @@ class StragglerLoop:
             return self._plain(session, tensor, timing, op)
         plan = self.controller.plan
         algorithm = plan.algorithm_for(index)
+        probe = None
         if index == self._probe_bucket and (algorithm == "allreduce" or algorithm in NIC_ALGORITHMS):
             algorithm = "ring"  # a probe: its links' timings re-measure each rank's NIC
+            probe = nvtx.start(nvtx.PROBE, cross_thread=True)
         elif algorithm == "allreduce":
             return self._plain(session, tensor, timing, op)
         slowdowns = dict(plan.slowdowns) if algorithm in NIC_ALGORITHMS else None
@@ -658,6 +672,7 @@ class StragglerLoop:
         result = _future_for(tensor)
 
         def finish(_: torch.futures.Future[torch.Tensor]) -> None:
+            nvtx.end(probe)
             try:
                 record = handle.wait(0)
             except Exception as err:  # the executor's error (naming a rank), and who stalled
@@ -680,9 +695,11 @@ class StragglerLoop:
     ) -> torch.futures.Future[torch.Tensor]:
         """The baseline: :attr:`baseline`, else the process group's own all_reduce (on the session's
         group with the timeout)."""
+        baseline_range = None  # a framework's baseline names its own range (horovod.py, megatron/adapter.py)
         if self.baseline is not None:
             started = self.baseline(tensor, op)
         else:
+            baseline_range = nvtx.start(nvtx.ALL_REDUCE, "process_group", cross_thread=True)
             if op == "avg":
                 tensor.div_(self.world_size)
             work = dist.all_reduce(tensor, group=session.allreduce_group, async_op=True)
@@ -691,6 +708,7 @@ class StragglerLoop:
         result = _future_for(tensor)
 
         def finish(fut: torch.futures.Future[Any]) -> None:
+            nvtx.end(baseline_range)
             try:
                 fut.wait()
             except Exception as err:

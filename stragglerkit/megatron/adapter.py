@@ -58,6 +58,7 @@ from stragglerkit.errors import ConfigError, StragglerKitError
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.megatron.compat import check_bucket_group, check_megatron_core
 from stragglerkit.megatron.config import MegatronConfig
+from stragglerkit.report import nvtx
 from stragglerkit.session import Session, session_for
 
 __all__ = ["GradSyncHandle", "MegatronState", "install", "installed"]
@@ -411,6 +412,10 @@ def _megatron_all_reduce(session: Session, tensor: torch.Tensor, op: str) -> tor
     ``ReduceOp.SUM`` or ``ReduceOp.AVG`` over the data-parallel group (with gloo, the session's
     twin of it, which has the configured timeout)."""
     reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
+    profiled = nvtx.start(nvtx.ALL_REDUCE, "process_group", cross_thread=True)
     work = dist.all_reduce(tensor, op=reduce_op, group=session.allreduce_group, async_op=True)
     assert work is not None
-    return work.get_future()
+    future = work.get_future()
+    if profiled is not None:
+        future.add_done_callback(lambda _: nvtx.end(profiled))
+    return future

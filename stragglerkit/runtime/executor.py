@@ -4,14 +4,17 @@
 ``_C.execute``, which posts the sends and receives over the group's c10d backend and reduces in
 place (csrc/executor.cpp explains the rules). C++ errors come back as
 :class:`~stragglerkit.errors.PeerError` or :class:`~stragglerkit.errors.CollectiveError` with the
-local and remote rank in the message. Per-op timings come back as :class:`OpTimings`.
+local and remote rank in the message. Per-op timings come back as :class:`OpTimings`. While a
+profiler looks (report/nvtx.py), :class:`PlanRanges` turns the executor's callbacks into ranges for
+each phase or round, reduction and message, named as docs/profiling.md says.
 """
 
 from __future__ import annotations
 
 import atexit
 import re
-from collections.abc import Callable
+import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -19,19 +22,22 @@ import torch.distributed as dist
 
 from stragglerkit.errors import CollectiveError, PeerError
 from stragglerkit.report import nvtx
-from stragglerkit.runtime.plan import LoweredKind, RankPlan
+from stragglerkit.runtime.plan import LoweredKind, OpColumn, RankPlan
 from stragglerkit.runtime.remap import RankMap
+from stragglerkit.schedules.stragglar import MATCHING_PHASE, PRE_PHASE
 
 __all__ = [
     "CONCURRENT_WAIT_MIN_BYTES",
     "OpTiming",
     "OpTimings",
+    "PlanRanges",
     "concurrent_waits",
     "duplex_group",
     "force_wait_mode",
     "is_default_gloo_group",
     "native",
     "notify_local_failure",
+    "phase_range_name",
     "run_plan",
 ]
 
@@ -101,18 +107,115 @@ class OpTimings:
         return int(self.table[:, 4].min()), int(self.table[:, 5].max())
 
 
-def _range_callback(labels: list[str]) -> Callable[[int, bool], None] | None:
-    if not nvtx.enabled():
-        return None
-    names = [f"stragglerkit/{label}" for label in labels]
+STAGE_NUMBERS = {"optcc": {"reduce_scatter": 1, "upload": 2, "download": 3, "allgather": 4}}
+"""Phases named ``stage <n>`` (OptCC's S1..S4; its fill and attach flows keep their own names)."""
 
-    def callback(label: int, begin: bool) -> None:
-        if begin:
-            nvtx.push("stragglerkit/reduction" if label < 0 else names[label])
+
+def phase_range_name(algorithm: str, label: str) -> str:
+    """The profiler range of a plan label (``"<phase> round <r>"`` or ``"<phase>"``, plan.py):
+    ``stragglerkit/<algorithm>/<phase>`` by the naming scheme of docs/profiling.md.
+
+    StragglAR's pre-phase rounds are one range, ``pre-phase``, and its matching rounds ``round <r>``;
+    OptCC's four stages are ``stage 1`` .. ``stage 4``; other labels keep their text
+    (``stragglerkit/ring/reduce_scatter round 2``).
+    """
+    phase, _, round_ = label.partition(" round ")
+    if algorithm == "stragglar" and phase == PRE_PHASE:
+        return "stragglerkit/stragglar/pre-phase"
+    if algorithm == "stragglar" and phase == MATCHING_PHASE and round_:
+        return f"stragglerkit/stragglar/round {round_}"
+    stage = STAGE_NUMBERS.get(algorithm, {}).get(phase)
+    if stage is not None:
+        return f"stragglerkit/{algorithm}/stage {stage}"
+    return f"stragglerkit/{algorithm}/{label}"
+
+
+class PlanRanges:
+    """The executor's range callback for one run: ``(code, begin)`` from csrc/executor.cpp, where
+    ``code >= 0`` is a plan label (one at a time), ``-1`` a reduction and ``-(op + 2)`` a message
+    from its posting to its observed completion.
+
+    Labels and reductions nest (NVTX thread ranges, record functions opened and closed in order);
+    consecutive labels with the same range name (StragglAR's pre-phase rounds) stay one range.
+    Messages overlap, so they are started and ended (:func:`nvtx.start`): ``send <peer>`` and
+    ``recv <peer>`` with the peer's group rank. All calls come from the thread that runs the plan.
+    :meth:`close` ends what a failed run left open.
+    """
+
+    __slots__ = ("_deferred", "_failed", "_kinds", "_messages", "_names", "_open", "_peers")
+
+    def __init__(self, plan: RankPlan, rank_map: RankMap) -> None:
+        self._names = [phase_range_name(plan.algorithm, label) for label in plan.labels]
+        self._kinds = plan.ops[:, OpColumn.KIND].tolist()
+        to_physical = rank_map.to_physical
+        self._peers = [to_physical[p] if p >= 0 else p for p in plan.ops[:, OpColumn.PEER].tolist()]
+        self._open: list[AbstractContextManager[None]] = []
+        """The nested ranges open now, innermost last."""
+        self._deferred: str | None = None
+        """A label range whose end was reported: closed unless the next label has the same name."""
+        self._messages: dict[int, nvtx.Started | None] = {}
+        self._failed = False
+
+    def __call__(self, code: int, begin: bool) -> None:
+        if self._failed:
+            return
+        try:
+            self._record(code, begin)
+        except Exception as err:  # a profiler's trouble must not fail the AllReduce
+            self._failed = True
+            warnings.warn(f"stragglerkit: profiler ranges stopped for this call: {err!r}", RuntimeWarning, stacklevel=1)
+
+    def _record(self, code: int, begin: bool) -> None:
+        if code <= -2:
+            self._flush()
+            self._message(-code - 2, begin)
+        elif code == -1:
+            self._flush()
+            self._nest(nvtx.REDUCTION, begin)
+        elif begin:
+            name = self._names[code]
+            if self._deferred == name:  # the same range goes on
+                self._deferred = None
+                return
+            self._flush()
+            self._nest(name, True)
         else:
-            nvtx.pop()
+            self._flush()
+            self._deferred = self._names[code]
 
-    return callback
+    def _flush(self) -> None:
+        if self._deferred is not None:
+            self._deferred = None
+            self._nest("", False)
+
+    def _nest(self, name: str, begin: bool) -> None:
+        if begin:
+            opened = nvtx.range(name)
+            opened.__enter__()
+            self._open.append(opened)
+        elif self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    def _message(self, op: int, begin: bool) -> None:
+        if begin:
+            verb = nvtx.SEND if self._kinds[op] == LoweredKind.SEND else nvtx.RECV
+            self._messages[op] = nvtx.start(verb, self._peers[op])
+        else:
+            nvtx.end(self._messages.pop(op, None))
+
+    def close(self) -> None:
+        """End the ranges still open (all of them after a failure; none after a clean run)."""
+        self._flush()
+        while self._open:
+            self._nest("", False)
+        for started in self._messages.values():
+            nvtx.end(started)
+        self._messages.clear()
+
+
+def _range_callback(plan: RankPlan, rank_map: RankMap) -> PlanRanges | None:
+    """The executor's range callback, or None (no callback: no cost) when no profiler looks."""
+    return PlanRanges(plan, rank_map) if nvtx.active() else None
 
 
 _RANK_MAP_TABLES: dict[tuple[int, ...], torch.Tensor] = {}
@@ -146,6 +249,7 @@ def run_plan(
     instead of in the plan's global wait order (see :func:`concurrent_waits`).
     """
     c = native()
+    ranges = _range_callback(plan, rank_map)
     try:
         table = c.execute(
             group,
@@ -163,12 +267,15 @@ def run_plan(
             plan.logical_rank,
             plan_id,
             timeout_seconds,
-            _range_callback(plan.labels),
+            ranges,
             reverse_group,
             concurrent,
         )
     except RuntimeError as err:
         raise failure_from_native(str(err)) from None
+    finally:
+        if ranges is not None:
+            ranges.close()
     return OpTimings(table)
 
 

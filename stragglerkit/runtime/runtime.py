@@ -15,7 +15,8 @@ this module validates a call, finds or builds its plan and hands it to the C++ e
   copied. ``avg`` on CPU divides inside the reductions that finish a chunk's sum (no extra pass
   over the tensor; the bits are those of the sum followed by ``div_(n)``); on CUDA it divides the
   finished sum once on every rank.
-* **Order**: calls run one at a time in call order; asynchronous ones on one worker thread.
+* **Order**: calls run one at a time in call order; asynchronous ones on one worker thread, which
+  records in the caller's torch.profiler while one runs on the calling thread (report/nvtx.py).
 
 Example::
 
@@ -299,12 +300,14 @@ class Runtime:
             if self._worker is None:
                 self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
             self._pending += 1
-        done = self._worker.submit(self._run_queued, call, ranks)
+        done = self._worker.submit(self._run_queued, call, ranks, nvtx.thread_state())
         return AllReduceHandle(call.tensor, done)
 
     # -- internals ------------------------------------------------------------------------------
-    def _run_queued(self, call: AllReduceCall, ranks: RankMap) -> RunRecord:
+    def _run_queued(self, call: AllReduceCall, ranks: RankMap, profiler_state: object | None) -> RunRecord:
         try:
+            if profiler_state is not None:  # the caller's torch.profiler records this call's ranges too
+                return nvtx.call_under(profiler_state, lambda: self._run(call, ranks))
             return self._run(call, ranks)
         finally:
             with self._lock:
@@ -351,7 +354,7 @@ class Runtime:
             optcc_bound = self.config.optcc.send_buffer if chosen == "optcc" else None
             self.connections.bound(optcc_bound or self._send_buffer)
         flat = tensor.view(-1)
-        with nvtx.range(f"stragglerkit/all_reduce {chosen}"):
+        with nvtx.range(nvtx.ALL_REDUCE, chosen):
             timings = run_plan(
                 self.data_group,
                 flat,
