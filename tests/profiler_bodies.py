@@ -85,3 +85,29 @@ def profiled_steps(rank: int, world_size: int, kind: str, out_dir: str, nvtx_for
         prof.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
     state.close()
     return {"ran": ran, "events": [e["kind"] for e in loop.controller.events], "pid": os.getpid()}
+
+
+def direct_calls(rank: int, world_size: int, wait_mode: str, out_dir: str) -> dict[str, Any]:
+    """``stragglerkit.all_reduce`` called directly under torch.profiler, blocking and ``async_op``,
+    with the executor observing completions in ``wait_mode`` (``ordered`` or ``concurrent``);
+    writes ``rank<r>.json``; returns whether each result was the sum."""
+    import stragglerkit
+    from stragglerkit.runtime.executor import force_wait_mode
+
+    stragglerkit.init(config=stragglerkit.Config().replace(executor={"timeout": 60.0}))
+    force_wait_mode(wait_mode)
+    numel = 96 * 1024 + 7  # over the concurrent observer's minimum, not a multiple of the chunks
+    expected = sum(torch.arange(numel, dtype=torch.float64) * (r + 1) for r in range(world_size))
+    correct = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for algorithm in ("ring", "optcc"):
+            for async_op in (False, True):
+                tensor = torch.arange(numel, dtype=torch.float64) * (rank + 1)
+                slowdowns = {1: 2.0} if algorithm == "optcc" else None
+                work = stragglerkit.all_reduce(tensor, algorithm=algorithm, slowdowns=slowdowns, async_op=async_op)
+                if work is not None:
+                    work.wait()
+                correct.append(bool(torch.equal(tensor, expected)))
+    prof.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
+    stragglerkit.destroy()
+    return {"correct": correct}

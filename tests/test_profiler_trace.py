@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import profiler_bodies as body
+import pytest
 from _dist import run_group
 
 Event = dict[str, Any]
@@ -124,3 +125,23 @@ def test_ring_plan_and_baseline_on_two_ranks(tmp_path: Path) -> None:
         assert not _named(events, r"stragglerkit/probe"), "two ranks never probe"
         phases = {e["name"].rsplit(" round ", 1)[0] for e in _named(events, r"stragglerkit/ring/\w+ round \d+")}
         assert phases == {"stragglerkit/ring/reduce_scatter", "stragglerkit/ring/allgather"}, phases
+
+
+@pytest.mark.parametrize("wait_mode", ["ordered", "concurrent"])
+def test_direct_calls_in_both_wait_modes(tmp_path: Path, wait_mode: str) -> None:
+    """``stragglerkit.all_reduce`` itself (blocking on the caller's thread, ``async_op`` on the
+    runtime's worker), both observers of the executor: the sums are right and every message and
+    phase is inside its call's range."""
+    n = 3
+    results = run_group(n, body.direct_calls, wait_mode, str(tmp_path), timeout=300.0)
+    for rank in range(n):
+        assert all(results[rank]["correct"]), (rank, results[rank])
+        events = _ranges(tmp_path / f"rank{rank}.json")
+        for algorithm in ("ring", "optcc"):
+            calls = _named(events, rf"stragglerkit/all_reduce {algorithm}")
+            assert len(calls) == 2, (rank, algorithm, len(calls))
+            assert len({c["tid"] for c in calls}) == 2, "blocking on the caller's thread, async on the worker"
+            _each_inside(_named(events, rf"stragglerkit/{algorithm}/.+"), calls, f"all_reduce {algorithm}")
+        outer = _named(events, r"stragglerkit/all_reduce \w+")
+        _each_inside(_named(events, r"stragglerkit/(send|recv) \d+"), outer, "all_reduce")
+        _each_inside(_named(events, r"stragglerkit/reduction"), outer, "all_reduce")
