@@ -109,6 +109,13 @@ def _evidence_summary(decision: dict[str, Any]) -> str:
     if keys is None:
         keys = tuple(k for k, v in evidence.items() if not isinstance(v, dict | list))[:4]
     parts = []
+    ranks = evidence.get("ranks")
+    if isinstance(ranks, dict) and decision["kind"] in DETECTIONS:
+        if decision["kind"] == "detected_straggler":
+            parts += [f"rank {r} late by {_ms(v)}" for r, v in ranks.items() if isinstance(v, int | float)]
+        else:
+            parts += [f"rank {r} at l = {v:.3g}" for r, v in ranks.items() if isinstance(v, int | float)]
+        keys = tuple(k for k in keys if k != "ranks")
     for key in keys:
         if key in evidence and evidence[key] is not None:
             value = evidence[key]
@@ -198,7 +205,8 @@ def _summary_table(run: RunData) -> str:
                 "time saved (bench, steady state)",
                 f"plain {s['plain_ms']:.1f} ms against hooked {s['hooked_ms']:.1f} ms per step"
                 + (f" ({speedup:.3f}x)" if speedup else "")
-                + f"; {_seconds(s['saved_s'])} over steps {s['steps'][0]}–{s['steps'][1]} ({_e(s['why'])})",
+                + f"; {'saved' if s['saved_s'] >= 0 else 'cost'} {_seconds(abs(s['saved_s']))} over steps "
+                f"{s['steps'][0]}–{s['steps'][1]} ({_e(s['why'])})",
             )
         )
     for saving in savings(run):
