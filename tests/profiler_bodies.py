@@ -111,3 +111,10 @@ def direct_calls(rank: int, world_size: int, wait_mode: str, out_dir: str) -> di
     prof.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
     stragglerkit.destroy()
     return {"correct": correct}
+
+
+def failed_call(rank: int, world_size: int) -> dict[str, Any]:
+    """A ring call that fails on every rank (rank 2's bucket has another size: fault_bodies.py)."""
+    import fault_bodies
+
+    return {**fault_bodies.size_mismatch(rank, world_size), "pid": os.getpid()}

@@ -247,6 +247,22 @@ def test_a_real_run_reports_its_ranges_to_an_nvtx_tool(
         assert peers and rank not in peers and peers <= set(range(n)), (rank, peers)
 
 
+def test_a_failed_call_closes_its_ranges(recorder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2 passes a bucket of another size: the call fails on every rank after messages were
+    posted, and every range it opened is closed (NVTX on by the tool's variable alone)."""
+    prefix = tmp_path / "records"
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", str(recorder))
+    monkeypatch.setenv("STRAGGLERKIT_NVTX_RECORD", str(prefix))
+    results = run_group(3, body.failed_call, timeout=300.0)
+    records = read_records(prefix)
+    for rank, out in results.items():
+        assert out["error"].startswith("PeerError"), (rank, out["error"])
+        names = [name for name, _ in nesting(records[out["pid"]])]  # balanced, every start ended
+        assert names.count("stragglerkit/all_reduce ring") == 2, (rank, names)  # the warm call, the failed one
+        failed = names[len(names) - 1 - names[::-1].index("stragglerkit/all_reduce ring") :]
+        assert any(name.startswith("stragglerkit/send ") for name in failed), (rank, failed)  # posted, then ended
+
+
 # -- profiling/nsys_capture.sh --------------------------------------------------------------------
 def _bash() -> str:
     bash = shutil.which("bash")
