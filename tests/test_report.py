@@ -362,3 +362,22 @@ def test_a_probe_s_allreduce_is_not_a_bucket_s(tmp_path: Path) -> None:
     run = load([str(tmp_path)]).run
     assert run is not None and [r.algorithm for r in run.steps] == ["ring"] * 4
     assert [r.allreduce_s for r in run.steps] == pytest.approx([0.02] * 4, abs=1e-5)
+
+
+def test_a_training_bench_joins_the_logs_of_its_hooked_copy(tmp_path: Path) -> None:
+    write_event_logs(tmp_path / "run", world_size=4, steps=40, fault_step=5)
+    bench = bench_train_json(tmp_path / "run" / "train.json", world_size=4, steps=40)
+    data = json.loads(bench.read_text())
+    data["header"]["config"]["event_log"] = str(tmp_path / "run")  # what --event-log DIR records
+    bench.write_text(json.dumps(data))
+    loaded = load([str(tmp_path / "run")])
+    run = loaded.run
+    assert loaded.left_out == [] and run is not None and run.kind == "event log" and run.ranks_seen == [0, 1, 2, 3]
+    assert [r.baseline_step_s for r in run.steps] == data["steps"]["plain_s"]
+    assert run.bench_saving is not None and run.bench_saving["speedup"] == data["speedup_steady"]
+    data["header"]["config"]["event_log"] = str(tmp_path / "elsewhere")
+    bench.write_text(json.dumps(data))
+    loaded = load([str(tmp_path / "run")])
+    assert loaded.run is not None and loaded.run.bench_saving is None
+    [left] = loaded.left_out
+    assert left.startswith(f"{bench}: a bench JSON is a run of its own")

@@ -9,11 +9,13 @@ log (:mod:`.events`). A folder is scanned (recursively) for files ending in ``.j
 is none of these is an error that names it.
 
 One report shows one run. The files are grouped by run -- event logs by their ``run_id``,
-profiler traces by their world size (and one trace per rank), a bench JSON alone -- and the run
-of the first file given is shown; files of another run are listed as left out, never mixed into
-its figures. Within the run: a world of n ranks whose per-rank event logs lack some rank is
-reported (rank 0's log holds the per-step windows; the others' only the same decisions, which
-are checked against rank 0's); profiler traces are put on one clock (:func:`.ranges.align`).
+profiler traces by their world size (and one trace per rank), a bench JSON alone or with the
+event logs its training's hooked copy wrote (``--event-log DIR``: the folder is in the JSON's
+configuration) -- and the run of the first file given is shown; files of another run are listed
+as left out, never mixed into its figures. Within the run: a world of n ranks whose per-rank
+event logs lack some rank is reported (rank 0's log holds the per-step windows; the others' only
+the same decisions, which are checked against rank 0's); profiler traces are put on one clock
+(:func:`.ranges.align`).
 
 Example::
 
@@ -152,11 +154,22 @@ def _choose(sources: list[_Source], loaded: Loaded) -> list[_Source]:
     trace_ranks: dict[int, str] = {first.item.rank: first.path} if first.kind == "trace" else {}
     log_ranks: dict[int | None, str] = {first.item.rank: first.path} if first.kind == "log" else {}
     what = f"the run of {first.path}" + (f" ({run_id})" if run_id else "")
+    bench_seen = first.kind == "bench"
     for source in sources[1:]:
         why = None
         size = _world_size(source)
         if first.kind == "bench" or source.kind == "bench":
-            why = "a bench JSON is a run of its own; give it alone"
+            bench, other = (first, source) if first.kind == "bench" else (source, first)
+            if other.kind != "log" or not _linked(bench, other) or (source.kind == "bench" and bench_seen):
+                why = "a bench JSON is a run of its own (or of the event logs in its --event-log folder)"
+            bench_seen = True
+            if why is None and source.kind == "log":  # the bench's hooked copy: one run id, as below
+                hooked: EventLog = source.item
+                if run_id is not None and hooked.run_id is not None and hooked.run_id != run_id:
+                    why = f"run {hooked.run_id}, not {run_id}"
+                elif hooked.rank in log_ranks:
+                    why = f"a second log of rank {hooked.rank} ({log_ranks[hooked.rank]} is one)"
+                run_id = run_id or hooked.run_id
         elif world is not None and size is not None and size != world:
             why = f"world size {size}, not {world}"
         elif source.kind == "log":
@@ -212,7 +225,7 @@ def load(inputs: list[str]) -> Loaded:
     logs = [s.item for s in chosen if s.kind == "log"]
     traces = [s.item for s in chosen if s.kind == "trace"]
     benches = [s.item for s in chosen if s.kind == "bench"]
-    if benches:
+    if benches and not logs:
         loaded.run = _from_bench(benches[0], chosen[0].path, loaded.problems)
         return loaded
     run = RunData(kind="event log" if logs else traces[0].source)
@@ -221,6 +234,8 @@ def load(inputs: list[str]) -> Loaded:
         _from_logs(run, logs, loaded.problems)
     if traces:
         _from_traces(run, traces, loaded.problems)
+    if benches:
+        _merge_bench(run, benches[0], next(s.path for s in chosen if s.kind == "bench"), loaded.problems)
     loaded.run = run
     return loaded
 
@@ -425,15 +440,44 @@ def _bench_train(run: RunData, data: dict[str, Any]) -> None:
         )
     run.step_time_note = "step time: the hooked copy's; the plain copy's in grey"
     run.decisions = [dict(e, evidence=e.get("evidence") or {}) for e in data.get("events", [])]
+    run.bench_saving = _bench_saving(data)
+
+
+def _bench_saving(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The training bench's steady state: plain against hooked (its own figures) and the time saved."""
     steady = data.get("steady_steps")
-    if steady:
-        chosen = range(int(steady[0]), int(steady[1]) + 1)
-        saved = sum(plain[s] - hooked[s] for s in chosen if s < len(hooked))
-        run.bench_saving = {
-            "steps": steady,
-            "why": data.get("steady_from_why", ""),
-            "plain_ms": data.get("plain_steady_ms"),
-            "hooked_ms": data.get("hooked_steady_ms"),
-            "speedup": data.get("speedup_steady"),
-            "saved_s": saved,
-        }
+    if not steady:
+        return None
+    hooked, plain = data["steps"]["hooked_s"], data["steps"]["plain_s"]
+    chosen = range(int(steady[0]), int(steady[1]) + 1)
+    return {
+        "steps": steady,
+        "why": data.get("steady_from_why", ""),
+        "plain_ms": data.get("plain_steady_ms"),
+        "hooked_ms": data.get("hooked_steady_ms"),
+        "speedup": data.get("speedup_steady"),
+        "saved_s": sum(plain[s] - hooked[s] for s in chosen if s < len(hooked)),
+    }
+
+
+def _linked(bench: _Source, log: _Source) -> bool:
+    """Whether ``log`` was written by the hooked copy of the training bench ``bench`` (its ``--event-log``
+    folder, recorded in the bench's configuration, is the log's folder)."""
+    folder = (bench.item["header"].get("config") or {}).get("event_log")
+    if "steps" not in bench.item or not isinstance(folder, str):
+        return False
+    return Path(folder).resolve() == Path(log.item.path).resolve().parent
+
+
+def _merge_bench(run: RunData, data: dict[str, Any], path: str, problems: list[str]) -> None:
+    """Add a training bench's plain copy and steady-state figures to its hooked copy's event-log run."""
+    try:
+        plain = data["steps"]["plain_s"]
+        for record in run.steps:
+            if 0 <= record.step < len(plain):
+                record.baseline_step_s = plain[record.step]
+        run.bench_saving = _bench_saving(data)
+    except (KeyError, TypeError, IndexError, ValueError) as err:
+        problems.append(f"{path}: a training bench JSON without the fields this report reads ({err!r}); left out")
+        return
+    run.notes.append(f"the plain copy's step times and the steady-state figures from the training bench {path}")
