@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 import stragglerkit.megatron
+from stragglerkit.bench.progress import Progress
 from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu, needs_shim
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|full scope is deprecated).*")
@@ -178,6 +180,8 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
         )
     step_times: list[float] = []
     losses: list[float] = []
+    # a bar on a terminal; elsewhere (a CI log) a plain line every --log-every steps
+    progress = Progress(args.steps, "", desc="train", enabled=rank == 0, stream=sys.stdout)
     for step in range(args.steps):
         start = time.perf_counter()
         if rank == args.late_rank:
@@ -198,9 +202,14 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
         dist.all_reduce(loss, group=dp_group)
         losses.append(float(loss) / dp_size)
         step_times.append(time.perf_counter() - start)
-        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+        if rank == 0:
             algorithm = state.algorithm if state else "megatron-core"
-            print(f"step {step:4d}  loss {losses[-1]:.3f}  {1e3 * step_times[-1]:7.1f} ms  {algorithm}", flush=True)
+            figures = f"loss {losses[-1]:.3f}  {1e3 * step_times[-1]:7.1f} ms  {algorithm}"
+            if progress.drawing:
+                progress.advance(1, figures)
+            elif step % args.log_every == 0 or step == args.steps - 1:
+                progress.advance(1, f"step {step:4d}  {figures}")
+    progress.close()
     settled = step_times[len(step_times) // 4 :] or step_times
     summary = {
         "straggler_aware_allreduce": state is not None,

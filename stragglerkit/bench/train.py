@@ -71,6 +71,7 @@ TRAIN_ONLY = (
     "--steps-per-block",
     "--gradient-as-bucket-view",
     "--no-gradient-as-bucket-view",
+    "--event-log",
 )
 """Options of ``bench`` that only ``--mode train`` reads."""
 ALLREDUCE_ONLY = (
@@ -170,6 +171,12 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         "with the hook (default on; --no-gradient-as-bucket-view: DDP's default, where a hook pays an extra "
         "pass to average)",
     )
+    group.add_argument(
+        "--event-log",
+        metavar="DIR",
+        help="the hooked copy writes its event log to DIR/events.rank{rank}.jsonl on every rank (a run header, "
+        "the decisions, rank 0's per-step measurements); then: stragglerkit report DIR (docs/event_log.md)",
+    )
 
 
 def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
@@ -226,6 +233,7 @@ def cmd_train(
         "degraded_threshold": args.degraded_threshold,
         "steps_per_block": args.steps_per_block,
         "gradient_as_bucket_view": args.gradient_as_bucket_view,
+        "event_log": event_log_folder(args.event_log),
     }
     config = TrainConfig(
         world_size=world_size,
@@ -245,6 +253,19 @@ def cmd_train(
         print(f"stragglerkit bench: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def event_log_folder(folder: str | None) -> str | None:
+    """``--event-log DIR``: the folder, absolute (the ranks may start elsewhere), made now, so that
+    a path that cannot be a folder stops the command before any rank starts."""
+    if folder is None:
+        return None
+    path = Path(folder).expanduser().absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--event-log {folder}: cannot make that folder ({err.strerror})") from None
+    return str(path)
 
 
 def run_train(

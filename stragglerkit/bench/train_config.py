@@ -121,6 +121,9 @@ class TrainConfig(JsonConfig):
     this option)."""
     timeout: float = 600.0
     """Seconds the launcher waits for the ranks."""
+    event_log: str | None = None
+    """A folder: the hooked copy's loop writes ``events.rank{rank}.jsonl`` there on every rank
+    (docs/event_log.md), for ``stragglerkit report FOLDER``; ``None``: no event log."""
 
     RANK_KEYED: ClassVar[tuple[str, ...]] = ("degrade", "reshape_to")
 
@@ -158,6 +161,8 @@ class TrainConfig(JsonConfig):
                 f"detection.degraded_threshold, which must be at least {CLEAR_DEGRADED} (below it a NIC counts as "
                 f"recovered), got {self.degraded_threshold}"
             )
+        if self.event_log is not None and not (isinstance(self.event_log, str) and self.event_log):
+            raise ValueError(f"--event-log takes a folder, got {self.event_log!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         self._validate_faults()

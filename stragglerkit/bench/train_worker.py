@@ -59,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import stragglerkit
 from stragglerkit.bench.cpu_load import CpuTimes
+from stragglerkit.bench.progress import Progress
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
 from stragglerkit.config import Config
@@ -118,11 +119,6 @@ def _batch(config: TrainConfig, step: int, rank: int, device: torch.device) -> t
     g = batch_generator(config, step, rank)
     x, y = torch.randn(config.batch, INPUTS, generator=g), torch.randn(config.batch, OUTPUTS, generator=g)
     return x.to(device), y.to(device)
-
-
-def _progress(enabled: bool, message: str) -> None:
-    if enabled:
-        print(f"train: {message}", file=sys.stderr, flush=True)
 
 
 class _Run:
@@ -226,7 +222,8 @@ class _TrainRank:
                 for name, model in zip(("plain", "hooked"), models, strict=True)
             )
             if not stragglerkit.is_initialized():
-                stragglerkit.init()  # collective: every rank builds its _TrainRank at the same point
+                # collective: every rank builds its _TrainRank at the same point
+                stragglerkit.init(config=_with_event_log(Config.from_env(), config))
             state = stragglerkit.DDPState(None, hook_config)
             models[1].register_comm_hook(state, stragglerkit.ddp_hook)
             self.loop = state.loop
@@ -234,6 +231,8 @@ class _TrainRank:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.reporter = self.rank == 0
+        self.progress = Progress(config.steps, "train", enabled=self.reporter)
+        """Rank 0 reports: a bar over the steps on a terminal, plain lines elsewhere."""
         self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
         self.numel = sum(p.numel() for p in self.plain.model.parameters())
         self.delay = config.delay or 0.0
@@ -281,8 +280,7 @@ class _TrainRank:
         measured = measure_pre_phase(x, x.clone(), config.straggler, config.bandwidth, self.synchronize)
         self.delay = config.auto_delay_scale * measured["delay_s"]
         self.calibration = dict(measured, scale=config.auto_delay_scale, numel=self.numel)
-        _progress(
-            self.reporter,
+        self.progress.note(
             f"delay auto = {config.auto_delay_scale:g} x pre-phase {measured['delay_s'] * 1e3:.1f} ms "
             f"= {self.delay * 1e3:.1f} ms",
         )
@@ -311,7 +309,7 @@ class _TrainRank:
                 )
             else:
                 what = "restoring the degraded hosts' links"
-            _progress(True, f"step {step}: {what}")
+            self.progress.note(f"step {step}: {what}")
             request, done, failed = (self.control / name for name in control_files(phase))
             request.write_text(str(step), encoding="utf-8")
             deadline = time.monotonic() + self.config.timeout
@@ -373,17 +371,22 @@ class _TrainRank:
             diffs += [self.max_param_diff()] * len(block)
             events = self.loop.events
             for event in events[seen_events:]:
-                _progress(self.reporter, f"step {event['step']}: {_describe_event(event)}")
+                self.progress.note(f"step {event['step']}: {_describe_event(event)}")
             seen_events = len(events)
             done = block.stop
-            if self.reporter and (done // every > block.start // every or done == config.steps):
+            due = done // every > block.start // every or done == config.steps
+            status = None
+            if self.reporter and (due or self.progress.drawing):  # a bar shows it every block
                 recent = slice(max(0, done - every), done)
                 plain, hooked = (statistics.median(run.times[recent]) * 1e3 for run in (self.plain, self.hooked))
-                _progress(
-                    True,
+                status = (
                     f"step {done}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0's own, median "
-                    f"of the last {len(self.plain.times[recent])}), hook: {self.loop.algorithm}",
+                    f"of the last {len(self.plain.times[recent])}), hook: {self.loop.algorithm}"
                 )
+                if self.progress.drawing:
+                    status = f"plain {plain:.1f} ms, hooked {hooked:.1f} ms, hook: {self.loop.algorithm}"
+            self.progress.advance(len(block), status)
+        self.progress.close()
         self.close()
         return self._record(diffs)
 
@@ -450,13 +453,20 @@ class _TrainRank:
 
 def _hook_settings(config: TrainConfig) -> Config:
     """stragglerkit's configuration for the hooked copy where it takes a ``Config`` (Horovod,
-    megatron-core): the defaults with ``--hook-warmup`` and ``--degraded-threshold``."""
+    megatron-core): the defaults with ``--hook-warmup``, ``--degraded-threshold`` and ``--event-log``."""
     detection: dict[str, Any] = {}
     if config.hook_warmup is not None:
         detection["warmup_steps"] = config.hook_warmup
     if config.degraded_threshold is not None:
         detection["degraded_threshold"] = config.degraded_threshold
-    return Config().replace(detection=detection)
+    return _with_event_log(Config().replace(detection=detection), config)
+
+
+def _with_event_log(settings: Config, config: TrainConfig) -> Config:
+    """``settings`` with ``--event-log DIR``: every rank writes ``DIR/events.rank{rank}.jsonl``."""
+    if config.event_log is None:
+        return settings
+    return settings.replace(report={"event_log": os.path.join(config.event_log, "events.rank{rank}.jsonl")})
 
 
 def _describe_event(event: dict[str, Any]) -> str:
@@ -489,8 +499,7 @@ def _describe_event(event: dict[str, Any]) -> str:
 def train(config: TrainConfig, device: torch.device, control: Path | None = None) -> dict[str, Any]:
     """Run the training on this rank of the initialised default group; the record (the same on every rank)."""
     state = _TrainRank(config, device, control)
-    _progress(
-        state.reporter,
+    state.progress.note(
         f"{state.world_size} ranks, {state.model_layers}: {state.numel / 1e6:.2f}M parameters "
         f"({4 * state.numel / 2**20:.1f} MiB of gradients), {config.steps} steps, scenario {config.scenario}",
     )

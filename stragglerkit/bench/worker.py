@@ -41,6 +41,7 @@ import torch.distributed as dist
 import stragglerkit
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
+from stragglerkit.bench.progress import Progress
 from stragglerkit.runtime.runtime import RunRecord
 from stragglerkit.runtime.trace import rank_trace
 from stragglerkit.schedules.registry import Situation, why_not
@@ -67,11 +68,6 @@ class Job:
     scenario: str
     """``none``, ``straggler`` or ``degraded`` (the NICs are already reshaped by the launcher)."""
     algorithms: list[str] = field(default_factory=list)
-
-
-def _progress(enabled: bool, message: str) -> None:
-    if enabled:
-        print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def exact_inputs(numel: int, rank: int, world_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +99,8 @@ class _Rank:
         self.world_size = dist.get_world_size()
         self.straggler = config.straggler if job.scenario == "straggler" else None
         self.slowdowns = dict(config.degrade) if job.scenario == "degraded" else {}
-        self.progress = self.rank == 0
+        self.progress = Progress(len(config.sizes) * config.iters, "bench", unit="iteration", enabled=self.rank == 0)
+        """Rank 0 reports: a bar over every size's iterations on a terminal, plain lines elsewhere."""
 
     def situation(self) -> Situation:
         return Situation(world_size=self.world_size, straggler=self.straggler, slowdowns=self.slowdowns)
@@ -189,7 +186,7 @@ class _Rank:
             if self.config.delay is None:
                 calibration = self.measure_pre_phase(x, source, size_bytes)
                 delay = calibration["delay_s"]
-                _progress(self.progress, f"{where}: delay auto = pre-phase {delay * 1e3:.1f} ms")
+                self.progress.note(f"{where}: delay auto = pre-phase {delay * 1e3:.1f} ms")
             else:
                 delay = self.config.delay
         for algorithm in algorithms:
@@ -216,7 +213,7 @@ class _Rank:
                 sample["finish"].append(finish)
                 sample["wrong"] += wrong
                 sample["ran"] = ran
-            _progress(self.progress, f"{where}: iteration {it + 1}/{self.config.iters}")
+            self.progress.advance(1, f"{where}: iteration {it + 1}/{self.config.iters}")
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, samples)
         cases = []
@@ -325,8 +322,11 @@ def run_job(config: BenchConfig, job: Job, device: torch.device | None = None) -
     if not algorithms:
         return []
     cases: list[dict[str, Any]] = []
-    for index, size in enumerate(config.sizes):
-        cases.extend(state.run_size(size, algorithms, index, len(config.sizes)))
+    try:
+        for index, size in enumerate(config.sizes):
+            cases.extend(state.run_size(size, algorithms, index, len(config.sizes)))
+    finally:
+        state.progress.close()
     return cases
 
 
