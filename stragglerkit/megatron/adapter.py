@@ -86,11 +86,12 @@ class GradSyncHandle:
 
     def wait(self) -> None:
         error: BaseException | None = None
-        for future in self.futures:
-            try:
-                future.wait()
-            except Exception as err:
-                error = error or err
+        with nvtx.range(nvtx.WAIT):  # finish_grad_sync waiting for the group's buckets
+            for future in self.futures:
+                try:
+                    future.wait()
+                except Exception as err:
+                    error = error or err
         if self.loop.failure is not None:
             raise self.loop.failure
         if error is not None:
