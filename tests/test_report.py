@@ -354,16 +354,6 @@ def test_a_large_world_names_the_ranks_that_stand_out(tmp_path: Path) -> None:
     assert all(f.png for f in drawn.values())
 
 
-def test_a_probe_s_allreduce_is_not_a_bucket_s(tmp_path: Path) -> None:
-    for rank in (0, 1):
-        ranges = step_ranges(rank, 4, 1, 0.01)
-        ranges += [("stragglerkit/probe", 0.16, 0.19), ("stragglerkit/all_reduce rhd", 0.165, 0.185)]  # in step 1
-        write_chrome_trace(tmp_path / f"trace.rank{rank}.json", rank, 2, ranges)
-    run = load([str(tmp_path)]).run
-    assert run is not None and [r.algorithm for r in run.steps] == ["ring"] * 4
-    assert [r.allreduce_s for r in run.steps] == pytest.approx([0.02] * 4, abs=1e-5)
-
-
 def test_a_training_bench_joins_the_logs_of_its_hooked_copy(tmp_path: Path) -> None:
     write_event_logs(tmp_path / "run", world_size=4, steps=40, fault_step=5)
     bench = bench_train_json(tmp_path / "run" / "train.json", world_size=4, steps=40)

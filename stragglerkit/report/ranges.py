@@ -13,8 +13,8 @@ is shifted onto rank 0's:
   ranges are matched on the first ones (and the difference is reported).
 * **Steps.** ``stragglerkit/step S`` starts when the rank hands over step S's first bucket: its
   arrival. Every ``stragglerkit/all_reduce`` range belongs to the step whose range started last
-  before it on that rank, except those inside a ``stragglerkit/probe`` (the loop measuring the
-  links, not a bucket). Per step: the lateness of each rank (its arrival after the first), the
+  before it on that rank (also the ring inside a ``stragglerkit/probe``: a probe reduces its
+  bucket while it measures the links). Per step: the lateness of each rank (its arrival after the first), the
   AllReduce part (last arrival to the last end of the step's AllReduce ranges) and the algorithms
   that ran. Without step ranges (a program that calls ``stragglerkit.all_reduce`` itself) each
   AllReduce is a step of its own, numbered in call order.
@@ -38,7 +38,6 @@ __all__ = ["InputError", "Range", "RankRanges", "TraceStep", "align", "decisions
 PREFIX = "stragglerkit/"
 _STEP = re.compile(r"^stragglerkit/step (\d+)$")
 _ALLREDUCE = "stragglerkit/all_reduce"
-_PROBE = "stragglerkit/probe"
 _DECISION = re.compile(r"^stragglerkit/decision (\w+)$")
 
 
@@ -142,7 +141,6 @@ def steps_from_ranges(ranks: dict[int, RankRanges], world_size: int) -> list[Tra
     have_steps = any(_arrivals(r.ranges) for r in ranks.values())
     for rank, mine in ranks.items():
         ordered = sorted(mine.ranges, key=lambda r: r.start)
-        probes = [(r.start, r.end) for r in ordered if r.name == _PROBE]
         current: int | None = None
         calls = 0
         for r in ordered:
@@ -151,7 +149,7 @@ def steps_from_ranges(ranks: dict[int, RankRanges], world_size: int) -> list[Tra
                 current = int(match.group(1))
                 arrival.setdefault(current, {})[rank] = r.start
                 continue
-            if not r.name.startswith(_ALLREDUCE) or any(a <= r.start and r.end <= b for a, b in probes):
+            if not r.name.startswith(_ALLREDUCE):
                 continue
             if not have_steps:
                 current = calls
