@@ -371,3 +371,15 @@ def test_a_training_bench_joins_the_logs_of_its_hooked_copy(tmp_path: Path) -> N
     assert loaded.run is not None and loaded.run.bench_saving is None
     [left] = loaded.left_out
     assert left.startswith(f"{bench}: a bench JSON is a run of its own")
+
+
+def test_a_json_cut_short_in_a_folder_is_named(tmp_path: Path) -> None:
+    write_event_logs(tmp_path, world_size=2, per_rank=False, steps=10)
+    trace = write_chrome_trace(tmp_path / "trace.rank0.json", 0, 2, step_ranges(0, 2, 1, 0.01))
+    text = json.dumps(json.loads(trace.read_text()), indent=1)
+    trace.write_text(text[: len(text) // 2])
+    (tmp_path / "train-config.json").write_text('{"world_size": 2}')
+    loaded = load([str(tmp_path)])
+    assert loaded.run is not None and loaded.run.kind == "event log"
+    assert [p.split(" (")[0] for p in loaded.problems] == [f"{trace}: JSON that does not parse"]
+    assert loaded.left_out == [f"{tmp_path / 'train-config.json'}: not an input of the report; passed over"]

@@ -98,12 +98,13 @@ def _classify(path: Path) -> list[_Source]:
         ranks = read_nsys_export(path)
         return [_Source("trace", name, ranks, ("trace", None))]
     data: Any = None
+    broken: ValueError | None = None
     if first_line.lstrip().startswith(b"{"):
         try:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
-        except ValueError:
-            data = None  # JSON lines, or a damaged file: see below
+        except ValueError as err:
+            broken = err  # JSON lines, or a damaged file: see below
     if isinstance(data, dict) and "traceEvents" in data:
         ranks = read_torch_trace(path, data)
         return [_Source("trace", name, ranks, ("trace", ranks.world_size))]
@@ -113,6 +114,8 @@ def _classify(path: Path) -> list[_Source]:
         sections = read_event_log(path)
         # the newest run first: a file's latest section is the run it stands for
         return [_Source("log", _section_name(log), log, ("log", log.run_id)) for log in reversed(sections)]
+    if broken is not None and (first_line.strip() == b"{" or b'"traceEvents"' in first_line):
+        raise InputError(f"{name}: JSON that does not parse ({broken}): a trace or bench JSON cut short?")
     raise InputError(f"{name}: not a known input: {_UNKNOWN_TAIL}")
 
 
