@@ -14,6 +14,7 @@ import statistics
 import struct
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from _dist import run_group
 
 from stragglerkit.config import Config, ReportConfig
 from stragglerkit.errors import ConfigError
-from stragglerkit.report.wandb import PREFIX, STEP_METRIC, log_figures, rows
+from stragglerkit.report.wandb import PREFIX, STEP_METRIC, log_figures, rows, wandb_logger
 
 wandb = pytest.importorskip("wandb")
 
@@ -213,3 +214,18 @@ def test_log_figures_logs_pngs_into_the_active_run(tmp_path: Path) -> None:
     history, _ = _history(tmp_path)
     assert history[0][f"{PREFIX}/report/delay_cdf/_type"] == "image-file" and history[0]["loss"] == 1.0
     assert list(tmp_path.glob("wandb/offline-run-*/files/media/images/stragglerkit/report/delay_cdf_*.png"))
+
+
+def test_asked_for_without_a_run_it_warns_once_and_keeps_the_rows() -> None:
+    assert wandb.run is None and wandb_logger(False) is None
+    logger = wandb_logger(True)
+    assert logger is not None and logger.required
+    logger.add({"kind": "window", "steps": [3], "allreduce_s": [0.01]})
+    with pytest.warns(UserWarning, match=r"wandb\.init"):
+        logger.pump()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logger.pump()  # said once
+        assert not logger.active
+    quiet = wandb_logger(None)
+    assert quiet is not None and not quiet.active  # auto without a run: silent, nothing built
