@@ -69,7 +69,7 @@ _RUN_PREFIX = b'{"kind": "run"'
 
 
 def new_run_id() -> str:
-    """A fresh run id: 16 random hex digits (shared between ranks by the loop, see ``shared_run_id``)."""
+    """A fresh run id: 16 random hex digits (the loop shares one between its ranks through the rendezvous store)."""
     return secrets.token_hex(8)
 
 
