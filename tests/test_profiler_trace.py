@@ -10,8 +10,13 @@ the runtime's worker thread, which records in the caller's profiler), one step m
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ import pytest
 from _dist import run_group
 
 Event = dict[str, Any]
+HOROVODRUN = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
 
 
 def _ranges(trace: Path) -> list[Event]:
@@ -145,3 +151,31 @@ def test_direct_calls_in_both_wait_modes(tmp_path: Path, wait_mode: str) -> None
         outer = _named(events, r"stragglerkit/all_reduce \w+")
         _each_inside(_named(events, r"stragglerkit/(send|recv) \d+"), outer, "all_reduce")
         _each_inside(_named(events, r"stragglerkit/reduction"), outer, "all_reduce")
+
+
+def test_horovod_baseline_on_two_ranks(tmp_path: Path) -> None:
+    """stragglerkit's Horovod optimizer under real ``horovodrun --gloo``: Horovod's allreduce is
+    the baseline, started on the training thread and seen complete on a waiter thread; its range
+    ends there, before the next step, and every step is marked once."""
+    if importlib.util.find_spec("horovod") is None or not Path(HOROVODRUN).exists():
+        pytest.skip("Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)")
+    n, steps = 2, 4
+    body_file = Path(__file__).with_name("horovod_trace_body.py")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [HOROVODRUN, "--gloo", "-np", str(n), "-H", f"localhost:{n}", sys.executable, str(body_file)]
+    done = subprocess.run([*command, str(tmp_path), str(steps)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and (tmp_path / "done").exists(), f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for rank in range(n):
+        events = _ranges(tmp_path / f"rank{rank}.json")
+        marks = sorted(e["ts"] for e in _named(events, r"stragglerkit/step \d+"))
+        assert len(marks) == steps, (rank, len(marks))
+        horovod = _named(events, r"stragglerkit/all_reduce horovod")
+        assert len(horovod) >= steps, (rank, len(horovod))
+        for event in horovod:
+            later = [ts for ts in marks if ts > event["ts"]]
+            if later:
+                assert event["ts"] + event["dur"] <= later[0], (rank, event, later[0])
+        assert _named(events, r"stragglerkit/wait"), rank

@@ -19,7 +19,7 @@ and goes to two sinks:
 
 With neither, :func:`range` returns one shared do-nothing context manager after two attribute
 reads (its name's parts are formatted only when a sink is on), and the executor is given no range
-callback at all, so the hot path has no extra work.
+callback at all: the hot path pays those reads and nothing else (docs/profiling.md has the cost).
 
 Ranges that overlap without nesting (the executor's messages), or end on another thread (an
 AllReduce that a completion callback sees finish), use :func:`start` and :func:`end`: NVTX process
