@@ -1,7 +1,8 @@
 """Real ``stragglerkit bench --json`` output, both modes, into ``stragglerkit report``.
 
 The benches run small (3 and 4 ranks over loopback, a straggler on the last rank) so that the
-report is tested on the JSON the bench really writes, not on a copy of its format.
+report is tested on the JSON the bench really writes, not on a copy of its format; the training
+bench also writes its hooked copy's event logs into the JSON's folder, which the report joins.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def test_the_allreduce_bench_s_json(tmp_path: Path) -> None:
     assert "AllReduce benchmark: 2 cases, 8 measured AllReduces." in out.read_text()
 
 
-def test_the_training_bench_s_json(tmp_path: Path) -> None:
+def test_the_training_bench_s_json_and_its_event_logs(tmp_path: Path) -> None:
+    """The JSON alone, then with the hooked copy's event logs (``--event-log``) in the same folder."""
     path = tmp_path / "train.json"
     _bench(
         "--mode", "train", "--loopback", "--world-size", "4", "--steps", "30", "--straggler", "3",
-        "--delay", "40ms", "--model-size", "1MiB", "--json", str(path),
+        "--delay", "40ms", "--model-size", "1MiB", "--event-log", str(tmp_path), "--json", str(path),
     )  # fmt: skip
     data = json.loads(path.read_text())
     loaded = load([str(path)])
@@ -57,9 +59,22 @@ def test_the_training_bench_s_json(tmp_path: Path) -> None:
     late = [rank for _, rank in last_ranks(run)]
     assert late.count(3) >= 0.8 * len(late), "the rank that waits least is the late one"
     assert run.bench_saving is not None and run.bench_saving["speedup"] == data["speedup_steady"]
-    out = tmp_path / "report.html"
-    assert main(["report", str(path), "-o", str(out)]) == 0
+
+    loaded = load([str(tmp_path)])  # the folder: four event logs and the JSON, one run
+    run = loaded.run
+    assert loaded.problems == [] and loaded.left_out == [], loaded.left_out
+    assert run is not None and run.kind == "event log" and run.ranks_seen == [0, 1, 2, 3]
+    assert [(d["kind"], d["step"]) for d in run.decisions if d["kind"] in ("switch", "detected_straggler")] == [
+        (e["kind"], e["step"]) for e in data["events"] if e["kind"] in ("switch", "detected_straggler")
+    ]
+    assert run.bench_saving is not None and run.bench_saving["speedup"] == data["speedup_steady"]
+    assert all(r.baseline_step_s == data["steps"]["plain_s"][r.step] for r in run.steps)
+    late = [rank for _, rank in last_ranks(run)]
+    assert late.count(3) >= 0.8 * len(late), "measured on the clocks this time"
+    out = tmp_path / "report" / "report.html"
+    assert main(["report", str(tmp_path), "-o", str(out)]) == 0
     page = out.read_text()
-    assert page.count('src="data:image/png;base64,') == 3
+    assert page.count('src="data:image/png;base64,') >= 3
+    assert "time saved (bench, steady state)" in page
     if data["detected_step"] is not None:
         assert "Detected a persistent straggler on rank 3" in page
