@@ -19,7 +19,7 @@
 #              to the end of the run); default 0; "none" captures the whole run (the collective
 #              bench, which has no steps)
 # Traces nvtx,cuda,osrt; STRAGGLERKIT_NVTX=1 forces stragglerkit's ranges on. Exits 2 and says so
-# when nsys is missing, 64 on a usage error, else with the command's status.
+# when nsys is missing, 64 on a usage error, 1 when OUT cannot be made, else with the command's status.
 set -uo pipefail
 
 usage() {
@@ -55,7 +55,10 @@ if [ "$FROM_STEP" != "none" ]; then
   export NSYS_NVTX_PROFILER_REGISTER_ONLY=0
 fi
 
-mkdir -p "$OUT" || exit 2
+if ! mkdir -p "$OUT"; then
+  echo "nsys_capture: cannot create the report folder OUT=$OUT; set OUT to a writable folder" >&2
+  exit 1
+fi
 report="$OUT/$name"
 export STRAGGLERKIT_NVTX=1
 status=0
