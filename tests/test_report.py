@@ -383,3 +383,13 @@ def test_a_json_cut_short_in_a_folder_is_named(tmp_path: Path) -> None:
     assert loaded.run is not None and loaded.run.kind == "event log"
     assert [p.split(" (")[0] for p in loaded.problems] == [f"{trace}: JSON that does not parse"]
     assert loaded.left_out == [f"{tmp_path / 'train-config.json'}: not an input of the report; passed over"]
+
+
+def test_a_bucket_that_did_not_run_names_no_algorithm(tmp_path: Path) -> None:
+    [path] = write_event_logs(tmp_path, world_size=2, per_rank=False, steps=10, straggler=None)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[1]["algorithms"] = [["allreduce", ""], ["", "ring"], ["", ""], ["allreduce", "allreduce"], ["ring", ""]]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = load([str(path)]).run
+    assert run is not None
+    assert [r.algorithm for r in run.steps[:5]] == ["allreduce", "ring", None, "allreduce", "ring"]

@@ -247,7 +247,8 @@ def load(inputs: list[str]) -> Loaded:
 
 
 def _algorithm(buckets: list[str]) -> str | None:
-    unique = list(dict.fromkeys(buckets))
+    """The step's algorithms, ``+``-joined in bucket order (``""``: a bucket that did not run)."""
+    unique = list(dict.fromkeys(b for b in buckets if b))
     return "+".join(unique) if unique else None
 
 
