@@ -22,6 +22,7 @@ import base64
 import datetime
 import html
 import json
+import math
 from typing import Any
 
 from stragglerkit.report.plots import Figure
@@ -76,7 +77,8 @@ def _e(value: object) -> str:
 
 
 def _ms(seconds: float | None, digits: int = 2) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.{digits}f} ms"
+    """Milliseconds, or a dash for unknown (None; NaN, as the log writes an unknown evidence field)."""
+    return "–" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:.{digits}f} ms"
 
 
 def _seconds(seconds: float | None) -> str:
