@@ -10,6 +10,7 @@ arguments.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -160,8 +161,9 @@ def test_executor_gets_a_range_callback_only_when_someone_looks(clean_env: pytes
     assert _range_callback(plan, rank_map) is None  # the executor gets None: no callback, no cost
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         assert isinstance(_range_callback(plan, rank_map), PlanRanges)
-    assert nvtx.configure(True) is nvtx.enabled()  # forced on: on wherever a backend is installed
-    assert (_range_callback(plan, rank_map) is not None) == nvtx.enabled()
+    if importlib.util.find_spec("nvtx") is not None:  # report.nvtx=true with the package: NVTX on
+        assert nvtx.configure(True) is True
+        assert isinstance(_range_callback(plan, rank_map), PlanRanges)
 
 
 # -- an NVTX tool looking -------------------------------------------------------------------------
