@@ -42,8 +42,12 @@ DECISION_KINDS = (
     "probing",
     "verified",
     "exchange",
+    # stragglerkit.megatron's notes: what was left to megatron-core's own collective
+    "megatron_reduce_scatter",
+    "megatron_expert_parallel",
 )
-"""The decision events' kinds (the controller's ``EVENT_KINDS``)."""
+"""The decision events' kinds (the controller's ``EVENT_KINDS``) and the Megatron adapter's notes,
+which have the same fields; a note written without a loop comes without a ``run`` header."""
 
 SCHEMA = 1
 """The ``run`` header's ``schema`` this reader knows."""
