@@ -144,6 +144,10 @@ def test_rank_0_logs_every_step_into_the_user_s_rows_and_nothing_when_off(tmp_pa
     events = [row for row in history if f"{PREFIX}/events/_type" in row]
     assert events and events[0][f"{PREFIX}/events/_type"] == "table-file" and events[0][f"{PREFIX}/events/nrows"] >= 1
     assert any(m.glob_name == f"{PREFIX}/*" and m.step_metric == STEP_METRIC for m in metrics)
+    # the loop's close drew the report's figures from its records and logged them as images
+    images = {key.split("/_type")[0] for row in history for key, value in row.items() if value == "image-file"}
+    assert {f"{PREFIX}/report/report_allreduce", f"{PREFIX}/report/report_last_rank"} <= images, images
+    assert list((tmp_path / "auto").glob("wandb/offline-run-*/files/stragglerkit-report/report_allreduce.png"))
 
     history_off, metrics_off = _history(tmp_path / "off")
     assert [row["_step"] for row in history_off if "user_step" in row] == list(range(STEPS))

@@ -29,6 +29,12 @@ one per user row, so a script that logs once a step gets every step's row, ``K``
 that logs less often gets the newest rows (at most :data:`ROWS_KEPT` wait). Rows still waiting
 when the loop closes are dropped, all but the newest.
 
+**The report's figures at the end.** When the loop closes (``loop.close()``; ``DDPState.close``
+and the Megatron adapter's ``state.close`` call it), the logger draws the figures of
+``stragglerkit report`` (:mod:`stragglerkit.report.plots`) from the records it was given (the
+newest :data:`RECORDS_KEPT`) and logs them as ``wandb.Image`` under
+``stragglerkit/report/<figure>``, with the PNG files in the run's ``files/stragglerkit-report``.
+
 Example::
 
     wandb.init(project="llama-ft")                # rank 0, before training
@@ -55,6 +61,9 @@ __all__ = ["PREFIX", "ROWS_KEPT", "STEP_METRIC", "WandbLogger", "available", "lo
 
 PREFIX = "stragglerkit"
 STEP_METRIC = f"{PREFIX}/step"
+RECORDS_KEPT = 20_000
+"""How many records (windows and decisions, one window per exchange) the figures at the end are
+drawn from: the newest; at one window per 6 steps, the last 120,000 steps."""
 ROWS_KEPT = 256
 """Rows waiting for the user's next ``wandb.log`` at most; older ones are dropped first."""
 EVENT_COLUMNS = ("step", "kind", "algorithm", "evidence")
@@ -143,13 +152,15 @@ class WandbLogger:
         logger.pump()                   # once per step
     """
 
-    __slots__ = ("_defined", "_events", "_rows", "_seen", "_warned", "required")
+    __slots__ = ("_defined", "_events", "_records", "_rows", "_seen", "_warned", "required")
 
     def __init__(self, required: bool = False) -> None:
         self.required = required
         """``report.wandb`` is ``true``: wandb was imported, and a missing run is worth a warning."""
         self._rows: deque[dict[str, Any]] = deque(maxlen=ROWS_KEPT)
         self._events: list[list[Any]] = []
+        self._records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
+        """The records the figures at :meth:`close` are drawn from (the first ``run`` header kept apart)."""
         self._seen: tuple[int, int] | None = None
         """(id of the run, its step) when the last row was added: one row per user row."""
         self._defined: int | None = None
@@ -183,6 +194,9 @@ class WandbLogger:
     def add(self, record: dict[str, Any]) -> None:
         """A record as the loop writes it: a ``window`` becomes rows, a decision a table row."""
         kind = record.get("kind")
+        if kind == "run":
+            self._records.clear()  # a new run section: its figures start afresh
+        self._records.append(record)
         if kind == "window":
             self._rows.extend(rows(record))
         elif kind != "run":
@@ -215,14 +229,39 @@ class WandbLogger:
         self._seen = mark
 
     def close(self) -> None:
-        """The loop ends: the newest waiting row goes into the current user row, the rest are dropped."""
-        if not self._rows:
-            return
+        """The loop ends: the newest waiting row goes into the current user row, the rest are
+        dropped, and the report's figures of the run are logged as images."""
         run = self.run()
-        if run is not None:
+        if run is not None and self._rows:
             self._define(run)
             run.log(self._rows[-1], commit=False)
         self._rows.clear()
+        if run is not None and any(r.get("kind") == "window" for r in self._records):
+            try:
+                self._log_report(run)
+            except Exception as err:  # the training is over; its figures are not worth failing it for
+                warnings.warn(f"stragglerkit: could not log the report's figures to W&B: {err!r}", stacklevel=3)
+        self._records.clear()
+
+    def _log_report(self, run: Any) -> list[str]:
+        """Draw the report's figures from the kept records into the run's files; log them."""
+        from stragglerkit.report.inputs import load
+        from stragglerkit.report.plots import figures
+
+        folder = Path(run.dir) / "stragglerkit-report"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "events.rank0.jsonl"
+        log.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self._records), encoding="utf-8")
+        loaded = load([str(log)])
+        if loaded.run is None:
+            return []
+        paths = []
+        for figure in figures(loaded.run):
+            if figure.png is not None:
+                path = folder / f"{figure.name}.png"
+                path.write_bytes(figure.png)
+                paths.append(path)
+        return log_figures(paths, run=run) if paths else []
 
 
 def log_figures(paths: Iterable[str | Path], *, run: Any = None, prefix: str = f"{PREFIX}/report") -> list[str]:
