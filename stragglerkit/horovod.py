@@ -240,7 +240,13 @@ def _allreduce_grad_async(self: Any, p: torch.Tensor) -> tuple[Callable[[], torc
     return functools.partial(self._stragglerkit.reduced, p), ctx
 
 
-_OVERRIDES = {"_allreduce_grad_async": _allreduce_grad_async}
+def _close(self: Any) -> None:
+    """``optimizer.close()``: end the optimizer's loop, on every rank after the last step (its
+    exchange in flight, its thread, its last event-log lines, the report's figures on W&B)."""
+    self._stragglerkit.loop.close()
+
+
+_OVERRIDES = {"_allreduce_grad_async": _allreduce_grad_async, "close": _close}
 
 
 # -- the torch.distributed group over Horovod's ranks ----------------------------------------------

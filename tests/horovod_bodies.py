@@ -94,7 +94,10 @@ def side_by_side(args: dict[str, Any]) -> dict[str, Any]:
         diffs.append(float((_flat(theirs) - _flat(ours)).abs().max()))
         if loop is not None:  # (the profiler keeps only the recent steps)
             ran.update(t.algorithm for t in loop.profiler.buckets(step))
+    if loop is not None:  # every rank, after the last step: the loop's thread stops
+        opt_ours.close()
     return {
+        "closed": loop is None or loop._observer is None,
         "diffs": diffs,
         "scale": float(_flat(theirs).abs().max()),
         "ours": _flat(ours).tolist(),

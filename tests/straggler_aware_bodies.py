@@ -330,3 +330,33 @@ def one_rank(rank: int, n: int) -> dict[str, Any]:
         "loop": opt_ours._stragglerkit.loop is None,
         "state_dict_keys": sorted(opt_ours.state_dict()["state"]) == sorted(opt_plain.state_dict()["state"]),
     }
+
+
+def close_writes_the_last_records(rank: int, n: int, folder: str) -> dict[str, Any]:
+    """Eight steps with an event log per rank, then ``optimizer.close()`` twice: the loop's thread
+    was running and is stopped, and rank 0's log holds the windows of the exchanges."""
+    import json
+
+    import stragglerkit
+
+    model = _model(0)
+    config = _config().replace(report={"event_log": f"{folder}/events.rank{{rank}}.jsonl"})
+    opt = stragglerkit.straggler_aware(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(), config=config
+    )
+    for step in range(8):
+        x, y = _batch(rank, step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    loop = opt._stragglerkit.loop
+    running = loop._observer is not None
+    opt.close()
+    opt.close()
+    with open(f"{folder}/events.rank{rank}.jsonl", encoding="utf-8") as log:
+        kinds = [json.loads(line)["kind"] for line in log]
+    windows = []
+    if rank == 0:
+        with open(f"{folder}/events.rank0.jsonl", encoding="utf-8") as log:
+            windows = [record["steps"] for record in map(json.loads, log) if record["kind"] == "window"]
+    return {"kinds": kinds, "windows": windows, "running": running, "stopped": loop._observer is None}

@@ -63,6 +63,7 @@ def test_trains_like_horovods_optimizer_in_every_form(form: str, tmp_path: Path)
     results = horovodrun(2, "side_by_side", tmp_path, steps=12, form=form)
     check_same_training(results, 12)
     assert all(r["is_sgd"] and r["class"] == ("MySGD" if form == "class" else "SGD") for r in results), results[0]
+    assert all(r["closed"] for r in results), "optimizer.close() stops the loop's thread"
 
 
 @pytest.mark.parametrize(

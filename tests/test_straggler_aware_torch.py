@@ -168,3 +168,12 @@ def test_a_rank_that_dies_or_stalls_is_named_on_every_other_rank_within_the_time
         assert outcome["error"] == "PeerError" and outcome["peer"] == 2, outcome
         assert f"rank 2 did not reach step {step}" in outcome["message"], outcome
         assert outcome["seconds"] < timeout + 2.0 + 5.0, outcome  # timeout + report window + loaded cores
+
+
+def test_close_ends_the_loop_and_writes_its_last_records(tmp_path: Any) -> None:
+    results = run_group(2, straggler_aware_bodies.close_writes_the_last_records, str(tmp_path))
+    for rank in (0, 1):
+        assert results[rank]["kinds"][0] == "run", results[rank]
+    assert results[0]["running"] and results[0]["stopped"], results[0]
+    steps = [s for window in results[0]["windows"] for s in window]
+    assert steps and steps == list(range(len(steps))), steps

@@ -214,6 +214,14 @@ class StragglerAwareOptimizer(torch.optim.Optimizer):
             )
         super().zero_grad(set_to_none)
 
+    def close(self) -> None:
+        """End the optimizer's loop, on every rank after the last step: wait for its stats exchange
+        in flight, stop its thread, write its last event-log lines and, when it logs to Weights &
+        Biases, the report's figures. The optimizer must not reduce gradients afterwards."""
+        loop = self._stragglerkit.loop
+        if loop is not None:
+            loop.close()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The optimizer's own ``load_state_dict``; forgets this step's backward passes."""
         self._stragglerkit.reset()
