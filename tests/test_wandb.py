@@ -90,6 +90,8 @@ def _records(path: Path) -> list[Any]:
             at += block - at % block
             continue
         _, length, kind = struct.unpack("<IHB", data[at : at + 7])
+        if at + 7 + length > len(data):  # a record still being written
+            break
         at += 7
         pending += data[at : at + length]
         at += length
@@ -104,8 +106,14 @@ def _records(path: Path) -> list[Any]:
 def _history(folder: Path) -> tuple[list[dict[str, Any]], list[Any]]:
     """The history rows (key -> value) and the metric definitions of the one run under ``folder``."""
     (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60.0
+    records = _records(path)
+    # run.finish() can return before W&B's service has written the run's last records: wait for its exit record
+    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        records = _records(path)
     history, metrics = [], []
-    for record in _records(path):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "history":
             history.append(
