@@ -29,10 +29,10 @@ one per user row, so a script that logs once a step gets every step's row, ``K``
 that logs less often gets the newest rows (at most :data:`ROWS_KEPT` wait). Rows still waiting
 when the loop closes are dropped, all but the newest.
 
-**The report's figures at the end.** When the loop closes (``loop.close()``; ``DDPState.close``
-and the Megatron adapter's ``state.close`` call it), the logger draws the figures of
-``stragglerkit report`` (:mod:`stragglerkit.report.plots`) from the records it was given (the
-newest :data:`RECORDS_KEPT`) and logs them as ``wandb.Image`` under
+**The report's figures at the end.** When the loop closes (``loop.close()``; ``DDPState.close``,
+the optimizer wrap's ``optimizer.close()`` and the Megatron adapter's ``state.close`` call it),
+the logger draws the figures of ``stragglerkit report`` (:mod:`stragglerkit.report.plots`) from
+the records it was given (the newest :data:`RECORDS_KEPT`) and logs them as ``wandb.Image`` under
 ``stragglerkit/report/<figure>``, with the PNG files in the run's ``files/stragglerkit-report``.
 
 Example::
