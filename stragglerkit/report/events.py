@@ -31,17 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stragglerkit.detect.plans import EVENT_KINDS
+
 __all__ = ["DECISION_KINDS", "EventLog", "Window", "looks_like_event_log", "read_event_log"]
 
 DECISION_KINDS = (
-    "detected_straggler",
-    "detected_degraded",
-    "switch",
-    "rollback",
-    "cleared",
-    "probing",
-    "verified",
-    "exchange",
+    *EVENT_KINDS,
     # stragglerkit.megatron's notes: what was left to megatron-core's own collective
     "megatron_reduce_scatter",
     "megatron_expert_parallel",
