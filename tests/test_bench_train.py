@@ -344,17 +344,16 @@ needs_horovod = pytest.mark.skipif(
 )
 
 
-@needs_horovod
-def test_horovod_loopback_train_switches_with_horovods_parameters(tmp_path: Path) -> None:
-    """--framework horovod over loopback: the ranks meet at Horovod's rendezvous server as under
-    horovodrun; straggler_aware finds the late rank and trains the parameters that
-    hvd.DistributedOptimizer trains, identical on every rank."""
+def _loopback_train_with_rank_3_late(tmp_path: Path, framework: str) -> tuple[dict[str, Any], str]:
+    """40 loopback training steps of ``framework`` on 4 ranks, rank 3 late by 50 ms from step 2: the
+    JSON and the printed output, after what every framework must show (the same parameters as the
+    plain framework, identical on every rank; rank 3 detected, its buckets switched to StragglAR)."""
     json_path, out = tmp_path / "train.json", io.StringIO()
     config = TrainConfig(
         world_size=4,
         mode="loopback",
         bandwidth=None,
-        framework="horovod",
+        framework=framework,
         steps=40,
         straggler=3,
         delay=0.05,
@@ -364,20 +363,29 @@ def test_horovod_loopback_train_switches_with_horovods_parameters(tmp_path: Path
         model_bytes=2 * 2**20,
         timeout=240,
     )
-    summary = run_train(config, argv=["--mode", "train", "--framework", "horovod"], json_path=str(json_path), out=out)
+    summary = run_train(config, argv=["--mode", "train", "--framework", framework], json_path=str(json_path), out=out)
     assert summary is not None
     data = json.loads(json_path.read_text())
     assert FIELDS <= set(data)
-    assert data["header"]["config"]["framework"] == "horovod"
+    assert data["header"]["config"]["framework"] == framework
     assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
     assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
     assert data["detected_step"] is not None and data["detected"][0]["ranks"].keys() == {"3"}
     assert data["switches"] and data["switches"][0]["algorithm"] == "stragglar", data["switches"]
     assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    return data, out.getvalue()
+
+
+@needs_horovod
+def test_horovod_loopback_train_switches_with_horovods_parameters(tmp_path: Path) -> None:
+    """--framework horovod over loopback: the ranks meet at Horovod's rendezvous server as under
+    horovodrun; straggler_aware finds the late rank and trains the parameters that
+    hvd.DistributedOptimizer trains, identical on every rank."""
+    data, out = _loopback_train_with_rank_3_late(tmp_path, "horovod")
     # the backward of a Horovod step includes the optimizer's synchronize(): the late rank's sleep is outside it
     per_rank = data["steps"]["per_rank"]
     assert all(min(ranks[3] for ranks in per_rank[name][2:]) >= 0.05 for name in ("plain_s", "hooked_s"))
-    assert "plain: hvd.DistributedOptimizer" in out.getvalue()
+    assert "plain: hvd.DistributedOptimizer" in out
 
 
 @needs_horovod
@@ -499,33 +507,9 @@ def test_megatron_loopback_train_switches_with_megatron_cores_parameters(tmp_pat
     trains, identical on every rank."""
     from stragglerkit.bench.train_megatron import gpt_hidden_size, gpt_parameters
 
-    json_path, out = tmp_path / "train.json", io.StringIO()
-    config = TrainConfig(
-        world_size=4,
-        mode="loopback",
-        bandwidth=None,
-        framework="megatron",
-        steps=40,
-        straggler=3,
-        delay=0.05,
-        from_step=2,
-        hook_warmup=5,
-        degraded_threshold=1e9,  # loopback has no NICs to judge
-        model_bytes=2 * 2**20,
-        timeout=240,
-    )
-    summary = run_train(config, argv=["--mode", "train", "--framework", "megatron"], json_path=str(json_path), out=out)
-    assert summary is not None
-    data = json.loads(json_path.read_text())
-    assert FIELDS <= set(data)
-    assert data["header"]["config"]["framework"] == "megatron"
+    data, out = _loopback_train_with_rank_3_late(tmp_path, "megatron")
     assert data["model"]["layers"].startswith("GPT 2 layers")
     assert data["model"]["parameters"] == gpt_parameters(gpt_hidden_size(2 * 2**20))  # megatron-core's GPTModel
-    assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
-    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
-    assert data["detected_step"] is not None and data["detected"][0]["ranks"].keys() == {"3"}
-    assert data["switches"] and data["switches"][0]["algorithm"] == "stragglar", data["switches"]
-    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
     # the lateness is slept between forward and backward: the late rank's step holds it, its backward does not
     per_rank = data["steps"]["per_rank"]
     for name in ("plain", "hooked"):
@@ -533,7 +517,7 @@ def test_megatron_loopback_train_switches_with_megatron_cores_parameters(tmp_pat
         assert min(ranks[3] for ranks in per_rank[f"{name}_backward_s"][2:]) < 0.05
     losses = data["steps"]["loss_rank0"]["plain"]
     assert statistics.mean(losses[-10:]) < statistics.mean(losses[:5])  # it learns the text
-    assert "plain: megatron-core's DistributedDataParallel" in out.getvalue()
+    assert "plain: megatron-core's DistributedDataParallel" in out
 
 
 @needs_megatron
