@@ -273,25 +273,7 @@ class Controller(ProbeSchedule, SwitchVerifier):
         if not ran or "" in ran:
             return None
         if ran not in cache:
-            plan = self.plan
-            slow = dict(self.detector.degraded)
-            straggler = self.detector.straggler
-            delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
-            total = 0.0
-            for b, (algorithm, nbytes) in enumerate(zip(ran, bucket_bytes, strict=False)):
-                if nbytes <= 0:
-                    continue
-                planned = plan.algorithm_for(b) == algorithm
-                total += self.model.predict(
-                    algorithm,
-                    nbytes,
-                    straggler=straggler,
-                    delay=float(delays[b]) if delays is not None and b < delays.size else 0.0,
-                    slowdowns=slow,
-                    planned_slowdowns=dict(plan.slowdowns) if planned and plan.slowdowns else None,
-                    planned_straggler=plan.straggler if planned else None,
-                )
-            cache[ran] = total
+            cache[ran] = self._predicted_total(self.plan, bucket_bytes, ran)
         return cache[ran]
 
     def _plan_outdated(self, step: int) -> bool:

@@ -11,6 +11,7 @@ step ends are missing), and rolls back a switch that did not pay, blocking the r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,24 +37,29 @@ class SwitchVerifier(ControllerState):
             self, step: int, plan: Plan, findings: list[Finding], extra: dict[str, dict[str, Any]]
         ) -> Decision: ...
 
-    def _predicted_total(self, plan: Plan, bucket_bytes: list[int]) -> float:
+    def _predicted_total(self, plan: Plan, bucket_bytes: list[int], ran: Sequence[str] | None = None) -> float:
+        """The cost model's AllReduce part of a step under ``plan``, summed over the buckets; with
+        ``ran``, of a step whose buckets ran those algorithms (the first ``len(ran)`` buckets; a
+        bucket that ran another algorithm than ``plan`` names is predicted without the plan's
+        straggler and slowdowns)."""
         straggler = self.detector.straggler
         delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
         slow = dict(self.detector.degraded)
         total = 0.0
-        for b, nbytes in enumerate(bucket_bytes):
+        for b, nbytes in enumerate(bucket_bytes if ran is None else bucket_bytes[: len(ran)]):
             if nbytes <= 0:
                 continue
             delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
-            planned = dict(plan.slowdowns) if plan.slowdowns else None
+            algorithm = plan.algorithm_for(b) if ran is None else ran[b]
+            planned = algorithm == plan.algorithm_for(b)
             total += self.model.predict(
-                plan.algorithm_for(b),
+                algorithm,
                 nbytes,
                 straggler=straggler,
                 delay=delay,
                 slowdowns=slow,
-                planned_slowdowns=planned,
-                planned_straggler=plan.straggler,
+                planned_slowdowns=dict(plan.slowdowns) if planned and plan.slowdowns else None,
+                planned_straggler=plan.straggler if planned else None,
             )
         return total
 
