@@ -36,7 +36,9 @@ __all__ = [
 BASELINE = "gloo"
 """The process group's own ``all_reduce`` (gloo on CPU, NCCL on GPU): what every speedup is against."""
 DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64")
-MODES = ("emulated", "loopback", "torchrun")
+MODES = ("emulated", "loopback", "torchrun", "horovodrun")
+"""Where the ranks run; ``horovodrun``: this process is one of ``horovodrun``'s ranks (only the
+training bench's workloads run that way, :mod:`stragglerkit.bench.finetune`)."""
 _MAX_RANGE_STEPS = 40
 
 

@@ -299,6 +299,8 @@ def launch_train(config: TrainConfig, why: str = "") -> tuple[LaunchResult, dict
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron-core's import-time notes on Transformer Engine and Apex
             check_megatron_core()  # a ConfigError naming what to install, before any rank starts
+    if config.mode == "horovodrun":
+        return _launch_horovodrun(config)
     launched, record = by_mode(
         config.mode,
         "stragglerkit-train-",
@@ -424,3 +426,25 @@ def _launch_torchrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any] 
     record = train(config, device)
     reporter = torchrun_finish()
     return LaunchResult(mode="torchrun", why=backend, is_reporter=reporter), record if reporter else None
+
+
+def _launch_horovodrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any] | None]:
+    """This process is one of ``horovodrun``'s ranks (a workload's example under horovodrun)."""
+    import horovod.torch as hvd
+    import torch
+    import torch.distributed as dist
+
+    from stragglerkit.bench.train_worker import train
+
+    hvd.init()
+    if hvd.size() != config.world_size:
+        raise ValueError(f"--world-size {config.world_size} differs from horovodrun's {hvd.size()} ranks")
+    try:
+        record = train(config, torch.device("cpu"))
+        reporter = hvd.rank() == 0
+        dist.barrier()
+    finally:
+        hvd.shutdown()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return LaunchResult(mode="horovodrun", why="gloo", is_reporter=reporter), record if reporter else None

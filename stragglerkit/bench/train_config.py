@@ -10,20 +10,24 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from stragglerkit.bench.config import JsonConfig, check_setting, check_slowdowns, scenario_of
 from stragglerkit.config import CLEAR_DEGRADED
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.units import parse_time
 
-__all__ = ["DEFAULT_BATCH", "FRAMEWORKS", "TrainConfig", "parse_jitter"]
+__all__ = ["DEFAULT_BATCH", "FRAMEWORKS", "SLOWDOWNS", "TrainConfig", "parse_jitter"]
 
 FRAMEWORKS = ("ddp", "horovod", "megatron")
 """What ``--framework`` trains with: the plain framework against it with stragglerkit."""
 DEFAULT_BATCH = {"ddp": 16, "horovod": 16, "megatron": 1}
 """Samples per rank and step when ``batch`` is 0: 16 rows of the MLP; 1 sequence of the GPT
 (:mod:`stragglerkit.bench.train_megatron` says why so few)."""
+SLOWDOWNS = ("sleep", "backward")
+"""How the straggler is late: ``sleep``, its whole delay between forward and backward; ``backward``,
+the delay spread over its backward pass as on a throttled GPU
+(:class:`stragglerkit.bench.workload.ComputeSlowdown`)."""
 
 _MIN_MODEL_BYTES = 64 * 1024
 _MAX_MODEL_BYTES = 2**30
@@ -63,7 +67,8 @@ class TrainConfig(JsonConfig):
     bandwidth: float | None = 125e6
     """NIC rate in bytes/s (whole frames): shapes the emulated hosts; elsewhere only recorded."""
     mode: str = "emulated"
-    """``emulated`` (namespaces with shaped NICs), ``loopback`` or ``torchrun``."""
+    """``emulated`` (namespaces with shaped NICs), ``loopback``, ``torchrun``, or ``horovodrun`` (a workload
+    under ``horovodrun``, :mod:`stragglerkit.bench.finetune`)."""
     framework: str = "ddp"
     """``ddp``: plain DDP against DDP with ``stragglerkit.ddp_hook``; ``horovod``:
     ``hvd.DistributedOptimizer`` against ``stragglerkit.straggler_aware``, the ranks started as
@@ -121,6 +126,17 @@ class TrainConfig(JsonConfig):
     this option)."""
     timeout: float = 600.0
     """Seconds the launcher waits for the ranks."""
+    workload: str | None = None
+    """``FILE.py:FACTORY`` or ``module:FACTORY``: the model, data, loss, optimizer and held-out
+    evaluation to train instead of the MLP (:mod:`stragglerkit.bench.workload`); ``None``: the MLP
+    (or the GPT with ``framework="megatron"``). ``model_bytes`` and ``lr`` are then not used."""
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    """Given to the workload's factory on every rank (plain JSON values)."""
+    slowdown: str = "sleep"
+    """Where the straggler's delay goes: ``sleep`` (before its backward) or ``backward`` (spread
+    over its backward, as on a throttled GPU; :data:`SLOWDOWNS`)."""
+    target_loss: float | None = None
+    """A loss to reach: the summary then says when each copy reached it (``stragglerkit.bench.finetune``)."""
     event_log: str | None = None
     """A folder: the hooked copy's loop writes ``events.rank{rank}.jsonl`` there on every rank
     (docs/event_log.md), for ``stragglerkit report FOLDER``; ``None``: no event log."""
@@ -138,6 +154,14 @@ class TrainConfig(JsonConfig):
         check_setting(self.world_size, self.mode, self.bandwidth, self.straggler, self.delay, self.degrade)
         if self.framework not in FRAMEWORKS:
             raise ValueError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.slowdown not in SLOWDOWNS:
+            raise ValueError(f"slowdown must be one of {', '.join(SLOWDOWNS)}, got {self.slowdown!r}")
+        if self.workload is not None and self.framework == "megatron":
+            raise ValueError("a workload trains under --framework ddp or horovod; megatron trains its own GPT")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise ValueError(f"--target-loss must be a finite number, got {self.target_loss!r}")
+        if self.mode == "horovodrun" and self.framework != "horovod":
+            raise ValueError("under horovodrun use --framework horovod (torchrun starts the DDP ranks)")
         if self.framework == "horovod" and self.mode == "torchrun":
             raise ValueError(
                 "--framework horovod starts its own Horovod ranks (on the emulated cluster or over loopback); "

@@ -26,6 +26,14 @@ blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 3. After both: the largest absolute difference between the two models' parameters (both have
    trained the same steps then); every step of the block records it.
 
+A :class:`~stragglerkit.bench.workload.Workload` (``TrainConfig.workload``: the fine-tuning
+examples) replaces the MLP, its random batches, its loss and its SGD, and adds a held-out
+evaluation of both copies after the last step; torch's generator is then seeded by (seed, step,
+rank) before each forward, so that dropout draws the same masks in both copies. With
+``TrainConfig.slowdown="backward"`` the straggler's delay is spread over its backward pass
+(:class:`~stragglerkit.bench.workload.ComputeSlowdown`) instead of slept before it. Every rank's
+loss per step is gathered into the record (``loss_by_rank``).
+
 With ``--degrade`` on the emulated cluster, rank 0 asks the launcher to reshape the degraded hosts'
 links at ``from_step`` (a request file in the control folder) and every rank waits at a barrier
 until that is done; with ``--recover-at`` likewise to restore them at that step. ``--delay
@@ -62,6 +70,7 @@ from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.progress import Progress
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
+from stragglerkit.bench.workload import ComputeSlowdown, Workload, load_workload
 from stragglerkit.config import Config
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
@@ -143,6 +152,10 @@ class _Run:
         self.losses: list[float] = []
         self.cpu: list[list[int] | None] = []
         """Per step: [busy, total] CPU ticks of this rank's host during the step (None: not measured)."""
+        self.slowdown: ComputeSlowdown | None = None
+        """With ``TrainConfig.slowdown="backward"``: spreads the straggler's delay over the backward."""
+        self.workload: Workload | None = None
+        """The workload whose loss this copy trains on (None: the MLP's mean squared error)."""
 
     def zero_grad(self) -> None:
         if self.framework == "ddp":
@@ -154,8 +167,11 @@ class _Run:
     def forward_backward(self, batch: Any, late: float) -> tuple[torch.Tensor, float]:
         """Forward, ``late`` seconds of sleep, backward until the gradients are reduced; the loss and
         when the sleep ended (``time.perf_counter()``)."""
-        x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)
+        if self.workload is not None:
+            loss = self.workload.loss(self.model, batch)
+        else:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.model(x), y)
         if late > 0:
             sleep_precisely(late)
         arrived = time.perf_counter()
@@ -203,6 +219,11 @@ class _TrainRank:
         self.hidden = hidden_width(config.model_bytes)
         self.model_layers = f"{INPUTS}-{self.hidden}-{self.hidden}-{OUTPUTS} MLP"
         self.make_batch: Callable[[TrainConfig, int, int, torch.device], Any] = _batch
+        self.workload = load_workload(config.workload, config.workload_options) if config.workload else None
+        if self.workload is not None:
+            self.model_layers = self.workload.describe()
+            self.hidden = 0
+            self.make_batch = self._workload_batch
         if config.framework == "horovod":
             self.plain, self.hooked, self.loop = self._horovod_runs(config, device)
             self.close = self.loop.close
@@ -216,9 +237,9 @@ class _TrainRank:
             self.model_layers = train_megatron.describe(self.hidden)
             self.make_batch = train_megatron.gpt_batch
         else:
-            models = [DDP(build_model(config).to(device), gradient_as_bucket_view=views) for _ in range(2)]
+            models = [DDP(self._new_model().to(device), gradient_as_bucket_view=views) for _ in range(2)]
             self.plain, self.hooked = (
-                _Run(name, model, torch.optim.SGD(model.parameters(), lr=config.lr), "ddp", views)
+                _Run(name, model, self._new_optimizer(model), "ddp", views)
                 for name, model in zip(("plain", "hooked"), models, strict=True)
             )
             if not stragglerkit.is_initialized():
@@ -228,6 +249,12 @@ class _TrainRank:
             models[1].register_comm_hook(state, stragglerkit.ddp_hook)
             self.loop = state.loop
             self.close = self.loop.close
+        for run in (self.plain, self.hooked):
+            run.workload = self.workload
+            if config.slowdown == "backward":
+                run.slowdown = ComputeSlowdown(run.model)
+        self.evaluation: dict[str, dict[str, float]] | None = None
+        """Per copy, the workload's figures on its held-out split after the last step."""
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.reporter = self.rank == 0
@@ -252,8 +279,8 @@ class _TrainRank:
         hook_config = _hook_settings(config)
         runs = []
         for name in ("plain", "hooked"):
-            model = build_model(config).to(device)
-            sgd = torch.optim.SGD(model.parameters(), lr=config.lr)
+            model = self._new_model().to(device)
+            sgd = self._new_optimizer(model)
             named = [(f"{name}.{key}", p) for key, p in model.named_parameters()]
             if name == "plain":
                 opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
@@ -263,6 +290,39 @@ class _TrainRank:
             hvd.broadcast_optimizer_state(opt, root_rank=0)
             runs.append(_Run(name, model, opt, "horovod", views=False))
         return runs[0], runs[1], runs[1].opt._stragglerkit.loop
+
+    def _new_model(self) -> nn.Module:
+        """A copy of the model: the workload's, or the MLP (the same initial parameters every time)."""
+        return self.workload.build_model() if self.workload is not None else build_model(self.config)
+
+    def _new_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        if self.workload is not None:
+            return self.workload.optimizer(list(model.parameters()))
+        return torch.optim.SGD(model.parameters(), lr=self.config.lr)
+
+    def _workload_batch(self, config: TrainConfig, step: int, rank: int, device: torch.device) -> Any:
+        assert self.workload is not None
+        return _to_device(self.workload.batch(step, rank, dist.get_world_size()), device)
+
+    def evaluate(self) -> None:
+        """Each copy on the workload's held-out split: every rank its share, the sums added up."""
+        if self.workload is None:
+            return
+        self.evaluation = {}
+        for run in (self.plain, self.hooked):
+            module = run.model.module if isinstance(run.model, DDP) else run.model
+            module.eval()
+            with torch.no_grad():
+                sums = self.workload.evaluate(module, self.rank, self.world_size)
+            module.train()
+            keys = sorted(sums)
+            totals = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64)
+            dist.all_reduce(totals)
+            self.evaluation[run.name] = self.workload.metrics(dict(zip(keys, totals.tolist(), strict=True)))
+            self.progress.note(
+                f"held-out evaluation, {run.name}: "
+                + ", ".join(f"{k} {v:.4g}" for k, v in self.evaluation[run.name].items())
+            )
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -288,7 +348,7 @@ class _TrainRank:
     def lateness(self, step: int) -> float:
         """Seconds this rank sleeps before its backward at ``step`` (the same for both runs)."""
         seconds = 0.0
-        if self.config.late_rank(step) == self.rank:
+        if self.config.late_rank(step) == self.rank and self.config.slowdown == "sleep":
             seconds += self.delay
         if self.jitter is not None and step >= self.config.from_step:
             seconds += self.jitter.delay_for(step, self.rank)
@@ -328,9 +388,13 @@ class _TrainRank:
         lateness = [self.lateness(step) for step in block]
         dist.barrier()
         block_start = previous_end = time.perf_counter()
-        for batch, late in zip(batches, lateness, strict=True):
+        for step, batch, late in zip(block, batches, lateness, strict=True):
             cpu_before = CpuTimes.read()
             run.zero_grad()
+            if run.slowdown is not None:
+                run.slowdown.reset(self.delay if self.config.late_rank(step) == self.rank else 0.0)
+            if run.workload is not None:  # dropout draws the same masks in both copies
+                torch.manual_seed(self.config.seed * 1_000_003 + step * 1009 + self.rank)
             loss, arrived = run.forward_backward(batch, late)
             self.synchronize()
             run.backward_s.append(time.perf_counter() - arrived)
@@ -388,6 +452,7 @@ class _TrainRank:
             self.progress.advance(len(block), status)
         self.progress.close()
         self.close()
+        self.evaluate()
         return self._record(diffs)
 
     def _record(self, diffs: list[float]) -> dict[str, Any]:
@@ -407,6 +472,7 @@ class _TrainRank:
             "plain_cpu": self.plain.cpu,
             "hooked_cpu": self.hooked.cpu,
             "diffs": diffs,
+            "losses": {"plain": self.plain.losses, "hooked": self.hooked.losses},
             "checksums": {name: float((v * weights).sum()) for name, v in flat.items()},
             "scale": float(flat["plain"].abs().max()),
         }
@@ -441,6 +507,13 @@ class _TrainRank:
             "param_scale": max(g["scale"] for g in gathered),
             "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},
             "loss": {"plain": self.plain.losses, "hooked": self.hooked.losses},
+            # [step][rank]: every rank's own batch loss
+            "loss_by_rank": {
+                name: [list(t) for t in zip(*(g["losses"][name] for g in gathered), strict=True)]
+                for name in ("plain", "hooked")
+            },
+            "evaluation": self.evaluation,
+            "slowdown": self.config.slowdown,
             "algorithms": self.algorithms,
             "rank_maps": self.rank_maps,
             "events": self.loop.events,
@@ -449,6 +522,17 @@ class _TrainRank:
             "detector_evidence": self.loop.controller.detector.last_evidence,
             "cost_model": dict(self.loop.controller.model.fit_info),
         }
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """A workload's batch (a tensor, or tuples, lists and dicts of them) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(value, device) for value in batch)
+    return batch
 
 
 def _hook_settings(config: TrainConfig) -> Config:

@@ -1,0 +1,373 @@
+"""The fine-tuning examples' shared entry: options, launch, time to a target loss, the run folder.
+
+``examples/bert/finetune.py`` and ``examples/llama/finetune.py`` each define a
+:class:`~stragglerkit.bench.workload.Workload` (model, data, loss, optimizer, held-out
+evaluation) and call :func:`example_main`. Everything else is the training bench's
+(:mod:`stragglerkit.bench.train`): the ranks run on the emulated cluster (root: one network
+namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over loopback
+(``--loopback``, or where no cluster can be made), or as the ranks of ``torchrun`` (RANK,
+WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains two copies
+of the model, plain framework and stragglerkit, in alternating blocks of steps, on the same
+batches, with the same injected faults.
+
+**Which loss, and the time to reach it.** Per step, the *global loss* is the mean over the ranks
+of each rank's batch loss (the loss of the whole global batch: every rank's batch has the same
+size). The loss that is compared with ``--target-loss`` is its running mean over the last
+:data:`TARGET_WINDOW` steps (fewer at the start), so that one lucky batch does not count as
+reaching it. A copy's *time to target* is the sum of its step times (the group's pace, as the
+bench measures it: :mod:`stragglerkit.bench.train_report`) up to and including the first step at
+which that running mean is at or below the target. A target not reached within ``--steps`` is
+reported as not reached, with the best running mean seen.
+
+**Checks, failing loudly.** The two copies compute the same training up to the order of the sums
+in the AllReduce: their global losses must agree at every step within ``--loss-rtol`` (relative),
+and each copy's parameters must be identical on every rank (a weighted checksum per rank). A run
+that breaks either exits with status 1 and says so; the figures are still written.
+
+**The run folder** (``--run-dir``): ``events.rank{r}.jsonl`` (the stragglerkit copy's event logs,
+written as the run goes, so that an interrupted run is still readable), ``train.json`` (the
+bench's JSON plus the fields above), ``loss_vs_time.png``; ``stragglerkit report DIR`` reads it.
+
+Example::
+
+    import sys
+    from stragglerkit.bench.finetune import example_main
+    sys.exit(example_main(__file__, "fine-tune X", add_arguments=None, options=lambda args: {}))
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stragglerkit.bench.config import argument_type, parse_degrade, parse_delay_option
+from stragglerkit.bench.launch import detect_mode
+from stragglerkit.bench.train_config import TrainConfig
+from stragglerkit.errors import StragglerKitError
+from stragglerkit.units import parse_bandwidth
+
+__all__ = [
+    "LOSS_RTOL",
+    "TARGET_WINDOW",
+    "analyse",
+    "example_main",
+    "example_parser",
+    "global_losses",
+    "time_to_target",
+]
+
+TARGET_WINDOW = 5
+"""Steps in the running mean of the global loss that is compared with the target."""
+LOSS_RTOL = 1e-3
+"""Default largest relative difference between the two copies' global losses at any step."""
+
+
+def example_parser(description: str, prog: str) -> argparse.ArgumentParser:
+    """The options every fine-tuning example takes (an example adds its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    add = parser.add_argument
+    add("--framework", choices=("ddp", "horovod"), default="ddp", help="the data-parallel framework (default ddp)")
+    add("--stragglerkit", choices=("both",), default="both", help="both: plain and stragglerkit side by side")
+    add("--world-size", type=int, default=None, help="ranks to start (default 8; under torchrun: WORLD_SIZE)")
+    add("--steps", type=int, default=60, help="training steps of each copy (default 60)")
+    add("--target-loss", type=float, default=None, help="report when each copy reached this loss")
+    add("--straggler", type=int, default=None, metavar="RANK", help="this rank's backward is slowed every step")
+    add(
+        "--delay",
+        type=argument_type(parse_delay_option),
+        default=None,
+        metavar="MS|auto",
+        help="the straggler's extra backward time (plain numbers are ms; default auto: 2 x the punctual ranks' "
+        "StragglAR pre-phase time on the whole gradient, measured before training)",
+    )
+    add("--degrade", type=argument_type(parse_degrade), action="append", metavar="RANK:L", help="RANK's NIC at 1/L")
+    add("--from-step", type=int, default=None, metavar="S", help="first step of the fault (default 0)")
+    add("--bandwidth", type=argument_type(parse_bandwidth), default=None, help="emulated NIC rate (default 1Gbit)")
+    add("--loopback", action="store_true", help="ranks over loopback, not on the emulated cluster")
+    add("--steps-per-block", type=int, default=None, metavar="N", help="the copies take turns every N steps")
+    add("--hook-warmup", type=int, default=None, metavar="STEPS", help="stragglerkit's warm-up steps (default 10)")
+    add("--seed", type=int, default=0, help="seeds the model head, the data order and dropout (default 0)")
+    add("--loss-rtol", type=float, default=LOSS_RTOL, help=f"the copies' losses must agree this well ({LOSS_RTOL:g})")
+    add("--run-dir", default=None, metavar="DIR", help="where the run's files go (default runs/NAME-DATE)")
+    add("--timeout", type=float, default=3600.0, help="seconds to wait for the ranks (default 3600)")
+    add("--wandb", action="store_true", help="log the curves and figures to Weights & Biases (offline unless set)")
+    return parser
+
+
+def example_main(
+    path: str,
+    description: str,
+    *,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None,
+    options: Callable[[argparse.Namespace], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run the example whose workload factory is ``workload`` in the file ``path``; the exit status
+    (0, 1: a check failed or the ranks failed, 2: bad options or a missing package, said in one line)."""
+    from stragglerkit.bench.workload import load_workload, spec_of
+
+    name = Path(path).resolve().parent.name
+    parser = example_parser(description, prog=f"examples/{name}/{Path(path).name}")
+    if add_arguments is not None:
+        add_arguments(parser)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    say = _say_on_rank0()
+    try:
+        mode, why = _mode(args)
+        world_size = _world_size(args, mode)
+        if args.framework == "horovod" and importlib.util.find_spec("horovod") is None:
+            raise ValueError("--framework horovod needs Horovod: bash scripts/install_horovod.sh (or --framework ddp)")
+        workload_options = options(args)
+        spec = spec_of(path)
+        run_dir = Path(args.run_dir or f"runs/{name}-{args.framework}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+        config = TrainConfig(
+            world_size=world_size,
+            bandwidth=args.bandwidth or (parse_bandwidth("1Gbit") if mode == "emulated" else None),
+            mode=mode,
+            framework=args.framework,
+            steps=args.steps,
+            straggler=args.straggler,
+            delay=args.delay,
+            degrade=dict(args.degrade or []),
+            workload=spec,
+            workload_options=workload_options,
+            slowdown="backward",
+            batch=int(workload_options.get("batch", 0)),
+            target_loss=args.target_loss,
+            seed=args.seed,
+            timeout=args.timeout,
+            event_log=str(run_dir.absolute()),
+            **{
+                key: value
+                for key, value in (
+                    ("from_step", args.from_step),
+                    ("steps_per_block", args.steps_per_block),
+                    ("hook_warmup", args.hook_warmup),
+                )
+                if value is not None
+            },
+        )
+        workload = load_workload(spec, workload_options)  # a missing package or file stops here
+        prepare = getattr(workload, "prepare", None)
+        if prepare is not None:
+            prepare()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (ValueError, ImportError, OSError) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    say(f"{parser.prog}: {world_size} ranks on {mode} ({why}); run folder {run_dir}")
+    return _run(config, args, given, parser.prog, run_dir, say)
+
+
+def _run(config: TrainConfig, args: argparse.Namespace, argv: list[str], prog: str, run_dir: Path, say: Any) -> int:
+    from stragglerkit.bench.results import header_record
+    from stragglerkit.bench.train import launch_train
+    from stragglerkit.bench.train_report import print_summary, summarize, write_json
+
+    try:
+        launched, record = launch_train(config)
+    except StragglerKitError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 1
+    if record is None:  # a torchrun or horovodrun rank other than 0
+        return 0
+    summary = summarize(config, record)
+    header = header_record(config, launched, argv)
+    header["command"] = " ".join(["python", prog, *argv])
+    for key in ("alpha_s", "model_bandwidth_Bps"):
+        header.pop(key, None)
+    problems = analyse(config, record, summary, args.loss_rtol)
+    print_summary(summary, header)
+    _print_finetune(summary)
+    write_json(str(run_dir / "train.json"), header, summary)
+    _plot(summary, run_dir / "loss_vs_time.png")
+    if args.wandb:
+        _log_wandb(summary, header, run_dir)
+    say(f"wrote {run_dir}/train.json and loss_vs_time.png; then: stragglerkit report {run_dir} -o report.html")
+    for problem in problems:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _say_on_rank0() -> Callable[[str], None]:
+    rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
+
+    def say(line: str) -> None:
+        if rank == 0:
+            print(line, file=sys.stderr)
+
+    return say
+
+
+def _mode(args: argparse.Namespace) -> tuple[str, str]:
+    if "HOROVOD_RANK" in os.environ and "RANK" not in os.environ:
+        if args.framework != "horovod":
+            raise ValueError("under horovodrun give --framework horovod")
+        return "horovodrun", f"horovodrun (HOROVOD_RANK={os.environ['HOROVOD_RANK']})"
+    return detect_mode(args.loopback)
+
+
+def _world_size(args: argparse.Namespace, mode: str) -> int:
+    if mode in ("torchrun", "horovodrun"):
+        size = int(os.environ["WORLD_SIZE" if mode == "torchrun" else "HOROVOD_SIZE"])
+        if args.world_size not in (None, size):
+            raise ValueError(f"--world-size {args.world_size} differs from {mode}'s {size} ranks; leave it out")
+        return size
+    return 8 if args.world_size is None else int(args.world_size)
+
+
+# --------------------------------------------------------------------------- the figures
+
+
+def global_losses(record: dict[str, Any]) -> dict[str, list[float]]:
+    """Per copy, per step: the mean over the ranks of their batch losses."""
+    return {name: [sum(ranks) / len(ranks) for ranks in steps] for name, steps in record["loss_by_rank"].items()}
+
+
+def time_to_target(losses: list[float], step_s: list[float], target: float | None) -> dict[str, Any]:
+    """When the running mean of ``losses`` over :data:`TARGET_WINDOW` steps first reaches ``target``.
+
+    Example::
+
+        time_to_target([3.0, 2.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], 1.5)["time_s"]    # 4.0 (mean 1.5 at step 3)
+    """
+    smoothed = [
+        sum(losses[max(0, s - TARGET_WINDOW + 1) : s + 1]) / (s + 1 - max(0, s - TARGET_WINDOW + 1))
+        for s in range(len(losses))
+    ]
+    best = min(smoothed) if smoothed else None
+    out: dict[str, Any] = {"target": target, "window": TARGET_WINDOW, "best_loss": best, "smoothed": smoothed}
+    reached = next((s for s, v in enumerate(smoothed) if target is not None and v <= target), None)
+    out["reached"] = reached is not None
+    out["step"] = reached
+    out["time_s"] = sum(step_s[: reached + 1]) if reached is not None else None
+    return out
+
+
+def analyse(config: TrainConfig, record: dict[str, Any], summary: dict[str, Any], rtol: float) -> list[str]:
+    """Adds the fine-tuning figures to ``summary``; the broken checks, as sentences."""
+    losses = global_losses(record)
+    plain, hooked = losses["plain"], losses["hooked"]
+    diffs = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain, hooked, strict=True)]
+    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
+    summary["loss"] = {"plain": plain, "hooked": hooked, "by_rank": record["loss_by_rank"]}
+    summary["loss_max_rel_diff"] = diffs[worst] if worst is not None else None
+    summary["loss_rtol"] = rtol
+    summary["losses_agree"] = all(d <= rtol for d in diffs) and all(map(math.isfinite, plain + hooked))
+    summary["evaluation"] = record.get("evaluation")
+    summary["slowdown"] = record.get("slowdown")
+    steps = summary["steps"]
+    summary["time_to_target"] = {
+        name: time_to_target(losses[name], steps[f"{name}_s"], config.target_loss) for name in ("plain", "hooked")
+    }
+    reached = summary["time_to_target"]
+    summary["speedup_to_target"] = (
+        reached["plain"]["time_s"] / reached["hooked"]["time_s"]
+        if reached["plain"]["reached"] and reached["hooked"]["reached"] and reached["hooked"]["time_s"] > 0
+        else None
+    )
+    summary["total_time_s"] = {name: sum(steps[f"{name}_s"]) for name in ("plain", "hooked")}
+    problems = []
+    if not summary["losses_agree"]:
+        assert worst is not None
+        problems.append(
+            f"the copies' losses differ by {diffs[worst]:.3g} (relative) at step {worst}: {plain[worst]!r} against "
+            f"{hooked[worst]!r}, more than --loss-rtol {rtol:g}"
+        )
+    for name in ("plain", "hooked"):
+        if not summary[f"{name}_identical_on_all_ranks"]:
+            problems.append(f"the {name} copy's parameters differ between the ranks after the last step")
+    return problems
+
+
+def _print_finetune(summary: dict[str, Any]) -> None:
+    print(
+        f"# losses: the copies agree at every step within {summary['loss_rtol']:g} (largest relative difference "
+        f"{summary['loss_max_rel_diff']:.3g}): {'yes' if summary['losses_agree'] else 'NO'}"
+    )
+    for name in ("plain", "hooked"):
+        figures = summary["evaluation"][name] if summary["evaluation"] else {}
+        reached = summary["time_to_target"][name]
+        if reached["target"] is None:
+            target = f"best loss {reached['best_loss']:.4g} (no --target-loss)"
+        elif reached["reached"]:
+            target = f"target {reached['target']:g} reached at step {reached['step']} after {reached['time_s']:.2f} s"
+        else:
+            target = f"target {reached['target']:g} not reached in {len(reached['smoothed'])} steps, best loss " + (
+                f"{reached['best_loss']:.4g}"
+            )
+        held_out = ", ".join(f"{k} {v:.4g}" for k, v in figures.items())
+        print(f"# {name:>6}: {target}; total {summary['total_time_s'][name]:.2f} s; held-out: {held_out}")
+    if summary["speedup_to_target"] is not None:
+        print(f"# time to target loss: plain / stragglerkit = {summary['speedup_to_target']:.3f}x")
+
+
+def _plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for name, colour, label in (("plain", "grey", "plain"), ("hooked", "tab:blue", "stragglerkit")):
+        times = list(_cumulative(summary["steps"][f"{name}_s"]))
+        axis.plot(times, summary["time_to_target"][name]["smoothed"], color=colour, label=label)
+    target = summary["time_to_target"]["plain"]["target"]
+    if target is not None:
+        axis.axhline(target, color="black", linestyle=":", linewidth=1, label=f"target {target:g}")
+    if summary["switched_step"] is not None:
+        switched = list(_cumulative(summary["steps"]["hooked_s"]))[summary["switched_step"]]
+        axis.axvline(switched, color="tab:blue", linestyle="--", linewidth=1, label="stragglerkit switched")
+    axis.set_xlabel("training time (s, the sum of the copy's step times)")
+    axis.set_ylabel(f"loss (mean over ranks, running mean of {TARGET_WINDOW} steps)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _cumulative(values: list[float]) -> Any:
+    total = 0.0
+    for value in values:
+        total += value
+        yield total
+
+
+def _log_wandb(summary: dict[str, Any], header: dict[str, Any], run_dir: Path) -> None:
+    """The curves, the figures and the plot as one W&B run (offline unless WANDB_MODE says otherwise)."""
+    try:
+        import wandb
+    except ImportError:
+        print("--wandb: wandb is not installed (pip install wandb); not logged", file=sys.stderr)
+        return
+    os.environ.setdefault("WANDB_MODE", "offline")
+    run = wandb.init(project="stragglerkit-examples", dir=str(run_dir), config=header["config"])
+    plain_t, hooked_t = (list(_cumulative(summary["steps"][f"{n}_s"])) for n in ("plain", "hooked"))
+    for step in range(len(plain_t)):
+        run.log(
+            {
+                "loss/plain": summary["loss"]["plain"][step],
+                "loss/stragglerkit": summary["loss"]["hooked"][step],
+                "time_s/plain": plain_t[step],
+                "time_s/stragglerkit": hooked_t[step],
+                "step_s/plain": summary["steps"]["plain_s"][step],
+                "step_s/stragglerkit": summary["steps"]["hooked_s"][step],
+            },
+            step=step,
+        )
+    figures = {"speedup_to_target": summary["speedup_to_target"], "speedup_steady": summary["speedup_steady"]}
+    for name in ("plain", "hooked"):
+        for key, value in (summary["evaluation"] or {}).get(name, {}).items():
+            figures[f"eval/{name}/{key}"] = value
+    run.summary.update({k: v for k, v in figures.items() if v is not None})
+    run.log({"loss_vs_time": wandb.Image(str(run_dir / "loss_vs_time.png"))})
+    run.finish()
+    print(f"--wandb: logged to {run_dir}/wandb ({os.environ['WANDB_MODE']})", file=sys.stderr)
