@@ -237,7 +237,7 @@ def time_to_target(losses: list[float], step_s: list[float], target: float | Non
 
     Example::
 
-        time_to_target([3.0, 2.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], 1.5)["time_s"]    # 4.0 (mean 1.5 at step 3)
+        time_to_target([2.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], 1.25)["time_s"]    # 4.0 (mean 1.25 at step 3)
     """
     smoothed = [
         sum(losses[max(0, s - TARGET_WINDOW + 1) : s + 1]) / (s + 1 - max(0, s - TARGET_WINDOW + 1))

