@@ -1,0 +1,102 @@
+"""The fine-tuning summary: stragglerkit against the plain framework in bench_finetune.sh's runs.
+
+Reads the examples' ``train.json`` files from run folders named
+``<example>_<framework>_<scenario>_run<i>`` and overwrites one summary (default
+``profiling/results/bench_finetune.json``): per example, framework and scenario, the plain
+copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
+not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
+the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
+copy's parameters were identical on every rank, and the held-out figures.
+
+Example::
+
+    python profiling/_finetune_summary.py /tmp/finetune/*_run*/train.json --command "bash profiling/bench_finetune.sh"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _env import RESULTS, write_summary
+
+TARGETS = {
+    "no_fault": ("time to target within 2 % of plain", 0.98),
+    "straggler": ("time to target at least 1.1x shorter", 1.1),
+    "degraded": ("time to target at least 1.2x shorter", 1.2),
+}
+"""Per scenario: the issue's target and the lowest plain/stragglerkit ratio that meets it."""
+
+
+def _one(data: dict[str, Any]) -> dict[str, Any]:
+    reached = data["time_to_target"]
+    return {
+        "speedup_to_target": data["speedup_to_target"],
+        "time_to_target_s": {name: reached[name]["time_s"] for name in ("plain", "hooked")},
+        "best_loss": {name: reached[name]["best_loss"] for name in ("plain", "hooked")},
+        "speedup_steady": data["speedup_steady"],
+        "switched_step": data["switched_step"],
+        "algorithm": data["algorithm"],
+        "losses_agree": data["losses_agree"],
+        "identical_on_all_ranks": data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"],
+        "evaluation": data["evaluation"],
+        "load_average": data["header"]["load_average"],
+    }
+
+
+def summarize(paths: list[Path]) -> dict[str, Any]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    targets: dict[str, float] = {}
+    for path in sorted(paths):
+        name, framework, *scenario, _ = path.parent.name.split("_")
+        key = f"{name}/{framework}/{'_'.join(scenario)}"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        groups.setdefault(key, []).append(_one(data))
+        targets[key] = data["header"]["config"]["target_loss"]
+    out: dict[str, Any] = {}
+    for key, runs in groups.items():
+        scenario = key.rsplit("/", 1)[1]
+        ratios = [r["speedup_to_target"] for r in runs if r["speedup_to_target"] is not None]
+        median = statistics.median(ratios) if ratios else None
+        text, lowest = TARGETS.get(scenario, ("", 0.0))
+        out[key] = {
+            "target": text,
+            "target_loss": targets[key],
+            "median_speedup_to_target": median,
+            "met": None if median is None else median >= lowest,
+            "runs_reaching_target": f"{len(ratios)}/{len(runs)}",
+            "median_speedup_steady": statistics.median(
+                [r["speedup_steady"] for r in runs if r["speedup_steady"] is not None] or [float("nan")]
+            ),
+            "all_checks_passed": all(r["losses_agree"] and r["identical_on_all_ranks"] for r in runs),
+            "runs": runs,
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--command", default=None)
+    parser.add_argument("--out", default=str(RESULTS / "bench_finetune.json"))
+    args = parser.parse_args()
+    results = summarize(args.files)
+    for key, entry in results.items():
+        ratio = entry["median_speedup_to_target"]
+        print(
+            f"{key:>28}: plain/stragglerkit time to loss {entry['target_loss']:g}: "
+            f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
+            f"target: {entry['target']}, met: {entry['met']}"
+        )
+    write_summary(args.out, "bench_finetune", {"results": results}, args.command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
