@@ -82,8 +82,8 @@ class ExecutorConfig:
     """The most a TCP connection of stragglerkit's own gloo groups queues (bytes; ``None`` or
     ``"off"``: the kernel's default, about 4 MiB). A bounded queue keeps a send from finishing long
     before its bytes left the host, so the plan's timing holds; 1 MiB measured best for training
-    steps at 1 Gbit/s. Lower it (256 KiB) on links of a few hundred Mbit/s. Only the default gloo
-    group gets the runtime's own connections; other groups are used as they are."""
+    steps at 1 Gbit/s. Lower it (256 KiB) on links of a few hundred Mbit/s. Any gloo group gets
+    the runtime's own connections (the user's group is never rebound); NCCL groups are used as they are."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.timeout, int | float) and self.timeout > 0):

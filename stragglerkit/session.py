@@ -30,6 +30,7 @@ import torch.distributed as dist
 from stragglerkit.config import Config, unknown_variables
 from stragglerkit.detect.arrival import ClockOffsets, estimate_clock_offsets
 from stragglerkit.errors import ConfigError, NotInitializedError
+from stragglerkit.runtime.executor import gloo_group_over
 from stragglerkit.runtime.runtime import Runtime
 
 __all__ = ["Session", "create", "destroy", "is_initialized", "refuse", "session_for"]
@@ -114,12 +115,12 @@ def create(group: dist.ProcessGroup | None, config: Config) -> Session:
             hint = f" (did you mean {close}?)" if close else ""
             warnings.warn(f"{name} is not a stragglerkit setting{hint}; it has no effect", UserWarning, stacklevel=3)
     timeout = datetime.timedelta(seconds=config.executor.timeout)
-    side = _gloo_twin(resolved, timeout)
+    side = gloo_group_over(resolved, timeout)
     if resolved.size() > 1:
         _check_same_config(side, config)
     allreduce_group = resolved
     if dist.get_backend(resolved) == "gloo":
-        allreduce_group = _gloo_twin(resolved, timeout)
+        allreduce_group = gloo_group_over(resolved, timeout)
     runtime = Runtime(resolved, config)
     offsets = estimate_clock_offsets(side) if resolved.size() > 1 else ClockOffsets.zero(1)
     session = Session(resolved, config, runtime, side, allreduce_group, offsets)
@@ -134,20 +135,9 @@ def refuse(group: dist.ProcessGroup | None, error: ConfigError) -> NoReturn:
     resolved = _resolve(group)
     if resolved.size() == 1:
         raise error
-    side = _gloo_twin(resolved, datetime.timedelta(seconds=Config().executor.timeout))
+    side = gloo_group_over(resolved, datetime.timedelta(seconds=Config().executor.timeout))
     _check_same_config(side, None, str(error))
     raise error  # not reached: the check raises on every rank
-
-
-def _gloo_twin(group: dist.ProcessGroup, timeout: datetime.timedelta) -> dist.ProcessGroup:
-    """A new gloo group over ``group``'s ranks. For the default group every rank creates it, as
-    torch asks. For any other group only its members do: the group is then named after its ranks
-    (``use_local_synchronization``), so ranks outside it keep torch's group numbering, and groups
-    of the same size on other ranks (Megatron's data-parallel groups, one per tensor- and
-    pipeline-parallel position, each set up by its own members) do not share a name."""
-    ranks = dist.get_process_group_ranks(group)
-    members_only = group is not dist.distributed_c10d._get_default_group()
-    return dist.new_group(ranks, backend="gloo", timeout=timeout, use_local_synchronization=members_only)
 
 
 def destroy(group: dist.ProcessGroup | None = None) -> None:

@@ -207,6 +207,64 @@ def test_off_keeps_the_kernels_buffers_and_the_users_group(value: str) -> None:
         assert out["ring"] and out["ring_large"] and out["stragglar"] and out["optcc"], (rank, out)
 
 
+def _all_reduce_over_a_subgroups_own_groups(rank: int, world_size: int, layout: str) -> dict[str, object]:
+    """Megatron's data-parallel groups: ``whole`` is one group over every rank that is not the
+    default group (tensor- and pipeline-parallel size 1); ``halves`` are the even and the odd
+    ranks, each set up by its own members only (tensor-parallel size 2)."""
+    import stragglerkit
+    from stragglerkit.session import session_for
+
+    if layout == "whole":
+        members = list(range(world_size))
+    else:
+        members = [r for r in range(world_size) if r % 2 == rank % 2]
+    group = dist.new_group(members, backend="gloo", use_local_synchronization=True)
+    stragglerkit.init(group=group)
+    runtime = session_for(group).runtime
+    size = group.size()
+    out: dict[str, object] = {
+        "size": size,
+        "own_groups": runtime.data_group is not group
+        and runtime.reverse_group is not None
+        and runtime.reverse_group is not group,
+        "same_ranks": dist.get_process_group_ranks(runtime.data_group) == members
+        and runtime.reverse_group is not None
+        and dist.get_process_group_ranks(runtime.reverse_group) == members,
+        "connections": runtime.send_buffer_connections,
+        "bounds": runtime.connections.sizes() if runtime.connections is not None else [],
+    }
+    cases: list[tuple[str, dict[str, object]]] = [("ring", {}), ("optcc", {"slowdowns": {size - 1: 2.0}})]
+    if size >= 4:
+        cases.append(("stragglar", {"straggler": size - 1}))
+    for algorithm, kwargs in cases:
+        x = torch.arange(70001, dtype=torch.float32) * (rank + 1) + 0.5
+        expected = x.clone()
+        dist.all_reduce(expected, group=group)
+        stragglerkit.all_reduce(x, group=group, algorithm=algorithm, **kwargs)  # type: ignore[arg-type]
+        out[algorithm] = bool(torch.equal(x, expected))
+    stragglerkit.destroy(group)
+    return out
+
+
+@pytest.mark.parametrize(("world_size", "layout"), [(4, "whole"), (4, "halves")])
+def test_a_subgroup_gets_the_runtimes_own_connections_too(world_size: int, layout: str) -> None:
+    """A gloo group other than the default one (Megatron's data-parallel group) gets the two
+    groups of the runtime's own, one per direction, with bounded send buffers: without them
+    StragglAR's swaps share one connection per pair and take twice as long."""
+    with send_buffer_env(None):
+        results = run_group(world_size, _all_reduce_over_a_subgroups_own_groups, layout)
+    for rank, out in results.items():
+        size = out["size"]
+        assert isinstance(size, int) and size == (world_size if layout == "whole" else world_size // 2)
+        assert out["own_groups"] and out["same_ranks"], (rank, out)
+        connections = out["connections"]
+        assert isinstance(connections, int) and connections >= 2 * (size - 1), (rank, out)
+        bounds = out["bounds"]
+        granted = min(DEFAULT_SEND_BUFFER, 2 * _wmem_max())  # what the kernel grants
+        assert isinstance(bounds, list) and bounds and set(bounds) == {granted}, (rank, out)
+        assert out["ring"] and out["optcc"] and out.get("stragglar", True), (rank, out)
+
+
 def _bounds_follow_the_plan(rank: int, world_size: int) -> dict[str, object]:
     import stragglerkit
     from stragglerkit.session import session_for

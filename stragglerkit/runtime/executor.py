@@ -12,6 +12,7 @@ each phase or round, reduction and message, named as docs/profiling.md says.
 from __future__ import annotations
 
 import atexit
+import datetime
 import re
 import warnings
 from contextlib import AbstractContextManager
@@ -34,7 +35,8 @@ __all__ = [
     "concurrent_waits",
     "duplex_group",
     "force_wait_mode",
-    "is_default_gloo_group",
+    "gloo_group_over",
+    "is_gloo_group",
     "native",
     "notify_local_failure",
     "phase_range_name",
@@ -348,23 +350,34 @@ def concurrent_waits(
 
 
 def duplex_group(group: dist.ProcessGroup) -> dist.ProcessGroup | None:
-    """A second gloo group over the ranks of the default group ``group``, or None where not needed.
+    """A second gloo group over the ranks of the gloo group ``group``, or None where not needed.
 
     Gloo keeps one TCP connection per pair of ranks, and it carries one direction at a time: two
     ranks that send each other a chunk at once (StragglAR's swaps, OptCC's upload/download) take
-    about twice the time of a one-way transfer. With a second group,
-    each direction gets its own connection. NCCL needs none. Creating it is collective: every rank
-    of the default group must call this at the same point.
+    about twice the time of a one-way transfer. With a second group, each direction gets its own
+    connection. NCCL needs none. Creating it is collective over ``group`` (:func:`gloo_group_over`).
     """
-    if not is_default_gloo_group(group):
+    if not is_gloo_group(group):
         return None
-    return dist.new_group(backend="gloo")
+    return gloo_group_over(group)
 
 
-def is_default_gloo_group(group: dist.ProcessGroup) -> bool:
-    """``group`` is the default group and runs on gloo: the runtime may add gloo groups over the
-    same ranks (:func:`duplex_group`, runtime/send_buffer.py)."""
-    return group is dist.distributed_c10d._get_default_group() and dist.get_backend(group) == "gloo"
+def is_gloo_group(group: dist.ProcessGroup) -> bool:
+    """``group`` runs on gloo: the runtime may add gloo groups over the same ranks
+    (:func:`duplex_group`, runtime/send_buffer.py)."""
+    return dist.get_backend(group) == "gloo"
+
+
+def gloo_group_over(group: dist.ProcessGroup, timeout: datetime.timedelta | None = None) -> dist.ProcessGroup:
+    """A new gloo group over ``group``'s ranks, with the same rank numbering (torch sorts a group's
+    ranks). For the default group every rank creates it, as torch asks. For any other group only
+    its members do: the group is then named after its ranks (``use_local_synchronization``), so
+    ranks outside it keep torch's group numbering, and groups of the same size on other ranks
+    (Megatron's data-parallel groups, one per tensor- and pipeline-parallel position, each set up
+    by its own members) do not share a name. Every member calls it at the same point."""
+    ranks = dist.get_process_group_ranks(group)
+    members_only = group is not dist.distributed_c10d._get_default_group()
+    return dist.new_group(ranks, backend="gloo", timeout=timeout, use_local_synchronization=members_only)
 
 
 def notify_local_failure(group: dist.ProcessGroup, device: torch.device, algorithm: str) -> None:

@@ -45,7 +45,7 @@ from stragglerkit.runtime.executor import (
     OpTimings,
     concurrent_waits,
     duplex_group,
-    is_default_gloo_group,
+    is_gloo_group,
     native,
     notify_local_failure,
     run_plan,
@@ -239,19 +239,19 @@ class Runtime:
         self._send_buffer = send_buffer or 0
         self.data_group = self.group
         """The group the executor's messages (lower to higher ranks), headers and abort notes use:
-        one of the runtime's own with a bounded send buffer (gloo, default group: runtime/send_buffer.py),
+        one of the runtime's own with a bounded send buffer (gloo: runtime/send_buffer.py),
         else ``group``."""
         self.reverse_group: dist.ProcessGroup | None = None
-        """Second group for messages from higher to lower ranks (gloo, default group; see duplex_group)."""
+        """Second group for messages from higher to lower ranks (gloo; see duplex_group)."""
         self.connections: BoundedConnections | None = None
         """The connections whose send buffer this runtime bounds (None with ``executor.send_buffer``
-        off or a group other than the default gloo one): at ``executor.send_buffer`` bytes, and at
+        off or a group that is not gloo): at ``executor.send_buffer`` bytes, and at
         ``optcc.send_buffer`` while an OptCC plan runs (runtime/send_buffer.py)."""
-        if send_buffer is not None and self.group.size() > 1 and is_default_gloo_group(self.group):
+        if send_buffer is not None and self.group.size() > 1 and is_gloo_group(self.group):
             # data travels over two groups of the runtime's own (one per direction), whose
             # connections queue at most ``send_buffer`` bytes each (runtime/send_buffer.py)
-            self.data_group, self.connections = new_group_with_send_buffer(send_buffer)
-            self.reverse_group, reverse = new_group_with_send_buffer(send_buffer)
+            self.data_group, self.connections = new_group_with_send_buffer(send_buffer, self.group)
+            self.reverse_group, reverse = new_group_with_send_buffer(send_buffer, self.group)
             self.connections += reverse
         elif self.group.size() > 1:
             self.reverse_group = duplex_group(self.group)

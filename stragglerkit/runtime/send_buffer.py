@@ -14,7 +14,7 @@ observes every large plan with one waiter per channel (``concurrent_waits`` in
 runtime/executor.py), so that a receive's recorded end is when it arrived and the NIC-health
 estimate (detect/nic_health.py) reads each link as it is.
 
-How: a runtime on the default gloo group creates its own two gloo groups (one per direction) and
+How: a runtime on a gloo group creates its own two gloo groups over its ranks (one per direction) and
 sets ``SO_SNDBUF`` on the connections that creating them opened, found as the sockets this process
 did not have before. The user's group and any other socket of the process are left alone. Gloo
 connects a new group's full mesh while creating it, so every connection is there to set. Linux
@@ -143,12 +143,17 @@ def _bound(fd: int, nbytes: int) -> int | None:
         sock.close()  # the duplicate only
 
 
-def new_group_with_send_buffer(nbytes: int) -> tuple[dist.ProcessGroup, BoundedConnections]:
-    """A new gloo group over every rank (collective, like ``dist.new_group``) whose connections
-    queue at most ``nbytes`` each; also those connections, to bound again. The kernel caps what a
-    process may ask at ``net.core.wmem_max`` (doubled); a smaller buffer than asked is warned of."""
+def new_group_with_send_buffer(
+    nbytes: int, over: dist.ProcessGroup | None = None
+) -> tuple[dist.ProcessGroup, BoundedConnections]:
+    """A new gloo group over the ranks of ``over`` (default: every rank; collective over them, see
+    :func:`stragglerkit.runtime.executor.gloo_group_over`) whose connections queue at most
+    ``nbytes`` each; also those connections, to bound again. The kernel caps what a process may
+    ask at ``net.core.wmem_max`` (doubled); a smaller buffer than asked is warned of."""
+    from stragglerkit.runtime.executor import gloo_group_over
+
     before = socket_inodes()
-    group = dist.new_group(backend="gloo")
+    group = gloo_group_over(over if over is not None else dist.distributed_c10d._get_default_group())
     after = socket_inodes()
     bounded = {
         (fd, inode): size
