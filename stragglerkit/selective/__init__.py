@@ -1,1 +1,50 @@
-"""stragglerkit.selective."""
+"""stragglerkit.selective: selective reduce, progress- and bandwidth-aware partial synchronisation.
+
+Opt-in: a group of ready workers averages its models with weights instead of all ranks summing
+gradients, which changes what training computes (docs/selective.md). This package holds the
+controller algorithms as pure, clock-injected library code that a simulator and a training loop
+can both drive:
+
+* :class:`SelectiveConfig`: the paper's parameters ``p, eta, theta, dt, c, v``;
+* :class:`ProgressModel`: ``P(T <= t + dt | T > t)`` from observed iteration times;
+* :func:`bag` (Algorithm 1), :func:`bpawr` (Algorithm 2), :class:`SelectiveReduceController`
+  (Algorithm 3), and the baseline :class:`PartialReduceController`;
+* events :class:`WorkerReady`, :class:`SyncDone`, :class:`Tick`; decisions :class:`Sync`.
+"""
+
+from __future__ import annotations
+
+from stragglerkit.selective.bag import bag
+from stragglerkit.selective.bpawr import BpawrDecision, Expected, bpawr, ring_time
+from stragglerkit.selective.config import SelectiveConfig
+from stragglerkit.selective.controller import SelectiveReduceController
+from stragglerkit.selective.partial_reduce import PartialReduceController
+from stragglerkit.selective.progress import ProgressModel
+from stragglerkit.selective.workers import (
+    Event,
+    Sync,
+    SyncDone,
+    Tick,
+    WorkerReady,
+    WorkerState,
+    iteration_weights,
+)
+
+__all__ = [
+    "BpawrDecision",
+    "Event",
+    "Expected",
+    "PartialReduceController",
+    "ProgressModel",
+    "SelectiveConfig",
+    "SelectiveReduceController",
+    "Sync",
+    "SyncDone",
+    "Tick",
+    "WorkerReady",
+    "WorkerState",
+    "bag",
+    "bpawr",
+    "iteration_weights",
+    "ring_time",
+]
