@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import math
 import os
 import sys
@@ -318,13 +319,13 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for name, colour, label in (("plain", "grey", "plain"), ("hooked", "tab:blue", "stragglerkit")):
-        times = list(_cumulative(summary["steps"][f"{name}_s"]))
+        times = list(itertools.accumulate(summary["steps"][f"{name}_s"]))
         axis.plot(times, summary["time_to_target"][name]["smoothed"], color=colour, label=label)
     target = summary["time_to_target"]["plain"]["target"]
     if target is not None:
         axis.axhline(target, color="black", linestyle=":", linewidth=1, label=f"target {target:g}")
     if summary["switched_step"] is not None:
-        switched = list(_cumulative(summary["steps"]["hooked_s"]))[summary["switched_step"]]
+        switched = list(itertools.accumulate(summary["steps"]["hooked_s"]))[summary["switched_step"]]
         axis.axvline(switched, color="tab:blue", linestyle="--", linewidth=1, label="stragglerkit switched")
     axis.set_xlabel("training time (s, the sum of the copy's step times)")
     axis.set_ylabel(f"loss (mean over ranks, running mean of {TARGET_WINDOW} steps)")
@@ -332,13 +333,6 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-
-
-def _cumulative(values: list[float]) -> Any:
-    total = 0.0
-    for value in values:
-        total += value
-        yield total
 
 
 def _log_wandb(summary: dict[str, Any], header: dict[str, Any], run_dir: Path) -> None:
@@ -350,7 +344,7 @@ def _log_wandb(summary: dict[str, Any], header: dict[str, Any], run_dir: Path) -
         return
     os.environ.setdefault("WANDB_MODE", "offline")
     run = wandb.init(project="stragglerkit-examples", dir=str(run_dir), config=header["config"])
-    plain_t, hooked_t = (list(_cumulative(summary["steps"][f"{n}_s"])) for n in ("plain", "hooked"))
+    plain_t, hooked_t = (list(itertools.accumulate(summary["steps"][f"{n}_s"])) for n in ("plain", "hooked"))
     for step in range(len(plain_t)):
         run.log(
             {

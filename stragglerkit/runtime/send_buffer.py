@@ -49,6 +49,8 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from stragglerkit.runtime.executor import gloo_group_over
+
 __all__ = ["BoundedConnections", "new_group_with_send_buffer", "socket_inodes"]
 
 
@@ -150,8 +152,6 @@ def new_group_with_send_buffer(
     :func:`stragglerkit.runtime.executor.gloo_group_over`) whose connections queue at most
     ``nbytes`` each; also those connections, to bound again. The kernel caps what a process may
     ask at ``net.core.wmem_max`` (doubled); a smaller buffer than asked is warned of."""
-    from stragglerkit.runtime.executor import gloo_group_over
-
     before = socket_inodes()
     group = gloo_group_over(over if over is not None else dist.distributed_c10d._get_default_group())
     after = socket_inodes()
