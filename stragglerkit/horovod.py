@@ -74,15 +74,12 @@ from stragglerkit.integrations.optimizer_buckets import (
     check_same_parameters,
     parameter_signature,
 )
-from stragglerkit.loop.faults import REPORT_WAIT_S
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.report import nvtx
 
 __all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
 
 _HOROVOD_PATH_WARNED: set[str] = set()
-_hosting_store = False
-"""Whether this process hosts the TCP store of the group made from Horovod's ranks (rank 0)."""
 
 
 def DistributedOptimizer(
@@ -180,9 +177,6 @@ class _Buckets(GradientBuckets):
             loop,
             "avg" if optimizer.op == Average else "sum",
             lambda flat: optimizer._compression.compress(flat)[0],
-            # this process hosts the store the other ranks read the fault notes from: give them
-            # the report window before the error may end it
-            hold_error_s=REPORT_WAIT_S if _hosting_store else 0.0,
         )
         self.optimizer = optimizer
         self.number = _Buckets.made  # the same on every rank: each makes its optimizers in the same order
@@ -276,11 +270,9 @@ def _join_group_from_horovod() -> None:
     store = None
     address: tuple[str, int] | None = None
     if hvd.rank() == 0:
-        global _hosting_store
         host = _interface_address(interface) or os.environ.get("HOROVOD_HOSTNAME") or "127.0.0.1"
         store = dist.TCPStore(host, 0, hvd.size(), True, wait_for_workers=False)
         address = (host, store.port)
-        _hosting_store = True
     address = hvd.broadcast_object(address, root_rank=0, name="stragglerkit.rendezvous")
     assert address is not None
     if store is None:

@@ -31,14 +31,13 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from stragglerkit.errors import ConfigError, PeerError
+from stragglerkit.errors import ConfigError
 from stragglerkit.loop.loop import StragglerLoop
 
 __all__ = ["BUCKET_BYTES", "GradientBuckets", "ParameterSignature", "check_same_parameters", "parameter_signature"]
@@ -59,8 +58,6 @@ class GradientBuckets:
     ``compress``: applied to each flat bucket before it is handed over (``None``: none).
     ``predivide_factor``: the bucket is divided by it before the reduction and multiplied by it
     after (Horovod's ``gradient_predivide_factor``; 1 leaves the bucket alone).
-    ``hold_error_s``: how long a fault is held back before it is raised (the rank whose process
-    hosts the store of the fault notes gives the others time to read them).
 
     Example::
 
@@ -73,7 +70,6 @@ class GradientBuckets:
     __slots__ = (  # noqa: RUF023 (grouped: what users tune, then internal state)
         # user-tuned
         "compress",
-        "hold_error_s",
         "op",
         "predivide_factor",
         # internal: the layout
@@ -95,7 +91,6 @@ class GradientBuckets:
         compress: Callable[[torch.Tensor], torch.Tensor] | None = None,
         *,
         predivide_factor: float = 1.0,
-        hold_error_s: float = 0.0,
         bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
         if op not in ("avg", "sum"):
@@ -104,7 +99,6 @@ class GradientBuckets:
         self.op = op
         self.compress = compress
         self.predivide_factor = float(predivide_factor)
-        self.hold_error_s = float(hold_error_s)
         self.buckets: list[list[torch.Tensor]] = []
         size = 0
         # As DDP fills its buckets: a bucket closes once it holds bucket_bytes or more, so a layer
@@ -171,12 +165,7 @@ class GradientBuckets:
 
     def wait(self) -> None:
         """Wait for every bucket handed to the loop; raise its :class:`PeerError` on a fault."""
-        try:
-            self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
-        except PeerError:
-            if self.hold_error_s > 0:
-                time.sleep(self.hold_error_s)
-            raise
+        self.loop.synchronize()  # a fault raises here as the loop's PeerError, naming the rank
 
     def reduced(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s reduced gradient (still compressed), shaped like ``p``; waits for the loop."""

@@ -9,7 +9,11 @@ by the ranks further along). So each surviving rank compares notes in the rendez
    AllReduce (rank 0's clock, through the clock offsets);
 2. it waits up to :data:`REPORT_WAIT_S` for the others' notes;
 3. it names the ranks that wrote none, wrote an earlier step, or entered at least half the
-   timeout after the first rank (they woke from a stall and failed in turn).
+   timeout after the first rank (they woke from a stall and failed in turn);
+4. it writes ``concluded/<rank>`` and waits (again at most :data:`REPORT_WAIT_S`) until every
+   rank whose note it read has concluded too. The store lives in one rank's process (usually
+   rank 0's), which may end as soon as it raises; a survivor that entered its wait later would
+   then find no store and could name nobody.
 
 Nothing is written or waited for while all is well. The result becomes one
 :class:`~stragglerkit.errors.PeerError` whose message says which bucket of which step failed on
@@ -71,17 +75,20 @@ def compare_notes(
     if store is None or world_size == 1:
         return FaultReport("no store to compare notes in: the rank at fault is unknown")
     keys = [f"reached/{r}" for r in range(world_size)]
+    notes: dict[int, list[str]] = {}
     try:
         store.set(keys[rank], f"{step} {entered_ns}")
         deadline = time.monotonic() + min(REPORT_WAIT_S, timeout)
         while True:
-            reported = [r for r in range(world_size) if store.check([keys[r]])]
-            if len(reported) == world_size or time.monotonic() > deadline:
+            for r in range(world_size):  # each note read as soon as it is there
+                if r not in notes and store.check([keys[r]]):
+                    notes[r] = store.get(keys[r]).decode().split()
+            if len(notes) == world_size or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        notes = {r: store.get(keys[r]).decode().split() for r in reported}
     except Exception as err:  # the store went down too (e.g. with rank 0, which usually hosts it)
         return FaultReport(f"the rendezvous store did not answer ({err}): the rank at fault is unknown")
+    _wait_for_conclusions(store, rank, step, sorted(notes), min(REPORT_WAIT_S, timeout))
     first = min(int(entered) for _, entered in notes.values())
     late_ns = timeout / 2 * 1e9
     named = [r for r in range(world_size) if r not in notes]
@@ -97,6 +104,21 @@ def compare_notes(
         "stalled or dead; check its log",
         tuple(named),
     )
+
+
+def _wait_for_conclusions(store: dist.Store, rank: int, step: int, ranks: list[int], wait_s: float) -> None:
+    """Step 4 of the module docstring: say this rank has concluded on ``step`` and wait up to
+    ``wait_s`` until ``ranks`` have too, so that this process (maybe the store's) stays until
+    they have read every note they need. Only for ranks that are still running: a rank that
+    failed the step did not write a note and is not waited for."""
+    keys = [f"concluded/{step}/{r}" for r in ranks]
+    deadline = time.monotonic() + wait_s
+    try:
+        store.set(f"concluded/{step}/{rank}", "1")
+        while not store.check(keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # the store went down: nobody can read notes from it any more
+        return
 
 
 def peer_error(what: str, rank: int, report: FaultReport, cause: BaseException) -> PeerError:
