@@ -17,6 +17,10 @@ this module validates a call, finds or builds its plan and hands it to the C++ e
   finished sum once on every rank.
 * **Order**: calls run one at a time in call order; asynchronous ones on one worker thread, which
   records in the caller's torch.profiler while one runs on the calling thread (report/nvtx.py).
+* **Group calls** (``AllReduceCall.groups``): disjoint groups of ranks each sum among themselves,
+  all at once, over the same group's point-to-point messages (schedules/group_ring.py); each
+  member first multiplies its tensor by its weight, ranks in no group keep theirs. Every rank of
+  the group makes the call (ranks in no group return at once), so calls stay numbered alike.
 
 Example::
 
@@ -27,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 import warnings
 import zlib
@@ -56,6 +61,7 @@ from stragglerkit.runtime.policy import choose_algorithm, optcc_situation
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer
 from stragglerkit.schedules import Schedule, check
+from stragglerkit.schedules.group_ring import group_ring, validate_groups
 from stragglerkit.schedules.registry import Situation, generate
 
 __all__ = ["OPS", "SUPPORTED_DTYPES", "AllReduceCall", "AllReduceHandle", "FallbackWarning", "RunRecord", "Runtime"]
@@ -104,6 +110,14 @@ class AllReduceCall:
     """Group rank -> NIC slowdown ``l`` (1 = healthy)."""
     rank_map: Sequence[int] | None = None
     """``ranks[logical] = group rank`` for this call (default: the runtime's, the identity)."""
+    groups: Sequence[Sequence[int]] | None = None
+    """A group AllReduce: disjoint lists of group ranks, each summing among its own members (a
+    ring per group, all at once); ranks in no list keep their tensor. ``None``: all ranks. Takes
+    ``op="sum"`` and no straggler or slowdowns; ``algorithm`` is ``"auto"`` or ``"group_ring"``."""
+    weights: Sequence[Sequence[float]] | None = None
+    """With ``groups``: per group, one finite factor per member (in the group's order) that the
+    member multiplies its tensor by before the sum, so each group ends with ``sum_i w_i x_i``
+    (a floating-point tensor); ``None``: factors 1, the plain sum."""
 
 
 def _validate_tensor(tensor: object, op: str) -> None:
@@ -136,6 +150,45 @@ def _validate_tensor(tensor: object, op: str) -> None:
             "reinstall it where torch is a CUDA build and nvcc is found (CUDA_HOME), e.g. pip install -e . "
             "(scripts/gpu_check.sh builds and checks it on a GPU machine)"
         )
+
+
+def _group_arguments(
+    call: AllReduceCall, world_size: int, rank: int
+) -> tuple[tuple[tuple[int, ...], ...], float, dict[int, float]]:
+    """A group call's groups (checked, sorted: :func:`validate_groups`), this rank's factor and
+    every member's factor (empty without weights)."""
+    if call.groups is None:
+        raise ConfigError("weights are given without groups: give groups=[[ranks], ...] with one weight per member")
+    if call.op != "sum":
+        raise ConfigError(
+            f"a group AllReduce sums (op='sum'), got op={call.op!r}; for an average give weights that sum to 1"
+        )
+    if call.algorithm not in ("auto", "group_ring"):
+        raise ConfigError(f"a group AllReduce runs 'group_ring', not {call.algorithm!r}; leave algorithm='auto'")
+    if call.straggler is not None or call.slowdowns:
+        raise ConfigError("a group AllReduce takes no straggler or slowdowns (each group runs a ring)")
+    groups = validate_groups(call.groups, world_size)
+    factors: dict[int, float] = {}
+    if call.weights is not None:
+        given = call.weights
+        if isinstance(given, str | bytes) or not isinstance(given, Sequence) or len(given) != len(call.groups):
+            raise ConfigError(
+                f"weights must hold one list per group ({len(call.groups)} groups), in the groups' order; got {given!r}"
+            )
+        for index, (group, row) in enumerate(zip(call.groups, given)):
+            if isinstance(row, str | bytes) or not isinstance(row, Sequence) or len(row) != len(group):
+                raise ConfigError(
+                    f"weights[{index}] must hold one weight per member of group {index} ({list(group)}), got {row!r}"
+                )
+            for member, weight in zip(group, row):
+                if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+                    raise ConfigError(
+                        f"the weight of rank {member} in group {index} must be a finite number, got {weight!r}"
+                    )
+                factors[member] = float(weight)
+        if not call.tensor.is_floating_point():
+            raise ConfigError(f"weights need a floating-point tensor, got {call.tensor.dtype}")
+    return groups, factors.get(rank, 1.0), factors
 
 
 @dataclass(slots=True)
@@ -330,6 +383,8 @@ class Runtime:
         return Situation(world_size=n, straggler=logical_straggler, slowdowns=logical_slowdowns)
 
     def _run(self, call: AllReduceCall, ranks: RankMap) -> RunRecord:
+        if call.groups is not None or call.weights is not None:
+            return self._run_groups(call, ranks)
         tensor, algorithm, op = call.tensor, call.algorithm, call.op
         try:
             _validate_tensor(tensor, op)
@@ -369,6 +424,55 @@ class Runtime:
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
         self.last_run = RunRecord(algorithm, chosen, timings, cached.plan)
+        return self.last_run
+
+    def _run_groups(self, call: AllReduceCall, ranks: RankMap) -> RunRecord:
+        """A group AllReduce (``call.groups``): validate, scale by this rank's weight, run."""
+        tensor, n = call.tensor, self.group.size()
+        try:
+            _validate_tensor(tensor, call.op)
+            groups, factor, factors = _group_arguments(call, n, self.group.rank())
+        except ValueError:
+            device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
+            if n > 1:
+                notify_local_failure(self.data_group, device, "group_ring")
+            raise
+        if factor != 1.0:
+            tensor.mul_(factor)
+        if n == 1:
+            self.last_run = RunRecord(call.algorithm, "none", OpTimings(torch.empty(0, 6, dtype=torch.int64)))
+            return self.last_run
+        logical = tuple(tuple(ranks.logical(rank) for rank in group) for group in groups)
+        key = ("group_ring", logical, tensor.numel(), tensor.dtype, tensor.device.type, ranks.to_physical)
+        cached = self._cache.get(key)
+        if cached is None:
+            schedule = group_ring(n, logical)
+            check(schedule)
+            (plan,) = lower(schedule, tensor.numel(), tensor.element_size(), ranks=[ranks.logical(self.group.rank())])
+            cached = _CachedPlan(plan, plan_id(f"group_ring|{n}|{ranks.to_physical}|{groups}"))
+            self._cache[key] = cached
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        if self.connections is not None:
+            self.connections.bound(self._send_buffer)
+        # the weights are in the id too: members that were given different weights are told so
+        weights = zlib.crc32(repr(sorted(factors.items())).encode())
+        flat = tensor.view(-1)
+        with nvtx.range(nvtx.ALL_REDUCE, "group_ring"):
+            timings = run_plan(
+                self.data_group,
+                flat,
+                cached.scratch_for(flat),
+                cached.plan,
+                ranks,
+                cached.plan_id ^ weights,
+                self.timeout,
+                self.reverse_group,
+                concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
+            )
+        self.last_run = RunRecord(call.algorithm, "group_ring", timings, cached.plan)
         return self.last_run
 
     def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str, ranks: RankMap) -> _CachedPlan:

@@ -18,6 +18,19 @@ the rank, the op and the chunk:
 * a chunk that lacks contributions at the end.
 
 It returns a :class:`CheckReport` with counts that tests and the CLI print.
+
+Group AllReduces (schedules/group_ring.py) declare disjoint groups of ranks in
+``params["groups"]``; for them "every rank holds all ``n`` contributions" becomes, per group:
+
+* every member ends holding every chunk with exactly its group's contributions, each counted once
+  (so, on buffers that each member scaled by its weight beforehand, the weighted sum over exactly
+  that group): a contribution from outside the group, or one missing, is rejected;
+* every member of a group ends with the same value of every chunk: the checker also tracks each
+  chunk's *expression* (which two values each reduction added; addition commutes but does not
+  associate), and two members whose sums were added up in different orders are rejected, since
+  their bits could differ;
+* no message crosses a group's boundary, and a rank in no group has no ops (its buffer is
+  untouched and it sends nothing).
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from stragglerkit.errors import ScheduleError
-from stragglerkit.schedules.ir import Op, OpKind, Schedule
+from stragglerkit.schedules.ir import GROUPS_PARAM, Op, OpKind, Schedule
 
 __all__ = ["CheckReport", "check", "completing_reductions", "format_ranks"]
 
@@ -181,6 +194,47 @@ def _check_ordering(sched: Schedule) -> None:
                     readers.setdefault(chunk, []).append(index)
 
 
+def _declared_groups(sched: Schedule) -> list[int] | None:
+    """A group AllReduce's declared groups as each rank's group index (-1: in no group), or
+    ``None`` for an AllReduce over all ranks."""
+    n = sched.world_size
+    groups = sched.params.get(GROUPS_PARAM)
+    if groups is None:
+        return None
+    if not isinstance(groups, list | tuple) or not groups:
+        raise ScheduleError(f"params[{GROUPS_PARAM!r}] must be a non-empty list of groups of ranks, got {groups!r}")
+    group_of = [-1] * n
+    for index, group in enumerate(groups):
+        if not isinstance(group, list | tuple) or not group:
+            raise ScheduleError(f"declared group {index} must be a non-empty list of ranks, got {group!r}")
+        for rank in group:
+            if type(rank) is not int or not 0 <= rank < n:
+                raise ScheduleError(f"declared group {index} names {rank!r}, which is not a rank of 0..{n - 1}")
+            if group_of[rank] >= 0:
+                raise ScheduleError(
+                    f"rank {rank} is declared in group {group_of[rank]} and in group {index}: groups must be disjoint"
+                )
+            group_of[rank] = index
+    return group_of
+
+
+def _check_group_traffic(sched: Schedule, group_of: list[int]) -> None:
+    """Ranks in no group have no ops; every message stays within its group."""
+    for rank, rank_ops in enumerate(sched.ops):
+        for index, op in enumerate(rank_ops):
+            if group_of[rank] < 0:
+                raise ScheduleError(
+                    f"{_where(rank, index, op)}: rank {rank} is in no group, so its buffer must stay untouched "
+                    "and it takes no part: it may have no ops"
+                )
+            if op.peer is not None and group_of[op.peer] != group_of[rank]:
+                other = "no group" if group_of[op.peer] < 0 else f"group {group_of[op.peer]}"
+                raise ScheduleError(
+                    f"{_where(rank, index, op)}: rank {rank} is in group {group_of[rank]} but rank {op.peer} is in "
+                    f"{other}: a group AllReduce keeps every message within its group"
+                )
+
+
 def _check_rounds(sched: Schedule) -> None:
     for rank, rank_ops in enumerate(sched.ops):
         sends: dict[tuple[str, int], int] = {}
@@ -202,7 +256,7 @@ def _check_rounds(sched: Schedule) -> None:
 
 def _add_in(buf: list[int], chunk: int, data: int, rank: int, index: int, op: Op, full: int) -> bool:
     """Add the contributions ``data`` to ``rank``'s ``chunk`` (op ``index`` does); does the chunk hold
-    every contribution (``full``) now? Raises on double counting."""
+    every contribution it should end with (``full``) now? Raises on double counting."""
     if buf[chunk] & data:
         raise ScheduleError(
             f"double counting: {_where(rank, index, op)} adds contributions {format_ranks(data)} to chunk "
@@ -260,16 +314,36 @@ def _match_messages(sched: Schedule) -> None:
                 )
 
 
-def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
+def _execute(sched: Schedule, completed: list[list[int]] | None = None, group_of: list[int] | None = None) -> int:
     """Run the schedule on contribution sets; return the number of messages.
 
     ``completed`` (per rank, one entry per op, zeros): filled with how many chunks of its range
-    each reduction (``recv_reduce``, ``reduce``) left holding all ``n`` contributions.
+    each reduction (``recv_reduce``, ``reduce``) left holding all the contributions it should end
+    with. ``group_of`` (a group AllReduce: each rank's group, -1 for none): a rank should end with
+    its group's contributions, the same expression on every member, instead of all ``n``.
     """
     n, num_chunks = sched.world_size, sched.num_chunks
     full = (1 << n) - 1
+    targets = [full] * n
+    """Per rank: the contributions each chunk must end with."""
+    exprs: list[list[int]] | None = None
+    """Group AllReduces: per rank and chunk, the id of the expression it holds (leaf: the rank)."""
+    if group_of is not None:
+        masks: dict[int, int] = {}
+        for rank, group in enumerate(group_of):
+            if group >= 0:
+                masks[group] = masks.get(group, 0) | (1 << rank)
+        targets = [masks[group] if group >= 0 else 1 << rank for rank, group in enumerate(group_of)]
+        exprs = [[rank] * num_chunks for rank in range(n)]
+    sums: dict[tuple[int, int], int] = {}
+
+    def added(a: int, b: int) -> int:
+        """The id of ``a + b`` (the same for ``b + a``: addition commutes)."""
+        return sums.setdefault((a, b) if a < b else (b, a), n + len(sums))
+
     buffers = [[1 << rank] * num_chunks for rank in range(n)]
     scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
+    expr_scratch: list[dict[int, list[int]]] = [{} for _ in range(n)]
 
     pending = [[len(op.depends) for op in rank_ops] for rank_ops in sched.ops]
     dependents: list[list[list[int]]] = [[[] for _ in rank_ops] for rank_ops in sched.ops]
@@ -289,6 +363,7 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
     dep_ready_sends: dict[tuple[int, int], set[int]] = {c: set() for c in chan_sends}
     dep_ready_recvs: dict[tuple[int, int], set[int]] = {c: set() for c in chan_recvs}
     snapshots: dict[tuple[int, int], list[int]] = {}
+    expr_snapshots: dict[tuple[int, int], list[int]] = {}
 
     done = [[False] * len(rank_ops) for rank_ops in sched.ops]
     ready: deque[tuple[int, int]] = deque()
@@ -312,12 +387,22 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
         if recv_op.kind is OpKind.RECV_REDUCE:
             buf = buffers[dst]
             for offset, chunk in enumerate(range(start, stop)):
-                if _add_in(buf, chunk, data[offset], dst, recv_index, recv_op, full) and completed is not None:
+                if _add_in(buf, chunk, data[offset], dst, recv_index, recv_op, targets[dst]) and completed is not None:
                     completed[dst][recv_index] += 1
         elif recv_op.scratch is not None:
             scratch[dst][recv_op.scratch] = data
         else:
             buffers[dst][start:stop] = data
+        if exprs is not None:
+            values = expr_snapshots.pop((src, send_index))
+            if recv_op.kind is OpKind.RECV_REDUCE:
+                row = exprs[dst]
+                for offset, chunk in enumerate(range(start, stop)):
+                    row[chunk] = added(row[chunk], values[offset])
+            elif recv_op.scratch is not None:
+                expr_scratch[dst][recv_op.scratch] = values
+            else:
+                exprs[dst][start:stop] = values
         complete(src, send_index)
         complete(dst, recv_index)
 
@@ -332,6 +417,8 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
             if k < len(s_list) and s_list[k] in dep_ready_sends[channel]:
                 op = sched.ops[src][s_list[k]]
                 snapshots[(src, s_list[k])] = buffers[src][op.chunks[0] : op.chunks[1]]
+                if exprs is not None:
+                    expr_snapshots[(src, s_list[k])] = exprs[src][op.chunks[0] : op.chunks[1]]
                 posted_sends[channel] = k + 1
                 progressed = True
             j = posted_recvs.get(channel, 0)
@@ -368,10 +455,14 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
             start = op.chunks[0]
             for offset, chunk in enumerate(range(start, op.chunks[1])):
                 if op.kind is OpKind.REDUCE:
-                    if _add_in(buf, chunk, data[offset], rank, index, op, full) and completed is not None:
+                    if _add_in(buf, chunk, data[offset], rank, index, op, targets[rank]) and completed is not None:
                         completed[rank][index] += 1
                 else:
                     buf[chunk] = data[offset]
+            if exprs is not None:
+                values, row = expr_scratch[rank][op.scratch], exprs[rank]
+                for offset, chunk in enumerate(range(start, op.chunks[1])):
+                    row[chunk] = added(row[chunk], values[offset]) if op.kind is OpKind.REDUCE else values[offset]
             complete(rank, index)
 
     stuck = [(rank, next(i for i, d in enumerate(done[rank]) if not d)) for rank in range(n) if not all(done[rank])]
@@ -392,19 +483,39 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None) -> int:
         raise ScheduleError("deadlock: no op can make progress; " + "; ".join(lines) + more)
 
     for rank in range(n):
+        target = targets[rank]
+        of_group = "" if group_of is None else f" of its group {format_ranks(target)}"
         for chunk in range(num_chunks):
             held = buffers[rank][chunk]
-            if held != full:
-                missing = full & ~held
+            if held != target:
+                if held & ~target:
+                    raise ScheduleError(
+                        f"leak: at the end rank {rank} chunk {chunk} holds the contributions of ranks "
+                        f"{format_ranks(held & ~target)}, which are not in its group {format_ranks(target)}"
+                    )
                 raise ScheduleError(
                     f"incomplete: at the end rank {rank} chunk {chunk} lacks the contributions of ranks "
-                    f"{format_ranks(missing)} (it holds {format_ranks(held)})"
+                    f"{format_ranks(target & ~held)}{of_group} (it holds {format_ranks(held)})"
                 )
+    if exprs is not None and group_of is not None:
+        first: dict[int, int] = {}
+        for rank, group in enumerate(group_of):
+            if group < 0:
+                continue  # untouched: it has no ops
+            lead = first.setdefault(group, rank)
+            for chunk in range(num_chunks):
+                if exprs[rank][chunk] != exprs[lead][chunk]:
+                    raise ScheduleError(
+                        f"not identical: at the end ranks {lead} and {rank} of group {group} hold chunk {chunk} "
+                        "with the same contributions added up in different orders, so their values may differ "
+                        "in the last bits; reduce each chunk once and copy the sum to the other members"
+                    )
     return messages
 
 
 def check(sched: Schedule) -> CheckReport:
-    """Prove ``sched`` is a correct in-place AllReduce; raise :class:`ScheduleError` otherwise.
+    """Prove ``sched`` is a correct in-place AllReduce (over all ranks, or per declared group: see
+    the module docstring); raise :class:`ScheduleError` otherwise.
 
     Example::
 
@@ -418,10 +529,13 @@ def check(sched: Schedule) -> CheckReport:
 def _check(sched: Schedule, completed: list[list[int]] | None = None) -> CheckReport:
     """:func:`check`, with ``completed`` filled as :func:`_execute` describes."""
     _validate_structure(sched)
+    group_of = _declared_groups(sched)
+    if group_of is not None:
+        _check_group_traffic(sched, group_of)
     _check_ordering(sched)
     _check_rounds(sched)
     _match_messages(sched)
-    messages = _execute(sched, completed)
+    messages = _execute(sched, completed, group_of)
     return CheckReport(
         algorithm=sched.algorithm,
         world_size=sched.world_size,

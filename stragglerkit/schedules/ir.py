@@ -25,6 +25,10 @@ algorithms tag ops with ``round`` (unique per ``phase``); ``phase`` labels also 
 Chunk sizes are relative integer weights (``chunk_sizes``; ``None`` means all equal); the runtime's
 ``plan.py`` turns them into byte offsets for a real bucket.
 
+A *group AllReduce* (schedules/group_ring.py) declares its groups in ``params["groups"]``
+(:data:`GROUPS_PARAM`): disjoint lists of ranks, each of which reduces among its own members only;
+ranks in no group keep their buffers. The checker proves a schedule against that declaration.
+
 Schedules serialise to JSON with a format version (:meth:`Schedule.to_json`,
 :meth:`Schedule.from_json`); the op list is stored as compact arrays in a documented field order.
 """
@@ -42,6 +46,7 @@ from stragglerkit.errors import ScheduleError
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "GROUPS_PARAM",
     "Op",
     "OpKind",
     "Schedule",
@@ -50,6 +55,8 @@ __all__ = [
 
 FORMAT_NAME = "stragglerkit.schedule"
 FORMAT_VERSION = 1
+GROUPS_PARAM = "groups"
+"""The ``params`` key of a group AllReduce's groups (a list of disjoint lists of ranks)."""
 _OP_FIELDS = ("kind", "start", "stop", "peer", "scratch", "depends", "round", "phase")
 
 
@@ -279,7 +286,8 @@ class Schedule:
     def relabel(self, logical_to_new: Sequence[int]) -> Schedule:
         """The same schedule with rank ``r`` renamed ``logical_to_new[r]`` (a permutation).
 
-        Used to put StragglAR's straggler (built as rank n-1) on the real straggler's rank.
+        Used to put StragglAR's straggler (built as rank n-1) on the real straggler's rank. A group
+        AllReduce's declared groups (:data:`GROUPS_PARAM`) are renamed with it.
         """
         n = self.world_size
         if sorted(logical_to_new) != list(range(n)):
@@ -289,6 +297,12 @@ class Schedule:
             new_ops[logical_to_new[rank]] = [
                 op if op.peer is None else _replace_peer(op, logical_to_new[op.peer]) for op in rank_ops
             ]
+        params = dict(self.params)
+        groups = params.get(GROUPS_PARAM)
+        if isinstance(groups, list) and all(
+            isinstance(g, list) and all(type(r) is int and 0 <= r < n for r in g) for g in groups
+        ):  # (a malformed declaration stays as it is, for the checker to reject)
+            params[GROUPS_PARAM] = sorted(sorted(logical_to_new[r] for r in group) for group in groups)
         return Schedule(
             algorithm=self.algorithm,
             world_size=n,
@@ -296,7 +310,7 @@ class Schedule:
             ops=new_ops,
             chunk_sizes=self.chunk_sizes,
             round_phase=self.round_phase,
-            params=dict(self.params),
+            params=params,
         )
 
 

@@ -9,7 +9,9 @@ can both drive:
 * :class:`ProgressModel`: ``P(T <= t + dt | T > t)`` from observed iteration times;
 * :func:`bag` (Algorithm 1), :func:`bpawr` (Algorithm 2), :class:`SelectiveReduceController`
   (Algorithm 3), and the baseline :class:`PartialReduceController`;
-* events :class:`WorkerReady`, :class:`SyncDone`, :class:`Tick`; decisions :class:`Sync`.
+* events :class:`WorkerReady`, :class:`SyncDone`, :class:`Tick`; decisions :class:`Sync`;
+* :func:`weighted_group_all_reduce`: the weighted AllReduce of several groups at once, over the
+  existing process group (needs :func:`stragglerkit.init`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from stragglerkit.selective.bag import bag
 from stragglerkit.selective.bpawr import BpawrDecision, Expected, bpawr, ring_time
 from stragglerkit.selective.config import SelectiveConfig
 from stragglerkit.selective.controller import SelectiveReduceController
+from stragglerkit.selective.group_reduce import group_shares, weighted_group_all_reduce
 from stragglerkit.selective.partial_reduce import PartialReduceController
 from stragglerkit.selective.progress import ProgressModel
 from stragglerkit.selective.workers import (
@@ -45,6 +48,8 @@ __all__ = [
     "WorkerState",
     "bag",
     "bpawr",
+    "group_shares",
     "iteration_weights",
     "ring_time",
+    "weighted_group_all_reduce",
 ]

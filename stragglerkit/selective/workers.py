@@ -89,7 +89,7 @@ class WorkerState(StrEnum):
     SYNCING = "syncing"
 
 
-def iteration_weights(iterations: Sequence[int]) -> tuple[float, ...]:
+def iteration_weights(iterations: Sequence[float]) -> tuple[float, ...]:
     """Each worker's share ``iterations_i / sum(iterations)``; equal shares if all are 0.
 
     Example::
