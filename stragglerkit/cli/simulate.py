@@ -139,6 +139,14 @@ def _plot_simulation(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.selective:
+        from stragglerkit.cli.simulate_selective import cmd_simulate_selective
+
+        return cmd_simulate_selective(args)
+    # --world-sizes, --size and --alpha default differently with --selective (the paper's setting)
+    args.world_sizes = args.world_sizes or [8, 16, 256]
+    args.size = parse_size("1GiB") if args.size is None else args.size
+    args.alpha = parse_time("3us") if args.alpha is None else args.alpha
     rows = _simulate_rows(args)
     if args.json == "-":
         print(json.dumps(rows))
@@ -161,7 +169,9 @@ HELP = {
     "with a late straggler and/or degraded NICs, and compare them with ring.",
     "epilog": "example (the StragglAR paper's analytic comparison):\n"
     "  stragglerkit simulate --algorithms ring,rhd,stragglar --world-sizes 8,16,256 "
-    "--size 1GiB --alpha 3us --bandwidth 450GB/s",
+    "--size 1GiB --alpha 3us --bandwidth 450GB/s\n"
+    "example (the selective-reduce paper's experiment, docs/selective.md; a few minutes):\n"
+    "  stragglerkit simulate --selective --workloads resnet50,transformer --trials 20 --json out.json",
 }
 """The command's help, description and examples."""
 
@@ -172,9 +182,13 @@ def add_parser(sub: Any) -> None:
     sim.add_argument(
         "--algorithms", type=algorithm_list, default=["ring", "rhd", "stragglar"], help="comma-separated list"
     )
-    sim.add_argument("--world-sizes", type=int_list, default=[8, 16, 256], help="comma-separated, e.g. 8,16,256")
-    sim.add_argument("--size", type=unit(parse_size), default=parse_size("1GiB"), help="buffer size (default 1GiB)")
-    sim.add_argument("--alpha", type=unit(parse_time), default=parse_time("3us"), help="per-message latency")
+    sim.add_argument(
+        "--world-sizes", type=int_list, help="comma-separated, e.g. 8,16,256 (default; --selective: 40,80,120,160,200)"
+    )
+    sim.add_argument("--size", type=unit(parse_size), help="buffer size (default 1GiB; --selective: the model, 500MB)")
+    sim.add_argument(
+        "--alpha", type=unit(parse_time), help="per-message latency (default 3us; --selective: per ring step, 1ms)"
+    )
     sim.add_argument(
         "--bandwidth", type=unit(parse_bandwidth), default=parse_bandwidth("450GB/s"), help="per-rank NIC bandwidth"
     )
@@ -187,4 +201,38 @@ def add_parser(sub: Any) -> None:
     add_situation_options(sim)
     sim.add_argument("--json", metavar="FILE|-", help="write the rows as JSON ('-' prints only JSON on stdout)")
     sim.add_argument("--plot", metavar="FILE.png", help="plot time against n")
+    _add_selective_options(sim)
     sim.set_defaults(func=cmd_simulate)
+
+
+def _add_selective_options(sim: argparse.ArgumentParser) -> None:
+    from stragglerkit.cli.simulate_selective import workload_list
+
+    group = sim.add_argument_group(
+        "selective reduce (--selective)",
+        "The selective-reduce paper's experiment: selective reduce, partial reduce and all-reduce on n workers "
+        "with random compute times and bandwidths round(20u, 3) Gbit/s, u ~ U[0.05, 1] (stragglerkit.sim.selective).",
+    )
+    group.add_argument("--selective", action="store_true", help="run the selective-reduce experiment instead")
+    group.add_argument(
+        "--workloads",
+        type=workload_list,
+        default=["resnet50", "transformer"],
+        help="compute-time distributions, comma-separated (default resnet50,transformer)",
+    )
+    group.add_argument("--trials", type=int, default=20, help="trials per n (default 20: min / median / max)")
+    group.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    group.add_argument("--duration", type=float, default=100.0, help="seconds of training simulated (default 100)")
+    group.add_argument(
+        "--compute-scale", type=float, default=1.0, help="multiply every compute time (sensitivity; default 1)"
+    )
+    group.add_argument("--p-fraction", type=float, default=0.3, help="p = this x n (default 0.3)")
+    group.add_argument("--eta", type=float, default=0.3, help="BAG's eta in [0, 1) (default 0.3)")
+    group.add_argument("--theta", type=float, default=1.0, help="BPAWR's theta (default 1)")
+    group.add_argument("--dt", type=float, default=0.01, help="the waiting slot in seconds (default 0.01)")
+    group.add_argument(
+        "--progress",
+        choices=["paper", "conditional"],
+        default="paper",
+        help="Eq. (4): F(t+dt) as the paper writes it (default), or P(T <= t+dt | T > t)",
+    )

@@ -52,7 +52,7 @@ def bag(ready: Sequence[K], p: int, eta: float, bandwidth: Mapping[K, float]) ->
     missing = [worker for worker in ready if worker not in bandwidth]
     if missing:
         raise ConfigError(f"no bandwidth for workers {missing!r}; give one (bytes/s) for every ready worker")
-    ordered = sorted(ready, key=lambda worker: -bandwidth[worker])  # stable: ties keep arrival order
+    ordered = sorted(ready, key=bandwidth.__getitem__, reverse=True)  # stable: ties keep arrival order
     groups: list[list[K]] = []
     group: list[K] = []
     threshold = 0.0

@@ -230,8 +230,8 @@ class WorkerTable:
 
     def check_timeouts(self) -> None:
         """Raise :class:`~stragglerkit.PeerError` for the first worker past the timeout, if any."""
-        if self.timeout is None:
-            return
+        if self.timeout is None or self.now - min(self.since) < self.timeout:
+            return  # even the earliest start of any worker is within the timeout
         late = [
             worker
             for worker in range(self.world_size)
