@@ -47,8 +47,10 @@ from enum import IntEnum
 import torch
 
 from stragglerkit.errors import ScheduleError
+from stragglerkit.runtime.ordering import in_round_order
 from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.registry import Situation, generate
 
 __all__ = [
     "OP_COLUMNS",
@@ -60,6 +62,7 @@ __all__ = [
     "lower",
     "message_order",
     "plan_id",
+    "rank_plan",
     "refine",
 ]
 
@@ -561,3 +564,25 @@ def _lower_rank(
         pieces=pieces,
         divides=divides is not None,
     )
+
+
+def rank_plan(
+    algorithm: str,
+    situation: Situation,
+    numel: int,
+    element_size: int,
+    rank: int,
+    divide_by: int = 0,
+) -> RankPlan:
+    """Logical rank ``rank``'s plan of ``algorithm`` for ``situation`` and a bucket of ``numel``
+    elements: what ``Runtime`` runs (the schedule in round order, checked, then lowered).
+
+    Example::
+
+        plan = rank_plan("ring", Situation(world_size=4), numel=1000, element_size=4, rank=0)
+        assert plan.num_messages() == 6
+    """
+    schedule = in_round_order(generate(algorithm, situation))
+    check(schedule)
+    (plan,) = lower(schedule, numel, element_size, straggler=situation.straggler, ranks=[rank], divide_by=divide_by)
+    return plan
