@@ -149,4 +149,23 @@ def bad_weights_on_one_rank(rank: int, n: int) -> dict[str, Any]:
     return {"outcome": outcome, "seconds": time.monotonic() - start, "value": x.tolist()}
 
 
-ENDINGS = {"mismatched_sizes": mismatched_sizes, "bad_weights_on_one_rank": bad_weights_on_one_rank}
+def different_weights(rank: int, n: int) -> dict[str, Any]:
+    """Rank 0 was given other (valid) weights than ranks 1 and 2 of its group; group 3-4 agrees."""
+    from stragglerkit.selective import weighted_group_all_reduce
+
+    weights = [[1, 1, 1], [1, 1]] if rank == 0 else [[1, 1, 2], [1, 1]]
+    x = torch.full((6,), float(rank))
+    start = time.monotonic()
+    try:
+        weighted_group_all_reduce(x, [[0, 1, 2], [3, 4]], weights)
+        outcome = "ok"
+    except Exception as err:
+        outcome = f"{type(err).__name__}: {err}"
+    return {"outcome": outcome, "seconds": time.monotonic() - start, "value": x.tolist()}
+
+
+ENDINGS = {
+    "mismatched_sizes": mismatched_sizes,
+    "bad_weights_on_one_rank": bad_weights_on_one_rank,
+    "different_weights": different_weights,
+}

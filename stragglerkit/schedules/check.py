@@ -487,12 +487,7 @@ def _execute(sched: Schedule, completed: list[list[int]] | None = None, group_of
         of_group = "" if group_of is None else f" of its group {format_ranks(target)}"
         for chunk in range(num_chunks):
             held = buffers[rank][chunk]
-            if held != target:
-                if held & ~target:
-                    raise ScheduleError(
-                        f"leak: at the end rank {rank} chunk {chunk} holds the contributions of ranks "
-                        f"{format_ranks(held & ~target)}, which are not in its group {format_ranks(target)}"
-                    )
+            if held != target:  # (never more: contributions only travel within a group)
                 raise ScheduleError(
                     f"incomplete: at the end rank {rank} chunk {chunk} lacks the contributions of ranks "
                     f"{format_ranks(target & ~held)}{of_group} (it holds {format_ranks(held)})"
