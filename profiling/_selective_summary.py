@@ -31,13 +31,44 @@ def _ratio(spread: dict[str, float]) -> str:
     return f"**{spread['median']:.2f}x** ({spread['min']:.2f}-{spread['max']:.2f})"
 
 
-def tables(record: dict[str, Any]) -> str:
-    """Markdown: per run and workload, medians per method, and the paired ratios next to the paper's."""
-    stamp = (
-        f"commit `{(record.get('source') or {}).get('commit', '?')[:7]}`, {record['date'][:16].replace('T', ' ')} UTC"
+def _over_n(rows: list[dict[str, Any]], metric: str) -> str:
+    medians = [row["ratios"][metric]["median"] for row in rows]
+    return f"{min(medians):.2f}-{max(medians):.2f}x"
+
+
+def sensitivity(record: dict[str, Any]) -> list[str]:
+    """Markdown: per run and workload, the range over n of the median paired ratios."""
+    lines = [
+        "| run | workload | Eq. (4) | compute scale | trials | sync time, partial / selective "
+        "| sync scale, selective / partial | iterations, selective / partial |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for run, result in record["runs"].items():
+        for workload, entry in result["workloads"].items():
+            s, rows = entry["setting"], entry["rows"]
+            lines.append(
+                f"| {run} | {workload} | {s['progress']} | x{s['compute_scale']:g} | {rows[0]['trials']} | "
+                f"{_over_n(rows, 'avg_sync_time')} | {_over_n(rows, 'avg_sync_scale')} | "
+                f"{_over_n(rows, 'total_iterations')} |"
+            )
+    paper = next(iter(record["runs"].values()))["paper_ratios"]
+    lines.append(
+        f"| the paper | both | F(t+dt) | - | 20 | {paper['avg_sync_time'][0]}-{paper['avg_sync_time'][1]}x | "
+        f"{paper['avg_sync_scale'][0]}-{paper['avg_sync_scale'][1]}x | "
+        f"{paper['total_iterations'][0]}-{paper['total_iterations'][1]}x |"
     )
+    return lines
+
+
+def tables(record: dict[str, Any]) -> str:
+    """Markdown: for the ``paper`` run, per workload, medians per method and the paired ratios next to
+    the paper's; then every run's ratios, ranged over n."""
+    commit = (record.get("source") or {}).get("commit", "?")[:7]
+    stamp = f"commit `{commit}`, {record['date'][:16].replace('T', ' ')} UTC"
     lines = [f"Measured: {stamp}; `{record['command']}`", ""]
     for run, result in record["runs"].items():
+        if run != "paper":
+            continue
         paper = result["paper_ratios"]
         for workload, entry in result["workloads"].items():
             s = entry["setting"]
@@ -73,6 +104,7 @@ def tables(record: dict[str, Any]) -> str:
                 f"{paper['total_iterations'][0]}-{paper['total_iterations'][1]}x |"
             )
             lines.append("")
+    lines += ["Every run, the median ratio's range over n = 40..200:", "", *sensitivity(record)]
     return "\n".join(lines)
 
 
