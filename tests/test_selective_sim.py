@@ -175,3 +175,17 @@ def test_the_command_writes_the_table_and_json(tmp_path: Path, capsys: pytest.Ca
 def test_the_command_refuses_p_above_n(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--selective", "--world-sizes", "10", "--p-fraction", "2", "--trials", "1"]) == 2
     assert "p_fraction" in capsys.readouterr().err
+
+
+def test_the_command_refuses_options_of_the_algorithm_simulation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--selective", "--world-sizes", "10", "--degrade", "3:2", "--trials", "1"]) == 2
+    assert "--degrade do(es) not apply with --selective" in capsys.readouterr().err
+
+
+def test_selective_without_waiting_or_tolerance_is_partial_reduce() -> None:
+    # eta = 0: BAG's groups stop at p; theta huge: BPAWR never waits. Each ready report then
+    # launches the queue the moment it holds p workers, exactly as partial reduce does.
+    setting = small(eta=0.0, theta=1e12)
+    result = run_trial(setting, 0, methods=("selective", "partial"))
+    assert result["selective"] == result["partial"]
+    assert result["selective"].wasted_wait == 0.0

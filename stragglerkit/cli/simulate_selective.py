@@ -112,7 +112,25 @@ def print_selective_table(record: dict[str, Any]) -> None:
         print()
 
 
+def _refuse_other_options(args: argparse.Namespace) -> None:
+    given = {
+        "--straggler": args.straggler is not None,
+        "--degrade": bool(args.degrade),
+        "--delay": args.delay is not None,
+        "--segments": args.segments is not None,
+        "--gpus-per-server": args.gpus_per_server != 1,
+        "--plot": args.plot is not None,
+    }
+    wrong = [name for name, set_ in given.items() if set_]
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)} do(es) not apply with --selective (random bandwidths, no single straggler); "
+            "drop them, or run simulate without --selective"
+        )
+
+
 def cmd_simulate_selective(args: argparse.Namespace) -> int:
+    _refuse_other_options(args)
     quiet = args.json == "-"
     record = selective_record(args, progress_out=sys.stderr)
     if quiet:
