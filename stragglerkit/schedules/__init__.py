@@ -5,6 +5,7 @@ from __future__ import annotations
 from stragglerkit.schedules.balanced_ring import balanced_ring
 from stragglerkit.schedules.check import CheckReport, check
 from stragglerkit.schedules.direct import direct
+from stragglerkit.schedules.group_ring import group_ring
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 from stragglerkit.schedules.rhd import rhd
 from stragglerkit.schedules.ring import ring
@@ -19,6 +20,7 @@ __all__ = [
     "balanced_ring",
     "check",
     "direct",
+    "group_ring",
     "rhd",
     "ring",
     "stragglar",
