@@ -25,8 +25,26 @@ def test_schedule_summary_json_is_one_object(capsys: pytest.CaptureFixture[str])
     assert main(["schedule", "rhd", "--world-size", "8", "--summary-json"]) == 0
     out = capsys.readouterr().out.strip()
     summary = json.loads(out)
-    assert set(summary) == {"algorithm", "world_size", "rounds", "checked", "generation_seconds"}
+    assert set(summary) == {
+        "algorithm",
+        "world_size",
+        "rounds",
+        "checked",
+        "proof",
+        "generation_seconds",
+        "proof_seconds",
+    }
     assert summary["rounds"] == 6 and summary["checked"] is True and summary["world_size"] == 8
+    assert summary["proof"] == "full"
+
+
+@pytest.mark.parametrize(("algorithm", "rounds"), [("ring", 2046), ("stragglar", 1032)])
+def test_schedule_summary_at_1024_ranks_is_a_pattern_proof(
+    algorithm: str, rounds: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["schedule", algorithm, "--world-size", "1024", "--straggler", "3", "--summary-json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["proof"] == "pattern" and summary["checked"] is True and summary["rounds"] == rounds
 
 
 def test_schedule_json_file_round_trips(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
