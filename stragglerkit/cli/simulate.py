@@ -27,6 +27,7 @@ __all__ = ["add_parser", "cmd_simulate"]
 
 def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     from stragglerkit.sim import auto_delay, simulate
+    from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
 
     rows: list[dict[str, Any]] = []
     for n in args.world_sizes:
@@ -36,22 +37,29 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         delay_text = args.delay if args.delay is not None else ("0s" if situation.slowdowns else "auto")
         if delay_text == "auto":
             reference = Situation(world_size=n, straggler=straggler)
-            try:
-                delay = auto_delay(generate("stragglar", reference), args.size, network)
-            except NotApplicableError:  # odd n: hide the pre-phase AllReduce that direct needs
-                delay = auto_delay(generate("direct", reference), args.size, network, phase="pre_allreduce")
+            fast_delay = fast_auto_delay(reference, args.size, network)
+            if fast_delay is not None:
+                delay = fast_delay
+            else:
+                try:
+                    delay = auto_delay(generate("stragglar", reference), args.size, network)
+                except NotApplicableError:  # odd n: hide the pre-phase AllReduce that direct needs
+                    delay = auto_delay(generate("direct", reference), args.size, network, phase="pre_allreduce")
         else:
             delay = parse_time(delay_text)
         arrivals = [0.0] * n
         arrivals[straggler] = delay
         lower_bound = _optcc_lower_bound(situation, args.size, args.bandwidth) if situation.slowdowns else None
         for algorithm in args.algorithms:
-            try:
-                sched = generate(algorithm, situation)
-            except NotApplicableError as err:
-                print(f"note: skipping {algorithm} at n={n}: {err}", file=sys.stderr)
-                continue
-            result = simulate(sched, args.size, network, arrivals=arrivals)
+            # ring, balanced ring, StragglAR: exact without building the schedule (stragglerkit.sim.fast)
+            result: Any = fast_simulate(algorithm, situation, args.size, network, arrivals)
+            if result is None:
+                try:
+                    sched = generate(algorithm, situation)
+                except NotApplicableError as err:
+                    print(f"note: skipping {algorithm} at n={n}: {err}", file=sys.stderr)
+                    continue
+                result = simulate(sched, args.size, network, arrivals=arrivals)
             row: dict[str, Any] = {
                 "algorithm": algorithm,
                 "world_size": n,

@@ -30,6 +30,9 @@ slowdowns. The parameters come from the job itself:
   straggler arriving ``delay`` late: ``time_from_last_arrival`` is the figure compared. It models
   what GenModel's closed terms cannot: StragglAR's pre-phase overlapping the delay and a slow
   NIC's effect on each algorithm.
+  Ring, the balanced ring and StragglAR (uniform network) are timed by the exact fast paths of
+  :mod:`stragglerkit.sim.fast` without building their plans (milliseconds at 1,024 ranks); the
+  others, OptCC among them, by simulating the plan.
 * **Critical delay** for StragglAR on a bucket: the delay from which it is predicted to save
   ``min_gain`` of ring's time. With ``T_pre`` the punctual ranks' pre-phase time and ``T_hidden``
   StragglAR's time when the pre-phase is fully hidden, its time is about
@@ -57,6 +60,7 @@ from stragglerkit.runtime.policy import optcc_situation
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
+from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
 from stragglerkit.sim.simulator import Network, simulate_graph
 
@@ -210,6 +214,11 @@ class OnlineModel:
             self._schedules[key] = schedule
         return schedule
 
+    def _situation(self, algorithm: str, straggler: int | None, slowdowns: tuple[tuple[int, float], ...]) -> Situation:
+        """The situation :meth:`schedule` builds ``algorithm``'s plan for (the fast paths' input)."""
+        planned = dict(slowdowns) if algorithm in NIC_ALGORITHMS else {}
+        return Situation(world_size=self.world_size, straggler=straggler, slowdowns=planned)
+
     def _graph(self, schedule: Schedule) -> TaskGraph:
         """The schedule's task graph (built once per cached schedule)."""
         graph = self._graphs.get(id(schedule))
@@ -250,11 +259,16 @@ class OnlineModel:
             return cached
         uses_straggler = algorithm in ("stragglar", "direct")
         late = built_for if uses_straggler else None
-        schedule = self.schedule(algorithm, late, planned if algorithm in NIC_ALGORITHMS else (), nbytes)
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay
-        seconds = simulate_graph(self._graph(schedule), nbytes, self._network(slow), arrivals).time_from_last_arrival
+        network = self._network(slow)
+        fast = fast_simulate(algorithm, self._situation(algorithm, late, planned), nbytes, network, arrivals)
+        if fast is not None:  # ring, balanced ring, StragglAR: exact without building the plan
+            seconds = fast.time_from_last_arrival
+        else:
+            schedule = self.schedule(algorithm, late, planned if algorithm in NIC_ALGORITHMS else (), nbytes)
+            seconds = simulate_graph(self._graph(schedule), nbytes, network, arrivals).time_from_last_arrival
         self._predictions[key] = seconds
         return seconds
 
@@ -264,10 +278,12 @@ class OnlineModel:
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
-        schedule = self.schedule("stragglar", straggler)
-        absent = np.zeros(self.world_size)
-        absent[straggler] = math.inf  # when the punctual ranks finish the pre-phase without it
-        pre = simulate_graph(self._graph(schedule), nbytes, self._network(()), absent).phase_done["reduce_scatter"]
+        pre = fast_auto_delay(self._situation("stragglar", straggler, ()), nbytes, self._network(()))
+        if pre is None:
+            schedule = self.schedule("stragglar", straggler)
+            absent = np.zeros(self.world_size)
+            absent[straggler] = math.inf  # when the punctual ranks finish the pre-phase without it
+            pre = simulate_graph(self._graph(schedule), nbytes, self._network(()), absent).phase_done["reduce_scatter"]
         hidden = self.predict("stragglar", nbytes, straggler=straggler, delay=pre)
         target = (1.0 - min_gain) * self.predict(baseline, nbytes)
         critical = math.inf if hidden > target else max(pre - (target - hidden), 0.0)
