@@ -245,13 +245,16 @@ def _check_round(flows: RoundFlows, n: int, num_chunks: int) -> None:
             raise ScheduleError(f"{where}: rank {rank} {verb} {int(counts[rank])} messages in one round")
 
 
-def _expand(flows: RoundFlows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One entry per (message, chunk): src, dst, chunk, adds."""
+def _expand(flows: RoundFlows, by_chunk: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per (message, chunk): src, dst, chunk, adds (``by_chunk``: sorted by chunk)."""
     width = flows.stop - flows.start
     total = int(width.sum())
     owner = np.repeat(np.arange(len(width)), width)
     offset = np.arange(total) - np.repeat(np.cumsum(width) - width, width)
     chunk = (flows.start[owner] + offset).astype(np.int32)
+    if by_chunk:
+        order = np.argsort(chunk, kind="stable")
+        owner, chunk = owner[order], chunk[order]
     return flows.src[owner].astype(np.int32), flows.dst[owner].astype(np.int32), chunk, flows.adds[owner]
 
 
@@ -278,9 +281,9 @@ def prove_rounds(
     for flows in schedule_rounds:
         _check_round(flows, n, num_chunks)
         messages += len(flows.src)
-    expanded = [_expand(f) for f in schedule_rounds]
     words = (n + 63) // 64
     block = max(1, min(num_chunks, BLOCK_BYTES // max(1, n * words * 8)))
+    expanded = [_expand(f, by_chunk=block < num_chunks) for f in schedule_rounds]
     ranks = np.arange(n)
     for first in range(0, num_chunks, block):
         last = min(num_chunks, first + block)
@@ -303,9 +306,9 @@ def _prove_block(
     held = np.zeros((n, width, words), np.uint64)
     held[ranks, :, ranks // 64] = (np.uint64(1) << (ranks % 64).astype(np.uint64))[:, None]
     for flows, (src, dst, chunk, adds) in zip(schedule_rounds, expanded, strict=True):
-        if blocked:
-            inside = (chunk >= first) & (chunk < last)
-            src, dst, chunk, adds = src[inside], dst[inside], chunk[inside], adds[inside]
+        if blocked:  # the entries are sorted by chunk
+            lo, hi = np.searchsorted(chunk, (first, last))
+            src, dst, chunk, adds = src[lo:hi], dst[lo:hi], chunk[lo:hi], adds[lo:hi]
         if not len(src):
             continue
         local = chunk - first
