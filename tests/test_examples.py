@@ -162,6 +162,51 @@ def test_bert_horovod_loopback(tmp_path: Path) -> None:
     assert data["time_to_target"]["hooked"]["reached"] and data["speedup_to_target"] is not None
 
 
+@needs_transformers
+@needs_weights
+@needs_fortunes
+def test_bert_one_copy_on_and_off_train_alike(tmp_path: Path) -> None:
+    """``--stragglerkit on`` and ``off`` each train one model: its own figures only, no comparison,
+    every rank's parameters identical, a folder the report reads; and the two runs are the same
+    training (same seed and batches), so their losses agree step by step."""
+    losses = {}
+    for mode, name in (("on", "hooked"), ("off", "plain")):
+        run_dir = tmp_path / mode
+        done = _run(
+            BERT,
+            *f"--loopback --world-size 2 --steps 4 --steps-per-block 2 --stragglerkit {mode} --run-dir".split(),
+            str(run_dir),
+            *BERT_SMALL,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "one copy, no comparison" in done.stdout
+        data = json.loads((run_dir / "train.json").read_text())
+        assert data["copies"] == [name] and data["header"]["config"]["copies"] == [name]
+        assert set(data["loss"]) == {name, "by_rank"} and set(data["evaluation"]) == {name}
+        assert data[f"{name}_identical_on_all_ranks"] and data["speedup_to_target"] is None
+        assert {"plain_s", "hooked_s"} & set(data["steps"]) == {f"{name}_s"} and len(data["steps"][f"{name}_s"]) == 4
+        logs = sorted(p.name for p in run_dir.glob("events.rank*.jsonl"))
+        assert logs == (["events.rank0.jsonl", "events.rank1.jsonl"] if mode == "on" else [])
+        report = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stragglerkit.cli",
+                "report",
+                str(run_dir / "train.json" if mode == "off" else run_dir),
+                "-o",
+                str(run_dir / "report.html"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert report.returncode == 0, report.stderr
+        losses[mode] = data["loss"][name]
+    assert losses["on"] == pytest.approx(losses["off"], rel=1e-3)
+
+
 def test_bad_input_gives_one_clear_line() -> None:
     out_of_range = _run(BERT, "--loopback", "--world-size", "2", "--straggler", "5", "--delay", "10")
     assert out_of_range.returncode == 2

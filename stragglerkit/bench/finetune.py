@@ -8,7 +8,9 @@ namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over l
 (``--loopback``, or where no cluster can be made), or as the ranks of ``torchrun`` (RANK,
 WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains two copies
 of the model, plain framework and stragglerkit, in alternating blocks of steps, on the same
-batches, with the same injected faults.
+batches, with the same injected faults. ``--stragglerkit on`` (or ``off``) trains only the copy
+with (or without) stragglerkit: one model in memory, as a user's real run; its figures are its
+own and nothing is compared (:func:`summarize_one`).
 
 **Which loss, and the time to reach it.** Per step, the *global loss* is the mean over the ranks
 of each rank's batch loss (the loss of the whole global batch: every rank's batch has the same
@@ -43,6 +45,7 @@ import importlib.util
 import itertools
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,16 +59,20 @@ from stragglerkit.units import parse_bandwidth
 
 __all__ = [
     "LOSS_RTOL",
+    "STRAGGLERKIT_COPIES",
     "TARGET_WINDOW",
     "analyse",
     "example_main",
     "example_parser",
     "global_losses",
+    "summarize_one",
     "time_to_target",
 ]
 
 TARGET_WINDOW = 5
 """Steps in the running mean of the global loss that is compared with the target."""
+STRAGGLERKIT_COPIES = {"both": ["plain", "hooked"], "on": ["hooked"], "off": ["plain"]}
+"""``--stragglerkit``: which copies of the model each rank trains (``TrainConfig.copies``)."""
 LOSS_RTOL = 1e-3
 """Default largest relative difference between the two copies' global losses at any step."""
 
@@ -75,7 +82,13 @@ def example_parser(description: str, prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     add = parser.add_argument
     add("--framework", choices=("ddp", "horovod"), default="ddp", help="the data-parallel framework (default ddp)")
-    add("--stragglerkit", choices=("both",), default="both", help="both: plain and stragglerkit side by side")
+    add(
+        "--stragglerkit",
+        choices=tuple(STRAGGLERKIT_COPIES),
+        default="both",
+        help="both: plain and stragglerkit side by side, compared (default); on: only with stragglerkit; off: only "
+        "the plain framework (one model in memory, no comparison)",
+    )
     add("--world-size", type=int, default=None, help="ranks to start (default 8; under torchrun: WORLD_SIZE)")
     add("--steps", type=int, default=60, help="training steps of each copy (default 60)")
     add("--target-loss", type=float, default=None, help="report when each copy reached this loss")
@@ -143,6 +156,7 @@ def example_main(
             slowdown="backward",
             batch=int(workload_options.get("batch", 0)),
             target_loss=args.target_loss,
+            copies=STRAGGLERKIT_COPIES[args.stragglerkit],
             seed=args.seed,
             timeout=args.timeout,
             event_log=str(run_dir.absolute()),
@@ -180,13 +194,17 @@ def _run(config: TrainConfig, args: argparse.Namespace, argv: list[str], prog: s
         return 1
     if record is None:  # a torchrun or horovodrun rank other than 0
         return 0
-    summary = summarize(config, record)
+    both = len(config.copies) == 2
+    summary = summarize(config, record) if both else summarize_one(config, record)
     header = header_record(config, launched, argv)
     header["command"] = " ".join(["python", prog, *argv])
     for key in ("alpha_s", "model_bandwidth_Bps"):
         header.pop(key, None)
     problems = analyse(config, record, summary, args.loss_rtol)
-    print_summary(summary, header)
+    if both:
+        print_summary(summary, header)
+    else:
+        _print_one(summary, header)
     _print_finetune(summary)
     write_json(str(run_dir / "train.json"), header, summary)
     _plot(summary, run_dir / "loss_vs_time.png")
@@ -253,48 +271,133 @@ def time_to_target(losses: list[float], step_s: list[float], target: float | Non
     return out
 
 
+def summarize_one(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a run of one copy (``--stragglerkit on|off``): what
+    :func:`~stragglerkit.bench.train_report.summarize` gives of a side-by-side run, less every
+    comparison (no steady-state speedup, no parameter difference)."""
+    from stragglerkit.bench.train_report import group_step_times
+
+    (name,) = record["copies"]
+    times = group_step_times(record[f"{name}_end_s"], record["block_starts"])
+    events = record["events"]
+    detections = [e for e in events if e["kind"].startswith("detected_")]
+    first_switch = next((e for e in events if e["kind"] == "switch"), None)
+    return {
+        "copies": [name],
+        "scenario": config.scenario,
+        "detected_step": detections[0]["step"] if detections else None,
+        "detected": [{"step": e["step"], "kind": e["kind"], "ranks": e["evidence"].get("ranks")} for e in detections],
+        "switched_step": first_switch["step"] if first_switch else None,
+        "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
+        "final_plan": record["final_plan"],
+        "steady_steps": None,
+        f"{name}_identical_on_all_ranks": len(set(record["checksums"][name])) == 1,
+        "fault_step": config.from_step if config.scenario != "none" else None,
+        "delay_s": record["delay_s"],
+        "delay_calibration": record["delay_calibration"],
+        "model": {
+            "layers": record["model_layers"],
+            "parameters": record["parameters"],
+            "gradient_bytes": record["gradient_bytes"],
+            "buckets_bytes": record["buckets_bytes"],
+            "batch": config.batch,
+        },
+        "hook_config": record["hook_config"],
+        "steps": {
+            f"{name}_s": times,
+            "hook_algorithm": record["algorithms"],
+            "rank_map": record["rank_maps"],
+            "late_rank": [config.late_rank(s) for s in range(config.steps)],
+            "per_rank": {f"{name}_{key}": record[f"{name}_{key}"] for key in ("s", "end_s", "backward_s")},
+            "block_starts": record["block_starts"],
+        },
+        "events": events,
+    }
+
+
 def analyse(config: TrainConfig, record: dict[str, Any], summary: dict[str, Any], rtol: float) -> list[str]:
     """Adds the fine-tuning figures to ``summary``; the broken checks, as sentences."""
+    names = list(record.get("copies", ["plain", "hooked"]))
     losses = global_losses(record)
-    plain, hooked = losses["plain"], losses["hooked"]
-    diffs = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain, hooked, strict=True)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
-    summary["loss"] = {"plain": plain, "hooked": hooked, "by_rank": record["loss_by_rank"]}
-    summary["loss_max_rel_diff"] = diffs[worst] if worst is not None else None
+    summary["copies"] = names
+    summary["loss"] = {**{name: losses[name] for name in names}, "by_rank": record["loss_by_rank"]}
     summary["loss_rtol"] = rtol
-    summary["losses_agree"] = all(d <= rtol for d in diffs) and all(map(math.isfinite, plain + hooked))
     summary["evaluation"] = record.get("evaluation")
     summary["slowdown"] = record.get("slowdown")
     steps = summary["steps"]
     summary["time_to_target"] = {
-        name: time_to_target(losses[name], steps[f"{name}_s"], config.target_loss) for name in ("plain", "hooked")
+        name: time_to_target(losses[name], steps[f"{name}_s"], config.target_loss) for name in names
     }
-    reached = summary["time_to_target"]
-    summary["speedup_to_target"] = (
-        reached["plain"]["time_s"] / reached["hooked"]["time_s"]
-        if reached["plain"]["reached"] and reached["hooked"]["reached"] and reached["hooked"]["time_s"] > 0
-        else None
-    )
-    summary["total_time_s"] = {name: sum(steps[f"{name}_s"]) for name in ("plain", "hooked")}
+    summary["total_time_s"] = {name: sum(steps[f"{name}_s"]) for name in names}
     problems = []
-    if not summary["losses_agree"]:
-        assert worst is not None
-        problems.append(
-            f"the copies' losses differ by {diffs[worst]:.3g} (relative) at step {worst}: {plain[worst]!r} against "
-            f"{hooked[worst]!r}, more than --loss-rtol {rtol:g}"
+    if len(names) == 2:
+        plain, hooked = losses["plain"], losses["hooked"]
+        diffs = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain, hooked, strict=True)]
+        worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
+        summary["loss_max_rel_diff"] = diffs[worst] if worst is not None else None
+        summary["losses_agree"] = all(d <= rtol for d in diffs) and all(map(math.isfinite, plain + hooked))
+        reached = summary["time_to_target"]
+        summary["speedup_to_target"] = (
+            reached["plain"]["time_s"] / reached["hooked"]["time_s"]
+            if reached["plain"]["reached"] and reached["hooked"]["reached"] and reached["hooked"]["time_s"] > 0
+            else None
         )
-    for name in ("plain", "hooked"):
+        if not summary["losses_agree"]:
+            assert worst is not None
+            problems.append(
+                f"the copies' losses differ by {diffs[worst]:.3g} (relative) at step {worst}: {plain[worst]!r} "
+                f"against {hooked[worst]!r}, more than --loss-rtol {rtol:g}"
+            )
+    else:
+        summary["speedup_to_target"] = None
+        (name,) = names
+        if not all(map(math.isfinite, losses[name])):
+            problems.append(f"the {name} copy's loss is not finite at some step")
+    for name in names:
         if not summary[f"{name}_identical_on_all_ranks"]:
             problems.append(f"the {name} copy's parameters differ between the ranks after the last step")
     return problems
 
 
-def _print_finetune(summary: dict[str, Any]) -> None:
+_COPY_LABELS = {"plain": "plain", "hooked": "stragglerkit"}
+"""How the figures name the copies."""
+
+
+def _print_one(summary: dict[str, Any], header: dict[str, Any]) -> None:
+    """The headline of a run of one copy (``--stragglerkit on|off``)."""
+    config, model = header["config"], summary["model"]
+    (name,) = summary["copies"]
+    times = summary["steps"][f"{name}_s"]
     print(
-        f"# losses: the copies agree at every step within {summary['loss_rtol']:g} (largest relative difference "
-        f"{summary['loss_max_rel_diff']:.3g}): {'yes' if summary['losses_agree'] else 'NO'}"
+        f"# {config['framework']} {'with' if name == 'hooked' else 'without'} stragglerkit, {config['world_size']} "
+        f"ranks, {header['mode']} ({header['mode_reason']}); one copy, no comparison (--stragglerkit both compares)"
     )
-    for name in ("plain", "hooked"):
+    print(f"# model: {model['layers']}, {model['gradient_bytes'] / 2**20:.2f} MiB of gradients")
+    scenario = summary["scenario"]
+    if summary["delay_s"] is not None:
+        scenario += f", delay {summary['delay_s'] * 1e3:.1f} ms"
+    if summary["fault_step"] is not None:
+        scenario += f", from step {summary['fault_step']}"
+    half = times[len(times) // 2 :]
+    print(f"# scenario: {scenario}; median step time over the second half: {statistics.median(half) * 1e3:.1f} ms")
+    if name == "hooked":
+        switched = summary["switched_step"]
+        print(
+            f"# first switch: {'none' if switched is None else f'step {switched}'}; final algorithm: "
+            f"{summary['algorithm']}"
+        )
+    identical = "yes" if summary[f"{name}_identical_on_all_ranks"] else "NO"
+    print(f"# parameters identical on all ranks: {identical}")
+
+
+def _print_finetune(summary: dict[str, Any]) -> None:
+    names = summary["copies"]
+    if len(names) == 2:
+        print(
+            f"# losses: the copies agree at every step within {summary['loss_rtol']:g} (largest relative "
+            f"difference {summary['loss_max_rel_diff']:.3g}): {'yes' if summary['losses_agree'] else 'NO'}"
+        )
+    for name in names:
         figures = summary["evaluation"][name] if summary["evaluation"] else {}
         reached = summary["time_to_target"][name]
         if reached["target"] is None:
@@ -318,10 +421,11 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for name, colour, label in (("plain", "grey", "plain"), ("hooked", "tab:blue", "stragglerkit")):
-        times = list(itertools.accumulate(summary["steps"][f"{name}_s"]))
-        axis.plot(times, summary["time_to_target"][name]["smoothed"], color=colour, label=label)
-    target = summary["time_to_target"]["plain"]["target"]
+    for name, colour in (("plain", "grey"), ("hooked", "tab:blue")):
+        if name in summary["copies"]:
+            times = list(itertools.accumulate(summary["steps"][f"{name}_s"]))
+            axis.plot(times, summary["time_to_target"][name]["smoothed"], color=colour, label=_COPY_LABELS[name])
+    target = summary["time_to_target"][summary["copies"][0]]["target"]
     if target is not None:
         axis.axhline(target, color="black", linestyle=":", linewidth=1, label=f"target {target:g}")
     if summary["switched_step"] is not None:
@@ -344,21 +448,18 @@ def _log_wandb(summary: dict[str, Any], header: dict[str, Any], run_dir: Path) -
         return
     os.environ.setdefault("WANDB_MODE", "offline")
     run = wandb.init(project="stragglerkit-examples", dir=str(run_dir), config=header["config"])
-    plain_t, hooked_t = (list(itertools.accumulate(summary["steps"][f"{n}_s"])) for n in ("plain", "hooked"))
-    for step in range(len(plain_t)):
-        run.log(
-            {
-                "loss/plain": summary["loss"]["plain"][step],
-                "loss/stragglerkit": summary["loss"]["hooked"][step],
-                "time_s/plain": plain_t[step],
-                "time_s/stragglerkit": hooked_t[step],
-                "step_s/plain": summary["steps"]["plain_s"][step],
-                "step_s/stragglerkit": summary["steps"]["hooked_s"][step],
-            },
-            step=step,
-        )
-    figures = {"speedup_to_target": summary["speedup_to_target"], "speedup_steady": summary["speedup_steady"]}
-    for name in ("plain", "hooked"):
+    names = summary["copies"]
+    elapsed = {name: list(itertools.accumulate(summary["steps"][f"{name}_s"])) for name in names}
+    for step in range(len(elapsed[names[0]])):
+        logged = {}
+        for name in names:
+            label = _COPY_LABELS[name]
+            logged[f"loss/{label}"] = summary["loss"][name][step]
+            logged[f"time_s/{label}"] = elapsed[name][step]
+            logged[f"step_s/{label}"] = summary["steps"][f"{name}_s"][step]
+        run.log(logged, step=step)
+    figures = {"speedup_to_target": summary["speedup_to_target"], "speedup_steady": summary.get("speedup_steady")}
+    for name in names:
         for key, value in (summary["evaluation"] or {}).get(name, {}).items():
             figures[f"eval/{name}/{key}"] = value
     run.summary.update({k: v for k, v in figures.items() if v is not None})

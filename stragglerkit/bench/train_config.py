@@ -17,10 +17,12 @@ from stragglerkit.config import CLEAR_DEGRADED
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.units import parse_time
 
-__all__ = ["DEFAULT_BATCH", "FRAMEWORKS", "SLOWDOWNS", "TrainConfig", "parse_jitter"]
+__all__ = ["COPIES", "DEFAULT_BATCH", "FRAMEWORKS", "SLOWDOWNS", "TrainConfig", "parse_jitter"]
 
 FRAMEWORKS = ("ddp", "horovod", "megatron")
 """What ``--framework`` trains with: the plain framework against it with stragglerkit."""
+COPIES = ("plain", "hooked")
+"""The two copies of the model: the plain framework and the framework with stragglerkit."""
 DEFAULT_BATCH = {"ddp": 16, "horovod": 16, "megatron": 1}
 """Samples per rank and step when ``batch`` is 0: 16 rows of the MLP; 1 sequence of the GPT
 (:mod:`stragglerkit.bench.train_megatron` says why so few)."""
@@ -137,6 +139,10 @@ class TrainConfig(JsonConfig):
     over its backward, as on a throttled GPU; :data:`SLOWDOWNS`)."""
     target_loss: float | None = None
     """A loss to reach: the summary then says when each copy reached it (``stragglerkit.bench.finetune``)."""
+    copies: list[str] = field(default_factory=lambda: list(COPIES))
+    """Which copies each rank trains: both (the side-by-side comparison), or only ``plain`` or
+    only ``hooked`` (``--stragglerkit off|on`` of the fine-tuning examples: one model in memory, as
+    a user's real run has; no comparison is made)."""
     event_log: str | None = None
     """A folder: the hooked copy's loop writes ``events.rank{rank}.jsonl`` there on every rank
     (docs/event_log.md), for ``stragglerkit report FOLDER``; ``None``: no event log."""
@@ -184,6 +190,13 @@ class TrainConfig(JsonConfig):
                 f"--framework {self.framework} gives --degraded-threshold to stragglerkit.Config's "
                 f"detection.degraded_threshold, which must be at least {CLEAR_DEGRADED} (below it a NIC counts as "
                 f"recovered), got {self.degraded_threshold}"
+            )
+        if not self.copies or len(set(self.copies)) != len(self.copies) or not set(self.copies) <= set(COPIES):
+            raise ValueError(f"copies must be one or both of {', '.join(COPIES)}, each once; got {self.copies!r}")
+        self.copies = [name for name in COPIES if name in self.copies]
+        if len(self.copies) == 1 and self.framework == "megatron":
+            raise ValueError(
+                "--framework megatron trains both copies side by side; one copy alone is for ddp or horovod"
             )
         if self.event_log is not None and not (isinstance(self.event_log, str) and self.event_log):
             raise ValueError(f"--event-log takes a folder, got {self.event_log!r}")

@@ -211,10 +211,11 @@ class _TrainRank:
             hook_config = dataclasses.replace(hook_config, detector=detector)
         self.hook_config = hook_config
         views = config.gradient_as_bucket_view
-        self.loop: StragglerLoop
-        self.plain: _Run
-        self.hooked: _Run
-        self.close: Callable[[], None]
+        self.loop: StragglerLoop | None = None
+        """The hooked copy's loop (None when only the plain copy trains)."""
+        self.runs: list[_Run]
+        """The copies this rank trains (``config.copies``), plain first."""
+        self.close: Callable[[], None] = _nothing
         """Ends the hooked copy's loop (every rank, after the last step)."""
         self.hidden = hidden_width(config.model_bytes)
         self.model_layers = f"{INPUTS}-{self.hidden}-{self.hidden}-{OUTPUTS} MLP"
@@ -225,31 +226,35 @@ class _TrainRank:
             self.hidden = 0
             self.make_batch = self._workload_batch
         if config.framework == "horovod":
-            self.plain, self.hooked, self.loop = self._horovod_runs(config, device)
-            self.close = self.loop.close
+            self.runs = self._horovod_runs(config, device)
+            self.loop = _loop_of(self.runs)
         elif config.framework == "megatron":
             from stragglerkit.bench import train_megatron
 
-            self.plain, self.hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config))
+            plain, hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config))
             assert megatron.loop is not None
-            self.loop, self.close = megatron.loop, megatron.close
+            self.runs, self.loop, self.close = [plain, hooked], megatron.loop, megatron.close
             self.hidden = train_megatron.gpt_hidden_size(config.model_bytes)
             self.model_layers = train_megatron.describe(self.hidden)
             self.make_batch = train_megatron.gpt_batch
         else:
-            models = [DDP(self._new_model().to(device), gradient_as_bucket_view=views) for _ in range(2)]
-            self.plain, self.hooked = (
-                _Run(name, model, self._new_optimizer(model), "ddp", views)
-                for name, model in zip(("plain", "hooked"), models, strict=True)
-            )
-            if not stragglerkit.is_initialized():
-                # collective: every rank builds its _TrainRank at the same point
-                stragglerkit.init(config=_with_event_log(Config.from_env(), config))
-            state = stragglerkit.DDPState(None, hook_config)
-            models[1].register_comm_hook(state, stragglerkit.ddp_hook)
-            self.loop = state.loop
+            self.runs = []
+            for name in config.copies:
+                model = DDP(self._new_model().to(device), gradient_as_bucket_view=views)
+                self.runs.append(_Run(name, model, self._new_optimizer(model), "ddp", views))
+                if name == "hooked":
+                    if not stragglerkit.is_initialized():
+                        # collective: every rank builds its _TrainRank at the same point
+                        stragglerkit.init(config=_with_event_log(Config.from_env(), config))
+                    state = stragglerkit.DDPState(None, hook_config)
+                    model.register_comm_hook(state, stragglerkit.ddp_hook)
+                    self.loop = state.loop
+        if self.loop is not None and config.framework != "megatron":
             self.close = self.loop.close
-        for run in (self.plain, self.hooked):
+        named = {run.name: run for run in self.runs}
+        self.plain: _Run | None = named.get("plain")
+        self.hooked: _Run | None = named.get("hooked")
+        for run in self.runs:
             run.workload = self.workload
             if config.slowdown == "backward":
                 run.slowdown = ComputeSlowdown(run.model)
@@ -261,7 +266,7 @@ class _TrainRank:
         self.progress = Progress(config.steps, "train", enabled=self.reporter)
         """Rank 0 reports: a bar over the steps on a terminal, plain lines elsewhere."""
         self.jitter = JitterInjector(max_delay=config.jitter, seed=config.seed) if config.jitter > 0 else None
-        self.numel = sum(p.numel() for p in self.plain.model.parameters())
+        self.numel = sum(p.numel() for p in self.runs[0].model.parameters())
         self.delay = config.delay or 0.0
         self.calibration: dict[str, Any] | None = None
         self.reshaped: dict[str, Any] | None = None
@@ -270,15 +275,16 @@ class _TrainRank:
         self.rank_maps: list[list[int]] = []
         """Per step: the hooked run's rank map (logical -> physical) after the step."""
 
-    def _horovod_runs(self, config: TrainConfig, device: torch.device) -> tuple[_Run, _Run, StragglerLoop]:
+    def _horovod_runs(self, config: TrainConfig, device: torch.device) -> list[_Run]:
         """Plain ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` over two copies
-        of the model, as a Horovod script sets them up (the wrap makes the torch.distributed group
-        from Horovod's ranks, across the hosts); then Horovod's broadcasts of both."""
+        of the model (or the one of ``config.copies``), as a Horovod script sets them up (the wrap
+        makes the torch.distributed group from Horovod's ranks, across the hosts); then Horovod's
+        broadcasts of each."""
         import horovod.torch as hvd
 
         hook_config = _hook_settings(config)
         runs = []
-        for name in ("plain", "hooked"):
+        for name in config.copies:
             model = self._new_model().to(device)
             sgd = self._new_optimizer(model)
             named = [(f"{name}.{key}", p) for key, p in model.named_parameters()]
@@ -289,7 +295,7 @@ class _TrainRank:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(opt, root_rank=0)
             runs.append(_Run(name, model, opt, "horovod", views=False))
-        return runs[0], runs[1], runs[1].opt._stragglerkit.loop
+        return runs
 
     def _new_model(self) -> nn.Module:
         """A copy of the model: the workload's, or the MLP (the same initial parameters every time)."""
@@ -309,7 +315,7 @@ class _TrainRank:
         if self.workload is None:
             return
         self.evaluation = {}
-        for run in (self.plain, self.hooked):
+        for run in self.runs:
             module = run.model.module if isinstance(run.model, DDP) else run.model
             module.eval()
             with torch.no_grad():
@@ -408,11 +414,14 @@ class _TrainRank:
             used = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
             run.cpu.append(None if used is None else [used.busy, used.total])
             run.losses.append(float(loss.detach()))
-            if run is self.hooked:
+            if run is self.hooked and self.loop is not None:
                 self.algorithms.append(self.loop.algorithm)
                 self.rank_maps.append(self.loop.rank_map)
 
     def max_param_diff(self) -> float:
+        """The largest difference between the two copies' parameters (0 with one copy)."""
+        if self.plain is None or self.hooked is None:
+            return 0.0
         with torch.no_grad():
             pairs = zip(self.plain.model.parameters(), self.hooked.model.parameters(), strict=True)
             return max(float((a - b).abs().max()) for a, b in pairs)
@@ -429,11 +438,11 @@ class _TrainRank:
             if reshape and block.start == config.reshape_at:
                 self.reshape(RESHAPE_AGAIN, block.start)
             batches = [self.make_batch(config, step, self.rank, self.device) for step in block]
-            order = (self.plain, self.hooked) if index % 2 == 0 else (self.hooked, self.plain)
+            order = self.runs if index % 2 == 0 else self.runs[::-1]
             for run in order:
                 self.run_block(run, block, batches)
             diffs += [self.max_param_diff()] * len(block)
-            events = self.loop.events
+            events = self.loop.events if self.loop is not None else []
             for event in events[seen_events:]:
                 self.progress.note(f"step {event['step']}: {_describe_event(event)}")
             seen_events = len(events)
@@ -442,13 +451,16 @@ class _TrainRank:
             status = None
             if self.reporter and (due or self.progress.drawing):  # a bar shows it every block
                 recent = slice(max(0, done - every), done)
-                plain, hooked = (statistics.median(run.times[recent]) * 1e3 for run in (self.plain, self.hooked))
-                status = (
-                    f"step {done}/{config.steps}: plain {plain:.1f} ms, hooked {hooked:.1f} ms (rank 0's own, median "
-                    f"of the last {len(self.plain.times[recent])}), hook: {self.loop.algorithm}"
+                times = ", ".join(
+                    f"{run.name} {statistics.median(run.times[recent]) * 1e3:.1f} ms" for run in self.runs
                 )
-                if self.progress.drawing:
-                    status = f"plain {plain:.1f} ms, hooked {hooked:.1f} ms, hook: {self.loop.algorithm}"
+                hook = "" if self.loop is None else f", hook: {self.loop.algorithm}"
+                status = f"{times}{hook}"
+                if not self.progress.drawing:
+                    status = (
+                        f"step {done}/{config.steps}: {times} (rank 0's own, median of the last "
+                        f"{len(self.runs[0].times[recent])}){hook}"
+                    )
             self.progress.advance(len(block), status)
         self.progress.close()
         self.close()
@@ -456,25 +468,20 @@ class _TrainRank:
         return self._record(diffs)
 
     def _record(self, diffs: list[float]) -> dict[str, Any]:
+        names = [run.name for run in self.runs]
         with torch.no_grad():
             flat = {
-                name: torch.cat([p.detach().flatten() for p in run.model.parameters()]).double().cpu()
-                for name, run in (("plain", self.plain), ("hooked", self.hooked))
+                run.name: torch.cat([p.detach().flatten() for p in run.model.parameters()]).double().cpu()
+                for run in self.runs
             }
         weights = torch.arange(self.numel, dtype=torch.float64) % 7 + 1
+        series = ("s", "end_s", "backward_s", "cpu")
         own = {
-            "plain_s": self.plain.times,
-            "hooked_s": self.hooked.times,
-            "plain_end_s": self.plain.ends,
-            "hooked_end_s": self.hooked.ends,
-            "plain_backward_s": self.plain.backward_s,
-            "hooked_backward_s": self.hooked.backward_s,
-            "plain_cpu": self.plain.cpu,
-            "hooked_cpu": self.hooked.cpu,
+            **{f"{run.name}_{key}": getattr(run, _RUN_SERIES[key]) for run in self.runs for key in series},
             "diffs": diffs,
-            "losses": {"plain": self.plain.losses, "hooked": self.hooked.losses},
+            "losses": {run.name: run.losses for run in self.runs},
             "checksums": {name: float((v * weights).sum()) for name, v in flat.items()},
-            "scale": float(flat["plain"].abs().max()),
+            "scale": float(flat[names[0]].abs().max()),
         }
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, own)
@@ -483,8 +490,10 @@ class _TrainRank:
             """``key`` of every rank, as [step][rank]."""
             return [list(t) for t in zip(*(g[key] for g in gathered), strict=True)]
 
-        last = self.loop.step - 1
+        loop = self.loop
+        last = loop.step - 1 if loop is not None else 0
         return {
+            "copies": names,
             "world_size": self.world_size,
             "device": str(self.device),
             "backend": dist.get_backend(),
@@ -492,36 +501,52 @@ class _TrainRank:
             "model_layers": self.model_layers,
             "parameters": self.numel,
             "gradient_bytes": 4 * self.numel,
-            "buckets_bytes": [t.nbytes for t in sorted(self.loop.profiler.buckets(last), key=lambda t: t.bucket)],
+            "buckets_bytes": (
+                [t.nbytes for t in sorted(loop.profiler.buckets(last), key=lambda t: t.bucket)] if loop else []
+            ),
             "delay_s": self.delay if self.config.straggler is not None else None,
             "delay_calibration": self.calibration,
-            "hook_config": asdict(self.loop.config),
+            "hook_config": asdict(loop.config) if loop else None,
             "reshaped": self.reshaped,
-            # [step][rank]
-            **{key: by_step(key) for key in ("plain_s", "hooked_s", "plain_end_s", "hooked_end_s")},
+            # [step][rank]: each copy's step ends, step times, backward times, and [busy, total] CPU
+            # ticks of the rank's host during its step (None: unknown)
+            **{f"{name}_{key}": by_step(f"{name}_{key}") for name in names for key in series},
             "block_starts": [block.start for block in self.config.blocks()],
-            **{key: by_step(key) for key in ("plain_backward_s", "hooked_backward_s")},
-            # [step][rank]: [busy, total] CPU ticks of the rank's host during its step (None: unknown)
-            **{key: by_step(key) for key in ("plain_cpu", "hooked_cpu")},
             "param_diff": [max(ranks) for ranks in by_step("diffs")],
             "param_scale": max(g["scale"] for g in gathered),
-            "checksums": {name: [g["checksums"][name] for g in gathered] for name in ("plain", "hooked")},
-            "loss": {"plain": self.plain.losses, "hooked": self.hooked.losses},
+            "checksums": {name: [g["checksums"][name] for g in gathered] for name in names},
+            "loss": {run.name: run.losses for run in self.runs},
             # [step][rank]: every rank's own batch loss
             "loss_by_rank": {
-                name: [list(t) for t in zip(*(g["losses"][name] for g in gathered), strict=True)]
-                for name in ("plain", "hooked")
+                name: [list(t) for t in zip(*(g["losses"][name] for g in gathered), strict=True)] for name in names
             },
             "evaluation": self.evaluation,
             "slowdown": self.config.slowdown,
             "algorithms": self.algorithms,
             "rank_maps": self.rank_maps,
-            "events": self.loop.events,
-            "final_plan": self.loop.controller.plan.describe(),
+            "events": loop.events if loop else [],
+            "final_plan": loop.controller.plan.describe() if loop else None,
             # rank 0 decides: its detector's latest evaluation and its fitted cost model, as evidence
-            "detector_evidence": self.loop.controller.detector.last_evidence,
-            "cost_model": dict(self.loop.controller.model.fit_info),
+            "detector_evidence": loop.controller.detector.last_evidence if loop else None,
+            "cost_model": dict(loop.controller.model.fit_info) if loop else None,
         }
+
+
+_RUN_SERIES = {"s": "times", "end_s": "ends", "backward_s": "backward_s", "cpu": "cpu"}
+"""The record's per-copy series (``plain_s``, ``hooked_end_s``, ...) and the :class:`_Run` lists they come from."""
+
+
+def _nothing() -> None:
+    """Closes nothing (no hooked copy, so no loop)."""
+
+
+def _loop_of(runs: list[_Run]) -> StragglerLoop | None:
+    """The loop of the hooked Horovod copy among ``runs`` (None without one)."""
+    for run in runs:
+        if run.name == "hooked":
+            loop: StragglerLoop = run.opt._stragglerkit.loop
+            return loop
+    return None
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

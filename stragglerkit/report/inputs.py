@@ -425,10 +425,15 @@ def _bench_rows(run: RunData, rows: list[dict[str, Any]]) -> None:
 
 def _bench_train(run: RunData, data: dict[str, Any]) -> None:
     steps = data["steps"]
-    hooked, plain = steps["hooked_s"], steps["plain_s"]
+    # a run of one copy (the fine-tuning examples' --stragglerkit on|off) has only its own series
+    shown = "hooked" if "hooked_s" in steps else "plain"
+    hooked, plain = steps[f"{shown}_s"], steps.get("plain_s") if shown == "hooked" else None
     algorithms = steps.get("hook_algorithm") or [None] * len(hooked)
-    backward = (steps.get("per_rank") or {}).get("hooked_backward_s")
-    for step, (h, p) in enumerate(zip(hooked, plain)):
+    if len(algorithms) < len(hooked):
+        algorithms = [None] * len(hooked)
+    backward = (steps.get("per_rank") or {}).get(f"{shown}_backward_s")
+    for step, h in enumerate(hooked):
+        p = plain[step] if plain is not None and step < len(plain) else None
         lateness: list[float | None] | None = None
         if backward and step < len(backward) and backward[step]:
             times = backward[step]
@@ -442,7 +447,11 @@ def _bench_train(run: RunData, data: dict[str, Any]) -> None:
             "lateness estimated without clocks: each rank's backward + AllReduce time against the longest "
             "(the rank that arrives last waits least)"
         )
-    run.step_time_note = "step time: the hooked copy's; the plain copy's in grey"
+    run.step_time_note = (
+        "step time: the hooked copy's; the plain copy's in grey"
+        if plain is not None
+        else f"step time: the {shown} copy's (a run of that copy alone)"
+    )
     run.decisions = [dict(e, evidence=e.get("evidence") or {}) for e in data.get("events", [])]
     run.bench_saving = _bench_saving(data)
 
@@ -450,7 +459,7 @@ def _bench_train(run: RunData, data: dict[str, Any]) -> None:
 def _bench_saving(data: dict[str, Any]) -> dict[str, Any] | None:
     """The training bench's steady state: plain against hooked (its own figures) and the time saved."""
     steady = data.get("steady_steps")
-    if not steady:
+    if not steady or "plain_s" not in data["steps"] or "hooked_s" not in data["steps"]:
         return None
     hooked, plain = data["steps"]["hooked_s"], data["steps"]["plain_s"]
     chosen = range(int(steady[0]), int(steady[1]) + 1)
@@ -476,6 +485,8 @@ def _linked(bench: _Source, log: _Source) -> bool:
 def _merge_bench(run: RunData, data: dict[str, Any], path: str, problems: list[str]) -> None:
     """Add a training bench's plain copy and steady-state figures to its hooked copy's event-log run."""
     try:
+        if "plain_s" not in data["steps"]:  # a run of the hooked copy alone: nothing to add
+            return
         plain = data["steps"]["plain_s"]
         for record in run.steps:
             if 0 <= record.step < len(plain):
