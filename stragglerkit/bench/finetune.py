@@ -59,7 +59,7 @@ from stragglerkit.units import parse_bandwidth
 
 __all__ = [
     "LOSS_RTOL",
-    "STRAGGLERKIT_COPIES",
+    "SWITCH_COPIES",
     "TARGET_WINDOW",
     "analyse",
     "example_main",
@@ -71,7 +71,7 @@ __all__ = [
 
 TARGET_WINDOW = 5
 """Steps in the running mean of the global loss that is compared with the target."""
-STRAGGLERKIT_COPIES = {"both": ["plain", "hooked"], "on": ["hooked"], "off": ["plain"]}
+SWITCH_COPIES = {"both": ["plain", "hooked"], "on": ["hooked"], "off": ["plain"]}
 """``--stragglerkit``: which copies of the model each rank trains (``TrainConfig.copies``)."""
 LOSS_RTOL = 1e-3
 """Default largest relative difference between the two copies' global losses at any step."""
@@ -84,7 +84,7 @@ def example_parser(description: str, prog: str) -> argparse.ArgumentParser:
     add("--framework", choices=("ddp", "horovod"), default="ddp", help="the data-parallel framework (default ddp)")
     add(
         "--stragglerkit",
-        choices=tuple(STRAGGLERKIT_COPIES),
+        choices=tuple(SWITCH_COPIES),
         default="both",
         help="both: plain and stragglerkit side by side, compared (default); on: only with stragglerkit; off: only "
         "the plain framework (one model in memory, no comparison)",
@@ -156,7 +156,7 @@ def example_main(
             slowdown="backward",
             batch=int(workload_options.get("batch", 0)),
             target_loss=args.target_loss,
-            copies=STRAGGLERKIT_COPIES[args.stragglerkit],
+            copies=SWITCH_COPIES[args.stragglerkit],
             seed=args.seed,
             timeout=args.timeout,
             event_log=str(run_dir.absolute()),
