@@ -1,4 +1,4 @@
-"""``stragglerkit.Config``: the one configuration of the library, in four sections.
+"""``stragglerkit.Config``: the one configuration of the library, in five sections.
 
 Every setting a user would plausibly change lives here, with its default (the measured best) and a
 docstring saying what it does. The whole of it loads from a YAML file (``configs/`` ships
@@ -38,6 +38,7 @@ __all__ = [
     "ExecutorConfig",
     "OptCCConfig",
     "ReportConfig",
+    "SyncConfig",
 ]
 
 MiB = 1024 * 1024
@@ -65,9 +66,7 @@ def _send_buffer(section: str, name: str, value: object) -> int | None:
         except ValueError as err:
             raise ConfigError(f"{section}.{name}: {err}; give a size such as 1MiB, or off") from None
     if not isinstance(value, int) or value < SMALLEST_SEND_BUFFER:
-        raise ConfigError(
-            f"{section}.{name} must be at least {SMALLEST_SEND_BUFFER} bytes (or off), got {value!r}"
-        )
+        raise ConfigError(f"{section}.{name} must be at least {SMALLEST_SEND_BUFFER} bytes (or off), got {value!r}")
     return value
 
 
@@ -143,8 +142,16 @@ class DetectionConfig:
     """A rolled-back plan is not tried again for this many steps."""
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "window", "confirm", "exchange_every", "quiet_exchange_every",
-                     "probe_every", "verify_steps", "cooldown_steps"):
+        for name in (
+            "warmup_steps",
+            "window",
+            "confirm",
+            "exchange_every",
+            "quiet_exchange_every",
+            "probe_every",
+            "verify_steps",
+            "cooldown_steps",
+        ):
             value = getattr(self, name)
             least = 1 if name in ("confirm", "exchange_every", "verify_steps") else 2 if name == "window" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -210,11 +217,33 @@ class ReportConfig:
                 raise ConfigError("report.wandb is true but wandb is not installed: pip install wandb (or set auto)")
 
 
+@dataclass(kw_only=True, slots=True)
+class SyncConfig:
+    """What training may compute: exact sums only, or also partial synchronisation."""
+
+    partial: bool = False
+    """Allow partial synchronisation (selective reduce and partial reduce,
+    :mod:`stragglerkit.selective`): groups of ready ranks average their *models* instead of every
+    rank summing every gradient, which changes what training computes (docs/selective.md). Off:
+    only exact AllReduces run, and starting partial synchronisation is an error that says so.
+    Nothing ever switches to it by itself."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.partial, str):
+            switch = parse_switch(self.partial)
+            if switch is None:
+                raise ConfigError(f"sync.partial must be true or false, got {self.partial!r}")
+            self.partial = switch
+        if not isinstance(self.partial, bool):
+            raise ConfigError(f"sync.partial must be true or false, got {self.partial!r}")
+
+
 _SECTIONS: dict[str, type[Any]] = {
     "executor": ExecutorConfig,
     "optcc": OptCCConfig,
     "detection": DetectionConfig,
     "report": ReportConfig,
+    "sync": SyncConfig,
 }
 
 
@@ -245,7 +274,7 @@ PREFIX = "STRAGGLERKIT_"
 
 @dataclass(kw_only=True, slots=True)
 class Config:
-    """The whole configuration: ``executor``, ``optcc``, ``detection`` and ``report`` sections."""
+    """The whole configuration: ``executor``, ``optcc``, ``detection``, ``report`` and ``sync`` sections."""
 
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     """How plans run: the peer timeout, the send-buffer bound."""
@@ -255,6 +284,8 @@ class Config:
     """The closed loop's thresholds and intervals."""
     report: ReportConfig = field(default_factory=ReportConfig)
     """Event log, NVTX ranges, Weights & Biases."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Whether partial synchronisation (selective reduce) is allowed; off by default."""
 
     SECTIONS: ClassVar[tuple[str, ...]] = tuple(_SECTIONS)
 

@@ -162,7 +162,8 @@ def _check_same_config(side: dist.ProcessGroup, config: Config | None, error: st
     bad = [f"on rank {rank}: {theirs['error']}" for rank, theirs in enumerate(everyone) if theirs and "error" in theirs]
     if bad:
         raise ConfigError(
-            "stragglerkit.init: a rank's configuration is bad, " + " | ".join(bad)
+            "stragglerkit.init: a rank's configuration is bad, "
+            + " | ".join(bad)
             + "; give every rank a valid configuration (the same file and STRAGGLERKIT_* variables)"
         )
     problems = []
@@ -177,6 +178,7 @@ def _check_same_config(side: dist.ProcessGroup, config: Config | None, error: st
                 problems.append(f"{section}.{key} differs ({listed})")
     if problems:
         raise ConfigError(
-            "stragglerkit.init: the ranks' configurations differ: " + " | ".join(problems)
+            "stragglerkit.init: the ranks' configurations differ: "
+            + " | ".join(problems)
             + "; give every rank the same configuration (the same file and STRAGGLERKIT_* variables)"
         )

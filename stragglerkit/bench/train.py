@@ -72,8 +72,26 @@ TRAIN_ONLY = (
     "--gradient-as-bucket-view",
     "--no-gradient-as-bucket-view",
     "--event-log",
+    "--sync",
+    "--duration",
+    "--compute",
 )
 """Options of ``bench`` that only ``--mode train`` reads."""
+SELECTIVE_READS = (
+    "--sync",
+    "--duration",
+    "--compute",
+    "--seed",
+    "--model-size",
+    "--mode",
+    "--world-size",
+    "--bandwidth",
+    "--loopback",
+    "--timeout",
+    "--json",
+    "--plot",
+)
+"""The options that ``--mode train --sync selective`` reads; any other is an error there."""
 ALLREDUCE_ONLY = (
     "--sizes",
     "--dtype",
@@ -177,6 +195,27 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         help="the hooked copy writes its event log to DIR/events.rank{rank}.jsonl on every rank (a run header, "
         "the decisions, rank 0's per-step measurements); then: stragglerkit report DIR (docs/event_log.md)",
     )
+    group.add_argument(
+        "--sync",
+        choices=("allreduce", "selective"),
+        default="allreduce",
+        help="allreduce: every step sums the gradients of all ranks (default; the comparison above); selective: "
+        "opt-in partial synchronisation, each rank trains its own model and groups of ready ranks average "
+        "theirs: selective reduce against partial reduce and all-reduce, with the paper's NIC rates and "
+        "compute times (docs/selective.md; it changes what training computes)",
+    )
+    group.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="with --sync selective: seconds of training per method (default 60)",
+    )
+    group.add_argument(
+        "--compute",
+        choices=("transformer", "resnet50"),
+        help="with --sync selective: the compute-time distribution of an iteration (default transformer; "
+        "docs/selective.md)",
+    )
 
 
 def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
@@ -214,6 +253,11 @@ def cmd_train(
     args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
 ) -> int:
     """``stragglerkit bench --mode train``: build the TrainConfig, run, print; ValueError on bad options."""
+    if args.sync == "selective":
+        return _cmd_selective(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
+    wrong = given_options(argv, ("--duration", "--compute"))
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: only with --sync selective")
     wrong = given_options(argv, ALLREDUCE_ONLY)
     if wrong:
         raise ValueError(
@@ -252,6 +296,48 @@ def cmd_train(
     except StragglerKitError as err:
         print(f"stragglerkit bench: error: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _cmd_selective(
+    args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
+) -> int:
+    """``--mode train --sync selective``: the three partial-synchronisation methods (bench.train_selective)."""
+    from stragglerkit.bench.train_selective import SelectiveTrainConfig, plot, print_summary, run_selective_train
+
+    known = [arg.split("=")[0] for arg in argv if arg.startswith("--")]
+    wrong = sorted({arg for arg in known if arg not in SELECTIVE_READS})
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)}: not read by --sync selective (it reads {', '.join(SELECTIVE_READS)}); leave out"
+        )
+    if mode == "torchrun":
+        raise ValueError("--sync selective starts its own ranks (emulated cluster or loopback); not under torchrun")
+    chosen = {"duration": args.duration, "compute": args.compute, "seed": args.seed, "model_bytes": args.model_size}
+    config = SelectiveTrainConfig(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        mode=mode,
+        timeout=args.timeout,
+        **{k: v for k, v in chosen.items() if v is not None},
+    )
+    print(
+        f"stragglerkit bench --mode train --sync selective: {world_size} ranks on {mode}: {why}; "
+        f"{len(config.methods)} methods x {config.duration:g} s",
+        file=sys.stderr,
+    )
+    try:
+        summary = run_selective_train(config)
+    except StragglerKitError as err:
+        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        return 1
+    print_summary(summary)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot(summary, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
