@@ -7,6 +7,14 @@ for each of its cases (usually one per algorithm):
   runs it (generation plus the correctness proof the command reports); target at p = 1,024: 10 s.
 * ``plan``: one rank's executor plan for a 32 MiB float32 bucket, as ``Runtime`` builds it
   (target at p = 1,024: 0.5 s and 100 MB).
+* ``simulate``: ``stragglerkit simulate --algorithms ALG --world-sizes P --size 1GiB --alpha 3us
+  --bandwidth 25GB/s --json -`` (a straggler at the auto delay; ``--degrade 3:2.0 --segments 64``
+  for the NIC algorithms); target at p = 1,024: 10 s.
+* ``decision``: what the closed loop computes to choose a 32 MiB bucket's plan (the controller's
+  ``OnlineModel`` and ``runtime.policy``): ``straggler``: StragglAR's critical delay and the
+  predictions of ring and StragglAR; ``slow_nic``: ``choose_algorithm("auto")`` (OptCC or the
+  balanced ring, OptCC's segments and fills) and the predictions of ring, the balanced ring and
+  OptCC with rank 3 at l = 2; target at p = 1,024: 1 s.
 
 Every measurement runs in a fresh subprocess (``--child``), so the peak resident memory is that of
 the stage alone: the child records its RSS before the stage and the peak after it
@@ -88,6 +96,39 @@ def plan_stage(p: int, case: str) -> object:
     return {"ops": int(plan.ops.shape[0])}
 
 
+def simulate_stage(p: int, case: str) -> object:
+    """``stragglerkit simulate --algorithms CASE --world-sizes P ... --json -`` (stdout captured)."""
+    from stragglerkit.cli import main
+
+    out = io.StringIO()
+    common = ["--size", "1GiB", "--alpha", "3us", "--bandwidth", "25GB/s", "--json", "-"]
+    with contextlib.redirect_stdout(out):
+        code = main(["simulate", "--algorithms", case, "--world-sizes", str(p), *common, *_situation_args(p, case)])
+    if code != 0:
+        raise RuntimeError(f"simulate {case} at p={p} exited {code}")
+    rows = json.loads(out.getvalue())
+    return {"time_s": rows[0]["time_s"]} if rows else {}
+
+
+def decision_stage(p: int, case: str) -> object:
+    """The loop's choice for a 32 MiB bucket: the model's predictions and the policy (module docstring)."""
+    from stragglerkit.detect.model import OnlineModel
+    from stragglerkit.runtime.policy import choose_algorithm
+    from stragglerkit.schedules.registry import Situation
+    from stragglerkit.sim.cost_model import CostModel
+
+    model = OnlineModel(p, CostModel.Config(alpha=20e-6, beta=1 / 25e9))
+    if case == "straggler":
+        critical = model.critical_delay(p - 1, BUCKET_BYTES, "ring", 0.05)
+        kwargs: dict[str, Any] = {"straggler": p - 1, "delay": 5e-3}
+        ring, fast = model.predict("ring", BUCKET_BYTES, **kwargs), model.predict("stragglar", BUCKET_BYTES, **kwargs)
+        return {"critical_delay_s": critical, "ring_s": ring, "stragglar_s": fast}
+    slowdowns = {3: 2.0}
+    chosen, _ = choose_algorithm("auto", Situation(world_size=p, slowdowns=slowdowns), BUCKET_BYTES // 4)
+    times = {f"{a}_s": model.predict(a, BUCKET_BYTES, slowdowns=slowdowns) for a in ("ring", "balanced_ring", "optcc")}
+    return {"auto": chosen, **times}
+
+
 @dataclass(slots=True, frozen=True)
 class Stage:
     """One row of the growth table."""
@@ -109,6 +150,8 @@ ALGORITHMS = ("ring", "rhd", "direct", "stragglar", "optcc", "balanced_ring")
 STAGES: dict[str, Stage] = {
     "schedule": Stage(schedule_stage, ALGORITHMS, _even_for_stragglar),
     "plan": Stage(plan_stage, ALGORITHMS, _even_for_stragglar),
+    "simulate": Stage(simulate_stage, ALGORITHMS, _even_for_stragglar),
+    "decision": Stage(decision_stage, ("straggler", "slow_nic"), lambda p, case: case != "straggler" or p % 2 == 0),
 }
 
 
@@ -122,7 +165,9 @@ def child(stage: str, p: int, case: str) -> dict[str, Any]:
     spec = STAGES[stage]
     # import what every stage imports before the baseline, so that the growth is the stage's own
     import stragglerkit.cli
-    import stragglerkit.runtime.plan  # noqa: F401
+    import stragglerkit.detect.model
+    import stragglerkit.runtime.plan
+    import stragglerkit.sim  # noqa: F401
 
     before = _rss_mb()
     start = time.perf_counter()
