@@ -20,8 +20,9 @@ selective reduce is opt-in (docs/selective.md says what it means for convergence
 seconds of training, on the same links, with the same compute-time draws:
 
 * ``selective``: :class:`~stragglerkit.selective.SelectiveReduceController` (BAG, BPAWR,
-  Algorithm 3) with the NIC rates the testbed measured when it shaped them, cold start (it learns
-  the iteration-time distribution as the run goes);
+  Algorithm 3) with the NIC rates the testbed measured when it shaped them and a warm-start
+  progress model (the compute-time distribution known, Eq. (4) as the paper writes it unless
+  ``progress="conditional"``);
 * ``partial``: :class:`~stragglerkit.selective.PartialReduceController`, the queue of ``p``;
 * ``allreduce``: the same queue with ``p = n``: every rank waits for the slowest each round.
 
@@ -88,6 +89,11 @@ class SelectiveTrainConfig(JsonConfig):
     eta: float = 0.3
     theta: float = 1.0
     dt: float = 0.01
+    progress: str = "paper"
+    """Eq. (4) as the paper writes it, ``F(t + dt)`` (``paper``, as the simulation's default), or the
+    conditional probability (``conditional``, the library's default; docs/selective.md says how the
+    two differ). Warm start either way: the model is given 10,000 draws of the compute-time
+    distribution, as the paper's main results assume the distribution known."""
     lr: float = 0.05
     batch: int = 32
     seed: int = 0
@@ -114,6 +120,8 @@ class SelectiveTrainConfig(JsonConfig):
             raise ValueError(f"--compute must be one of {', '.join(WORKLOADS)}, got {self.compute!r}")
         if not (self.compute_scale > 0 and math.isfinite(self.compute_scale)):
             raise ValueError(f"compute_scale must be a positive number, got {self.compute_scale!r}")
+        if self.progress not in ("paper", "conditional"):
+            raise ValueError(f"progress must be 'paper' or 'conditional', got {self.progress!r}")
         if not 0 < self.p_fraction <= 1:
             raise ValueError(f"p_fraction must be in (0, 1] (p = p_fraction x n), got {self.p_fraction!r}")
         if not 1024 <= self.model_bytes <= 2**30:
@@ -154,7 +162,12 @@ def _run_method(config: SelectiveTrainConfig, method: str, rates: dict[int, floa
     the coordinator's record of every synchronisation)."""
     import numpy as np
 
-    from stragglerkit.selective import PartialReduceController, SelectiveConfig, SelectiveReduceController
+    from stragglerkit.selective import (
+        PartialReduceController,
+        ProgressModel,
+        SelectiveConfig,
+        SelectiveReduceController,
+    )
     from stragglerkit.selective.coordinator import RankSync, SyncCoordinator, run_store
     from stragglerkit.sim.selective import WORKLOADS
 
@@ -180,7 +193,9 @@ def _run_method(config: SelectiveTrainConfig, method: str, rates: dict[int, floa
                 model_bytes=model_bytes,
                 worker_timeout=config.timeout,
             )
-            controller: Any = SelectiveReduceController(settings, n, rates)
+            known = sampler(np.random.default_rng((config.seed, n, 1)), (1, 10_000))[0] * config.compute_scale
+            progress = ProgressModel.warm(known.tolist(), formula=config.progress)  # type: ignore[arg-type]
+            controller: Any = SelectiveReduceController(settings, n, rates, progress)
         else:
             p = n if method == "allreduce" else config.p
             controller = PartialReduceController(n, p, worker_timeout=config.timeout)
