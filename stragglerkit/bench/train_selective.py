@@ -237,6 +237,7 @@ def _run_method(config: SelectiveTrainConfig, method: str, rates: dict[int, floa
             torch.nn.utils.vector_to_parameters(buffer, params)
     sync.close(timeout=config.timeout)
     records: list[dict[str, Any]] = []
+    holds = 0
     if coordinator is not None:
         coordinator.join(timeout=config.timeout)
         if coordinator.error is not None:
@@ -245,6 +246,7 @@ def _run_method(config: SelectiveTrainConfig, method: str, rates: dict[int, floa
             {"id": r.id, "members": list(r.members), "weights": list(r.weights), "done_s": r.done_s}
             for r in coordinator.records
         ]
+        holds = coordinator.holds
     with torch.no_grad():
         test_loss = float(nn.functional.mse_loss(model(x_test), y_test))
     return {
@@ -254,6 +256,7 @@ def _run_method(config: SelectiveTrainConfig, method: str, rates: dict[int, floa
         "sync_s": sync.sync_s,
         "test_loss": test_loss,
         "records": records,
+        "holds": holds,
         "parameters": buffer.numel(),
     }
 
@@ -379,6 +382,7 @@ def summarise(config: SelectiveTrainConfig, results: dict[str, list[dict[str, An
             "total_sync": len(finished),
             "total_iterations": sum(rank["iterations"] for rank in ranks),
             "mean_wait_s": _mean([w for rank in ranks for w in rank["waits"]]),
+            "holds": ranks[0].get("holds", 0),
             "test_loss": _mean([rank["test_loss"] for rank in ranks]),
             "test_loss_by_rank": [rank["test_loss"] for rank in ranks],
             "loss_vs_time": [

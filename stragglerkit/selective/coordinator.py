@@ -128,6 +128,8 @@ class SyncCoordinator:
         self.poll_s = poll_s
         self.clock = clock
         self.records: list[SyncRecord] = []
+        self.holds = 0
+        """Decision passes in which BPAWR held a group back to wait for a faster worker (selective only)."""
         self.error: BaseException | None = None
         self._by_id: dict[int, SyncRecord] = {}
         self._start = 0.0
@@ -162,6 +164,9 @@ class SyncCoordinator:
                     else:
                         time.sleep(self.poll_s)
                         continue
+                verdicts = getattr(self.controller, "last_verdicts", ())
+                if any(verdict.wait for _, verdict in verdicts):
+                    self.holds += 1
                 if launched:
                     for sync in launched:
                         record = SyncRecord(sync.id, sync.workers, sync.weights, sync.full, self._now())
