@@ -32,7 +32,7 @@ PAPER = {
     "iterations_selective_over_partial": "1.10-1.17x",
 }
 """The paper's ranges (Section IV-B-1, simulated clusters of 40-200 workers)."""
-FIGURES = ("avg_sync_time_s", "avg_sync_scale", "total_sync", "total_iterations", "mean_wait_s", "test_loss")
+FIGURES = ("avg_sync_time_s", "avg_sync_scale", "total_sync", "total_iterations", "mean_wait_s", "holds", "test_loss")
 
 
 def _median(values: list[Any]) -> float | None:
@@ -73,8 +73,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(summary: dict[str, Any]) -> str:
     lines = [
-        "| method | avg sync time (s) | avg sync scale | syncs | iterations | wait ready->sync (s) | held-out loss |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| method | avg sync time (s) | avg sync scale | syncs | iterations | wait ready->sync (s) | BPAWR holds "
+        "| held-out loss |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method, m in summary["methods"].items():
         cells = [
@@ -83,6 +84,7 @@ def table(summary: dict[str, Any]) -> str:
             f"{m['total_sync']:.0f}",
             f"{m['total_iterations']:.0f}",
             f"{m['mean_wait_s']:.3f}",
+            f"{m['holds']:.0f}",
             f"{m['test_loss']:.4g}",
         ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")

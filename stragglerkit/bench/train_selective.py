@@ -422,7 +422,8 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
         file=stream,
     )
     print(
-        f"# {'method':>10} {'sync(s)':>8} {'scale':>6} {'syncs':>6} {'iters':>6} {'wait(s)':>8} {'test loss':>10}",
+        f"# {'method':>10} {'sync(s)':>8} {'scale':>6} {'syncs':>6} {'iters':>6} {'wait(s)':>8} {'holds':>6} "
+        f"{'test loss':>10}",
         file=stream,
     )
     for method, m in summary["methods"].items():
@@ -432,7 +433,7 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
 
         print(
             f"  {method:>10} {f(m['avg_sync_time_s'], '8.3f')} {f(m['avg_sync_scale'], '6.2f')} {m['total_sync']:>6} "
-            f"{m['total_iterations']:>6} {f(m['mean_wait_s'], '8.3f')} {f(m['test_loss'], '10.4g')}",
+            f"{m['total_iterations']:>6} {f(m['mean_wait_s'], '8.3f')} {m['holds']:>6} {f(m['test_loss'], '10.4g')}",
             file=stream,
         )
     for name, value in summary["ratios"].items():
