@@ -189,3 +189,18 @@ def test_selective_without_waiting_or_tolerance_is_partial_reduce() -> None:
     result = run_trial(setting, 0, methods=("selective", "partial"))
     assert result["selective"] == result["partial"]
     assert result["selective"].wasted_wait == 0.0
+
+
+def test_bandwidth_sets_the_fastest_nic_and_slows_every_sync(tmp_path: Path) -> None:
+    """``--bandwidth`` is the fastest NIC's rate (the testbed's scale): ten times less bandwidth,
+    about ten times longer all-reduce syncs on the same draws (alpha 0)."""
+    syncs = {}
+    for rate in ("20Gbit", "2Gbit"):
+        out = tmp_path / f"{rate}.json"
+        argv = ["simulate", "--selective", "--world-sizes", "10", "--trials", "1", "--duration", "20"]
+        argv += ["--workloads", "resnet50", "--alpha", "0s", "--size", "50MB", "--bandwidth", rate, "--json", str(out)]
+        assert main(argv) == 0
+        entry = json.loads(out.read_text())["workloads"]["resnet50"]
+        assert entry["setting"]["max_gbit"] == pytest.approx(float(rate.removesuffix("Gbit")))
+        syncs[rate] = entry["rows"][0]["methods"]["allreduce"]["avg_sync_time"]["median"]
+    assert syncs["2Gbit"] == pytest.approx(10 * syncs["20Gbit"], rel=1e-2)  # rates rounded to 1 Mbit/s

@@ -155,6 +155,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     args.world_sizes = args.world_sizes or [8, 16, 256]
     args.size = parse_size("1GiB") if args.size is None else args.size
     args.alpha = parse_time("3us") if args.alpha is None else args.alpha
+    args.bandwidth = parse_bandwidth("450GB/s") if args.bandwidth is None else args.bandwidth
     rows = _simulate_rows(args)
     if args.json == "-":
         print(json.dumps(rows))
@@ -198,7 +199,9 @@ def add_parser(sub: Any) -> None:
         "--alpha", type=unit(parse_time), help="per-message latency (default 3us; --selective: per ring step, 1ms)"
     )
     sim.add_argument(
-        "--bandwidth", type=unit(parse_bandwidth), default=parse_bandwidth("450GB/s"), help="per-rank NIC bandwidth"
+        "--bandwidth",
+        type=unit(parse_bandwidth),
+        help="per-rank NIC bandwidth (default 450GB/s; --selective: the fastest NIC's, 20Gbit)",
     )
     sim.add_argument(
         "--delay",

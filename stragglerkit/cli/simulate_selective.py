@@ -50,6 +50,7 @@ def selective_record(args: argparse.Namespace, progress_out: Any = sys.stderr) -
             dt=args.dt,
             alpha=1e-3 if args.alpha is None else args.alpha,
             model_bytes=500e6 if args.size is None else args.size,
+            max_gbit=20.0 if args.bandwidth is None else args.bandwidth * 8 / 1e9,
             duration=args.duration,
             seed=args.seed,
             progress=args.progress,
