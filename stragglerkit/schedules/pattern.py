@@ -45,7 +45,7 @@ __all__ = [
     "round_flows",
 ]
 
-BLOCK_BYTES = 256 << 20
+BLOCK_BYTES = 128 << 20
 """Most memory the contribution bitsets of one block of chunks may take."""
 
 FULL_CHECK_MAX_RANKS = 64
