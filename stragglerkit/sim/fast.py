@@ -265,8 +265,9 @@ def _stragglar(
         return None  # punctual ranks out of step: the matching rounds are not uniform
     chunk = float(size_bytes) / (n - 1)
     _, (pre_done, _), steps = _ring_lockstep(arrival, tx, rx, punctual, chunk, alpha, n - 2)
-    rounds = stragglar_rounds(n)
-    end = max(pre_done, float(arrival[straggler])) + rounds * (alpha + chunk / bandwidth)
+    late = float(arrival[straggler])
+    rounds = stragglar_rounds(n) if math.isfinite(late) else 0  # absent: only the pre-phase ends
+    end = max(pre_done, late) + rounds * (alpha + chunk / bandwidth)
     completion = np.full(n, end)
     phase_done = {"reduce_scatter": pre_done, "matching": end}
     return _result(completion, arrival, phase_done, steps + rounds)
