@@ -39,7 +39,7 @@ def _cases(algorithm: str) -> list[tuple[int, dict[int, float], int | None, floa
     return cases
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "balanced_ring", "stragglar"])
+@pytest.mark.parametrize("algorithm", ["ring", "balanced_ring", "stragglar", "direct"])
 def test_fast_path_equals_the_full_simulation(algorithm: str) -> None:
     checked = 0
     for n, slowdowns, straggler, delay in _cases(algorithm):
@@ -90,6 +90,15 @@ def test_fast_auto_delay_equals_the_simulated_one(n: int, straggler: int) -> Non
     assert _close(fast, auto_delay(generate("stragglar", situation), SIZE, network))
 
 
+@pytest.mark.parametrize("n", [3, 4, 5, 9, 16])
+def test_fast_auto_delay_of_direct_equals_the_simulated_one(n: int) -> None:
+    situation = Situation(world_size=n, straggler=1)
+    network = Network.uniform(n, alpha=3e-6, bandwidth=450e9, slowdowns={0: 1.5})
+    fast = fast_auto_delay(situation, SIZE, network, algorithm="direct")
+    assert fast is not None
+    assert _close(fast, auto_delay(generate("direct", situation), SIZE, network, phase="pre_allreduce"))
+
+
 @pytest.mark.parametrize("n", [4, 8, 16, 32, 64, 6, 10, 12, 14, 24])
 def test_stragglar_rounds_match_the_generator(n: int) -> None:
     assert stragglar_rounds(n) == generate("stragglar", Situation(world_size=n)).rounds()
@@ -99,6 +108,7 @@ def test_no_fast_path_where_it_would_not_be_exact() -> None:
     n = 8
     plain = Network.uniform(n, alpha=3e-6, bandwidth=25e9)
     assert fast_simulate("rhd", Situation(world_size=n), SIZE, plain) is None
+    assert fast_simulate("direct", Situation(world_size=n), SIZE, Network.uniform(n, 0, 1e9, delta=1e-12)) is None
     assert fast_simulate("optcc", Situation(world_size=n, slowdowns={1: 2.0}), SIZE, plain) is None
     assert fast_simulate("ring", Situation(world_size=n), SIZE, Network.uniform(n, 3e-6, 25e9, gamma=1e-12)) is None
     slow = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns={2: 2.0})
@@ -108,7 +118,7 @@ def test_no_fast_path_where_it_would_not_be_exact() -> None:
     assert fast_simulate("stragglar", Situation(world_size=7, straggler=6), SIZE, Network.uniform(7, 0, 1e9)) is None
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "balanced_ring", "stragglar"])
+@pytest.mark.parametrize("algorithm", ["ring", "balanced_ring", "stragglar", "direct"])
 def test_fast_path_work_grows_linearly_with_the_ranks(algorithm: str) -> None:
     """Timing-free scale property: the vectorised steps grow as O(p) (a full simulation: O(p^2) ops)."""
     steps = {}

@@ -38,6 +38,8 @@ def _simulate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         if delay_text == "auto":
             reference = Situation(world_size=n, straggler=straggler)
             fast_delay = fast_auto_delay(reference, args.size, network)
+            if fast_delay is None:  # odd n: hide the pre-phase AllReduce that direct needs
+                fast_delay = fast_auto_delay(reference, args.size, network, algorithm="direct")
             if fast_delay is not None:
                 delay = fast_delay
             else:

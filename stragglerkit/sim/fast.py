@@ -14,6 +14,9 @@ ranks (or links). This module computes, from the algorithm's name and situation 
   message starts when its sender received that chunk (the previous step of the same slice on the
   link before), when the link delivered its previous message (one connection per pair, program
   order) and when both ranks arrived. ``2(p-1)·k`` steps.
+* ``direct`` (StragglAR paper's broadcast baseline): the ring AllReduce among the punctual ranks
+  (the lockstep recurrence), then ``1 + ceil(log2(p-1))`` rounds of whole-buffer messages, each
+  pair starting when both finished their previous round; any arrivals, any slowdowns.
 * ``stragglar`` on a uniform network with every punctual rank arriving together: the pre-phase is
   the ring reduce-scatter among the ``p-1`` punctual ranks (the recurrence above), and each of the
   ``R`` matching rounds moves one chunk of ``s/(p-1)`` bytes on every busy link, every round
@@ -52,7 +55,7 @@ from stragglerkit.sim.network import Network
 
 __all__ = ["FAST_ALGORITHMS", "FastResult", "fast_auto_delay", "fast_simulate", "stragglar_rounds"]
 
-FAST_ALGORITHMS = ("ring", "balanced_ring", "stragglar")
+FAST_ALGORITHMS = ("ring", "balanced_ring", "stragglar", "direct")
 """Algorithms with an exact fast path (under the conditions of :func:`fast_simulate`)."""
 
 
@@ -112,12 +115,17 @@ def fast_simulate(
         return _result(ends, arrival, {"reduce_scatter": phase_ends[0], "allgather": phase_ends[1]}, steps)
     if algorithm == "balanced_ring":
         return _balanced_ring(situation, arrival, tx, rx, size_bytes, network.alpha)
+    if algorithm == "direct":
+        return _direct(situation, arrival, tx, rx, size_bytes, network.alpha)
     return _stragglar(situation, arrival, tx, rx, size_bytes, network.alpha)
 
 
-def fast_auto_delay(situation: Situation, size_bytes: float, network: Network) -> float | None:
+def fast_auto_delay(
+    situation: Situation, size_bytes: float, network: Network, algorithm: str = "stragglar"
+) -> float | None:
     """:func:`~stragglerkit.sim.simulator.auto_delay` of StragglAR (the punctual ranks' pre-phase
-    time with the straggler absent), or ``None`` where the fast path does not apply.
+    time with the straggler absent; ``algorithm="direct"``: its ``pre_allreduce``), or ``None``
+    where the fast path does not apply.
 
     Example::
 
@@ -129,8 +137,9 @@ def fast_auto_delay(situation: Situation, size_bytes: float, network: Network) -
         return None
     arrivals = np.zeros(n)
     arrivals[straggler] = math.inf
-    result = fast_simulate("stragglar", _with_straggler(situation, straggler), size_bytes, network, arrivals)
-    return None if result is None else result.phase_done["reduce_scatter"]
+    result = fast_simulate(algorithm, _with_straggler(situation, straggler), size_bytes, network, arrivals)
+    phase = "pre_allreduce" if algorithm == "direct" else "reduce_scatter"
+    return None if result is None or phase not in result.phase_done else result.phase_done[phase]
 
 
 @functools.lru_cache(maxsize=64)
@@ -271,3 +280,42 @@ def _stragglar(
     completion = np.full(n, end)
     phase_done = {"reduce_scatter": pre_done, "matching": end}
     return _result(completion, arrival, phase_done, steps + rounds)
+
+
+def _direct(
+    situation: Situation, arrival: FloatArray, tx: FloatArray, rx: FloatArray, size_bytes: float, alpha: float
+) -> FastResult | None:
+    n = situation.world_size
+    straggler = situation.straggler if situation.straggler is not None else n - 1
+    if not 0 <= straggler < n:
+        return None
+    logical = np.arange(n)  # logical rank -> rank: generate() swaps logical ranks straggler and n-1
+    logical[straggler], logical[n - 1] = n - 1, straggler
+    punctual = logical[: n - 1]
+    ready = arrival.copy()
+    steps, pre_done = 0, -math.inf
+    if n - 1 >= 2:
+        ends, (_, pre_done), steps = _ring_lockstep(arrival, tx, rx, punctual, size_bytes / (n - 1), alpha, 2 * (n - 2))
+        ready[punctual] = ends[punctual]
+    phase_done = {"pre_allreduce": pre_done} if n - 1 >= 2 else {}
+    # exchange: logical 0 and the straggler swap buffers (one flow each way), then broadcast by doubling
+    first, last = int(logical[0]), int(logical[n - 1])
+    start = max(ready[first], ready[last])
+    end = max(
+        start + alpha + size_bytes / min(tx[first], rx[last]), start + alpha + size_bytes / min(tx[last], rx[first])
+    )
+    ready[first] = ready[last] = end
+    holders, waiting = [0, n - 1], list(range(1, n - 1))
+    rounds = 1
+    while waiting:
+        receivers, waiting = waiting[: len(holders)], waiting[len(holders) :]
+        senders = logical[holders[: len(receivers)]]
+        targets = logical[receivers]
+        begin = np.maximum(ready[senders], ready[targets])
+        done = begin + (alpha + size_bytes / np.minimum(tx[senders], rx[targets]))
+        ready[senders] = done
+        ready[targets] = done
+        holders += receivers
+        rounds += 1
+    phase_done["broadcast"] = float(ready.max())
+    return _result(ready, arrival, phase_done, steps + rounds)
