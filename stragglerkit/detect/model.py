@@ -30,7 +30,7 @@ slowdowns. The parameters come from the job itself:
   straggler arriving ``delay`` late: ``time_from_last_arrival`` is the figure compared. It models
   what GenModel's closed terms cannot: StragglAR's pre-phase overlapping the delay and a slow
   NIC's effect on each algorithm.
-  Ring, the balanced ring and StragglAR (uniform network) are timed by the exact fast paths of
+  Ring, the balanced ring, direct and StragglAR (uniform network) are timed by the exact fast paths of
   :mod:`stragglerkit.sim.fast` without building their plans (milliseconds at 1,024 ranks); the
   others, OptCC among them, by simulating the plan.
 * **Critical delay** for StragglAR on a bucket: the delay from which it is predicted to save
@@ -264,7 +264,7 @@ class OnlineModel:
             arrivals[straggler] = delay
         network = self._network(slow)
         fast = fast_simulate(algorithm, self._situation(algorithm, late, planned), nbytes, network, arrivals)
-        if fast is not None:  # ring, balanced ring, StragglAR: exact without building the plan
+        if fast is not None:  # ring, balanced ring, direct, StragglAR: exact without building the plan
             seconds = fast.time_from_last_arrival
         else:
             schedule = self.schedule(algorithm, late, planned if algorithm in NIC_ALGORITHMS else (), nbytes)
