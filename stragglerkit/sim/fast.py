@@ -31,7 +31,7 @@ returns ``None`` and the caller simulates the schedule.
 
 Cost: ``O(p)`` vectorised steps of ``O(p)`` work each (the numpy call, not the arithmetic,
 dominates up to a few thousand ranks); at p = 1024 a ring takes milliseconds where generating
-and simulating it took about 30 s (docs/results.md, "Scale").
+and simulating it took about 20 s (docs/results.md, "Scale").
 
 Example::
 
