@@ -101,10 +101,20 @@ def main() -> int:
     parser.add_argument("runs", nargs="+", help="the bench's --json files")
     parser.add_argument("--out", default=str(RESULTS / "train_selective.json"))
     parser.add_argument("--command", default=None)
+    parser.add_argument(
+        "--plot",
+        default=str(RESULTS.parent.parent / "docs" / "images" / "train_selective_loss.png"),
+        help="run 1's loss against wall-clock time per method (default docs/images/train_selective_loss.png)",
+    )
     args = parser.parse_args()
     runs = [json.loads(Path(path).read_text(encoding="utf-8")) for path in args.runs]
     summary = summarise(runs)
     write_summary(args.out, "train_selective", summary, args.command)
+    if args.plot:
+        from stragglerkit.bench.train_selective import plot
+
+        plot(runs[0], args.plot)
+        print(f"wrote {args.plot}")
     print(table(summary))
     return 0
 

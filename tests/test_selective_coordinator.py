@@ -130,3 +130,36 @@ def _not_allowed(rank: int, world_size: int) -> str:
 def test_partial_synchronisation_must_be_allowed_in_the_configuration() -> None:
     for message in run_group(2, _not_allowed, timeout=120).values():
         assert "sync={'partial': True}" in message and "changes what training computes" in message
+
+
+def _decision(store: Any, index: int) -> dict[str, Any]:
+    import datetime
+    import json
+
+    store.wait([f"decision/{index}"], datetime.timedelta(seconds=30))
+    return dict(json.loads(store.get(f"decision/{index}").decode()))
+
+
+def test_a_member_s_ready_report_before_its_group_s_done_ends_that_group_first() -> None:
+    """The first member reports a finished group done; another member may train an iteration and
+    report ready before that report arrives. The coordinator must take the ready report as the end
+    of the member's group (not as a worker that is ready twice), and drop the late done report."""
+    from stragglerkit.selective.coordinator import _append_event
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    store = dist.PrefixStore("race", server)
+    coordinator = SyncCoordinator(store, PartialReduceController(3, 2, worker_timeout=None), duration=4.0).start()
+    _append_event(store, "ready 0 1 -1")
+    _append_event(store, "ready 1 1 -1")
+    first = _decision(store, 0)
+    assert [s["members"] for s in first["syncs"]] == [[0, 1]]
+    sync_id = first["syncs"][0]["id"]
+    _append_event(store, f"ready 1 2 {sync_id}")  # member 1 is back before member 0's done report
+    _append_event(store, f"done {sync_id}")
+    _append_event(store, f"ready 0 2 {sync_id}")
+    second = _decision(store, 1)
+    assert [sorted(s["members"]) for s in second["syncs"]] == [[0, 1]]
+    coordinator.join(timeout=30)
+    assert coordinator.error is None, coordinator.error
+    assert _decision(store, 2)["kind"] == "stop"
+    assert coordinator.records[0].done_s is not None

@@ -9,9 +9,11 @@ already has (a :class:`~torch.distributed.PrefixStore` of its own per run); the 
 :func:`~stragglerkit.selective.weighted_group_all_reduce` over the process group's existing
 point-to-point connections.
 
-* A rank that finished an iteration appends ``ready RANK ITERATIONS`` to the event queue
-  (``store.add`` gives it a sequence number, ``event/<n>`` holds it) and waits. The first member of
-  a finished group appends ``done SYNC``.
+* A rank that finished an iteration appends ``ready RANK ITERATIONS LAST`` to the event queue
+  (``store.add`` gives it a sequence number, ``event/<n>`` holds it) and waits; ``LAST`` is the
+  sync it last took part in. The first member of a finished group appends ``done SYNC``. Another
+  member's next ``ready`` can come first (the reports race): the coordinator then ends ``LAST``
+  itself before the ready report, and drops the late ``done``.
 * :class:`SyncCoordinator` (a thread on one rank) reads the queue in order, stamps each event with
   its own clock, steps the controller (:class:`~stragglerkit.selective.SelectiveReduceController`,
   :class:`~stragglerkit.selective.PartialReduceController`, or the latter with ``p = n`` for
@@ -157,7 +159,9 @@ class SyncCoordinator:
                 if self.store.check([f"event/{events}"]):
                     text = self.store.get(f"event/{events}").decode()
                     events += 1
-                    launched = self.controller.step(self._event(text, self._now()))
+                    launched = []
+                    for event in self._events(text, self._now()):
+                        launched += self.controller.step(event)
                 else:
                     if now >= self.controller.next_deadline:
                         launched = self.controller.step(Tick(now))
@@ -180,16 +184,25 @@ class SyncCoordinator:
             peer = err.peer if isinstance(err, PeerError) else None
             self._publish(_Decision(decisions, _ERROR, message=str(err), peer=peer), quiet=True)
 
-    def _event(self, text: str, now: float) -> Event:
+    def _events(self, text: str, now: float) -> list[Event]:
+        """The controller's events for one report. ``ready RANK ITERATIONS LAST``: a member of sync
+        ``LAST`` may report ready before that sync's first member reported it done (the reports
+        race), so its ready report first ends ``LAST`` if nothing else has; ``done SYNC`` is then
+        left out."""
         kind, *fields = text.split()
         if kind == "ready":
-            return WorkerReady(int(fields[0]), now)
+            rank, last = int(fields[0]), int(fields[2])
+            return [*self._done(last, now), WorkerReady(rank, now)]
         if kind == "done":
-            sync_id = int(fields[0])
-            if sync_id in self._by_id:
-                self._by_id[sync_id].done_s = now
-            return SyncDone(sync_id, now)
+            return self._done(int(fields[0]), now)
         raise StragglerKitError(f"selective coordinator: unknown event {text!r} in the store (internal error)")
+
+    def _done(self, sync_id: int, now: float) -> list[Event]:
+        record = self._by_id.get(sync_id)
+        if record is None or record.done_s is not None:  # none yet (-1), or already ended
+            return []
+        record.done_s = now
+        return [SyncDone(sync_id, now)]
 
     def _publish(self, decision: _Decision, quiet: bool = False) -> None:
         body = {"kind": decision.kind, "syncs": decision.syncs, "message": decision.message, "peer": decision.peer}
@@ -254,6 +267,8 @@ class RankSync:
         """Set once the coordinator said the run is over (or failed)."""
         self.error: BaseException | None = None
         self._mine: queue.Queue[_Done] = queue.Queue()
+        self._last_sync = -1
+        """The latest sync this rank took part in (-1: none yet); set before :meth:`ready` returns."""
         self._thread = threading.Thread(target=self._follow, name=f"stragglerkit-selective-{rank}", daemon=True)
         self._thread.start()
 
@@ -263,7 +278,7 @@ class RankSync:
         if self.stopped.is_set():
             self._raise_if_failed()
             return None
-        _append_event(self.store, f"ready {self.rank} {iterations}")
+        _append_event(self.store, f"ready {self.rank} {iterations} {self._last_sync}")
         try:
             done = self._mine.get(timeout=self.timeout)
         except queue.Empty:
@@ -318,6 +333,7 @@ class RankSync:
         self.sync_s.append((mine["id"], seconds))
         if mine["members"][0] == self.rank:
             _append_event(self._follow_store, f"done {mine['id']}")
+        self._last_sync = mine["id"]
         self._mine.put(_Done(mine["id"], seconds))
 
 
