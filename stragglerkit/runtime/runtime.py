@@ -36,7 +36,7 @@ import threading
 import warnings
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -408,19 +408,8 @@ class Runtime:
         if self.connections is not None:  # OptCC's sends hold their link as its timetable has them
             optcc_bound = self.config.optcc.send_buffer if chosen == "optcc" else None
             self.connections.bound(optcc_bound or self._send_buffer)
-        flat = tensor.view(-1)
         with nvtx.range(nvtx.ALL_REDUCE, chosen):
-            timings = run_plan(
-                self.data_group,
-                flat,
-                cached.scratch_for(flat),
-                cached.plan,
-                ranks,
-                cached.plan_id,
-                self.timeout,
-                self.reverse_group,
-                concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
-            )
+            timings = self._execute(tensor, cached, ranks, cached.plan_id)
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
         self.last_run = RunRecord(algorithm, chosen, timings, cached.plan)
@@ -444,34 +433,20 @@ class Runtime:
             return self.last_run
         logical = tuple(tuple(ranks.logical(rank) for rank in group) for group in groups)
         key = ("group_ring", logical, tensor.numel(), tensor.dtype, tensor.device.type, ranks.to_physical)
-        cached = self._cache.get(key)
-        if cached is None:
+
+        def build() -> _CachedPlan:
             schedule = group_ring(n, logical)
             check(schedule)
             (plan,) = lower(schedule, tensor.numel(), tensor.element_size(), ranks=[ranks.logical(self.group.rank())])
-            cached = _CachedPlan(plan, plan_id(f"group_ring|{n}|{ranks.to_physical}|{groups}"))
-            self._cache[key] = cached
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+            return _CachedPlan(plan, plan_id(f"group_ring|{n}|{ranks.to_physical}|{groups}"))
+
+        cached = self._cached(key, build)
         if self.connections is not None:
             self.connections.bound(self._send_buffer)
         # the weights are in the id too: members that were given different weights are told so
         weights = zlib.crc32(repr(sorted(factors.items())).encode())
-        flat = tensor.view(-1)
         with nvtx.range(nvtx.ALL_REDUCE, "group_ring"):
-            timings = run_plan(
-                self.data_group,
-                flat,
-                cached.scratch_for(flat),
-                cached.plan,
-                ranks,
-                cached.plan_id ^ weights,
-                self.timeout,
-                self.reverse_group,
-                concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
-            )
+            timings = self._execute(tensor, cached, ranks, cached.plan_id ^ weights)
         self.last_run = RunRecord(call.algorithm, "group_ring", timings, cached.plan)
         return self.last_run
 
@@ -491,10 +466,17 @@ class Runtime:
             situation.optcc_sizing,
             op,
         )
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            return cached
+        return self._cached(key, lambda: self._build_plan(algorithm, situation, tensor, op, ranks, slowdowns))
+
+    def _build_plan(
+        self,
+        algorithm: str,
+        situation: Situation,
+        tensor: torch.Tensor,
+        op: str,
+        ranks: RankMap,
+        slowdowns: tuple[tuple[int, float], ...],
+    ) -> _CachedPlan:
         schedule = self._schedule(algorithm, situation)
         logical_rank = ranks.logical(self.group.rank())
         # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
@@ -513,11 +495,34 @@ class Runtime:
             f"{algorithm}|{situation.world_size}|{ranks.to_physical}|{situation.straggler}|{slowdowns}"
             f"|{situation.segments}|{situation.bubble_filling}|{situation.optcc_sizing}|{sizes}|{op}"
         )
-        cached = _CachedPlan(plan, plan_id(ident))
-        self._cache[key] = cached
+        return _CachedPlan(plan, plan_id(ident))
+
+    def _cached(self, key: tuple[object, ...], build: Callable[[], _CachedPlan]) -> _CachedPlan:
+        """The plan cached under ``key`` (most recently used now), else ``build()``'s, kept; the
+        least recently used plan goes beyond ``cache_size``."""
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        cached = self._cache[key] = build()
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return cached
+
+    def _execute(self, tensor: torch.Tensor, cached: _CachedPlan, ranks: RankMap, ident: int) -> OpTimings:
+        """Run ``cached``'s plan on ``tensor`` in place under plan id ``ident``; this rank's timings."""
+        flat = tensor.view(-1)
+        return run_plan(
+            self.data_group,
+            flat,
+            cached.scratch_for(flat),
+            cached.plan,
+            ranks,
+            ident,
+            self.timeout,
+            self.reverse_group,
+            concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
+        )
 
     def _schedule(self, algorithm: str, situation: Situation) -> Schedule:
         """The generated and checked schedule (cached: it does not depend on the bucket)."""
