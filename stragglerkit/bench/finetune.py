@@ -275,34 +275,14 @@ def summarize_one(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]
     """The figures of a run of one copy (``--stragglerkit on|off``): what
     :func:`~stragglerkit.bench.train_report.summarize` gives of a side-by-side run, less every
     comparison (no steady-state speedup, no parameter difference)."""
-    from stragglerkit.bench.train_report import group_step_times
+    from stragglerkit.bench.train_report import group_step_times, loop_figures
 
     (name,) = record["copies"]
     times = group_step_times(record[f"{name}_end_s"], record["block_starts"])
-    events = record["events"]
-    detections = [e for e in events if e["kind"].startswith("detected_")]
-    first_switch = next((e for e in events if e["kind"] == "switch"), None)
     return {
+        **loop_figures(config, record),
         "copies": [name],
-        "scenario": config.scenario,
-        "detected_step": detections[0]["step"] if detections else None,
-        "detected": [{"step": e["step"], "kind": e["kind"], "ranks": e["evidence"].get("ranks")} for e in detections],
-        "switched_step": first_switch["step"] if first_switch else None,
-        "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
-        "final_plan": record["final_plan"],
         "steady_steps": None,
-        f"{name}_identical_on_all_ranks": len(set(record["checksums"][name])) == 1,
-        "fault_step": config.from_step if config.scenario != "none" else None,
-        "delay_s": record["delay_s"],
-        "delay_calibration": record["delay_calibration"],
-        "model": {
-            "layers": record["model_layers"],
-            "parameters": record["parameters"],
-            "gradient_bytes": record["gradient_bytes"],
-            "buckets_bytes": record["buckets_bytes"],
-            "batch": config.batch,
-        },
-        "hook_config": record["hook_config"],
         "steps": {
             f"{name}_s": times,
             "hook_algorithm": record["algorithms"],
@@ -311,7 +291,7 @@ def summarize_one(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]
             "per_rank": {f"{name}_{key}": record[f"{name}_{key}"] for key in ("s", "end_s", "backward_s")},
             "block_starts": record["block_starts"],
         },
-        "events": events,
+        "events": record["events"],
     }
 
 

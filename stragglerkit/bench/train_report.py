@@ -39,7 +39,7 @@ from typing import Any
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share
 from stragglerkit.bench.train_config import TrainConfig
 
-__all__ = ["PLAN_CHANGES", "group_step_times", "print_summary", "summarize", "write_json"]
+__all__ = ["PLAN_CHANGES", "group_step_times", "loop_figures", "print_summary", "summarize", "write_json"]
 
 PLAN_CHANGES = ("switch", "rollback", "cleared")
 """Event kinds after which the hooked run's plan differs (docs/detection.md, the event log)."""
@@ -157,6 +157,35 @@ def group_step_times(ends: list[list[float]], block_starts: list[int]) -> list[f
     return times
 
 
+def loop_figures(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """What every run's summary says, one copy or two: the scenario, what the hooked copy's loop
+    detected and switched to, whether each copy's parameters are identical on every rank, the
+    fault, and the model."""
+    events = record["events"]
+    detections = [e for e in events if e["kind"].startswith("detected_")]
+    first_switch = next((e for e in events if e["kind"] == "switch"), None)
+    return {
+        "scenario": config.scenario,
+        "detected_step": detections[0]["step"] if detections else None,
+        "detected": [{"step": e["step"], "kind": e["kind"], "ranks": e["evidence"].get("ranks")} for e in detections],
+        "switched_step": first_switch["step"] if first_switch else None,
+        "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
+        "final_plan": record["final_plan"],
+        **{f"{name}_identical_on_all_ranks": len(set(sums)) == 1 for name, sums in record["checksums"].items()},
+        "fault_step": config.from_step if config.scenario != "none" else None,
+        "delay_s": record["delay_s"],
+        "delay_calibration": record["delay_calibration"],
+        "model": {
+            "layers": record.get("model_layers") or f"{256}-{record['hidden']}-{record['hidden']}-{16} MLP",
+            "parameters": record["parameters"],
+            "gradient_bytes": record["gradient_bytes"],
+            "buckets_bytes": record["buckets_bytes"],
+            "batch": config.batch,
+        },
+        "hook_config": record["hook_config"],
+    }
+
+
 def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run (see the module docstring) plus its per-step series."""
     if "plain_end_s" in record:
@@ -166,9 +195,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     else:  # a record without block ends: every step started at a barrier
         plain, hooked = ([max(ranks) for ranks in record[f"{name}_s"]] for name in ("plain", "hooked"))
     events = record["events"]
-    detections = [e for e in events if e["kind"].startswith("detected_")]
     switches = [_switch_summary(e) for e in events if e["kind"] in PLAN_CHANGES]
-    first_switch = next((e for e in events if e["kind"] == "switch"), None)
     steady_from, steady_why = _steady_start(config, record)
     steady = list(range(steady_from, config.steps))
     plain_steady = _median_ms([plain[s] for s in steady])
@@ -183,14 +210,8 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     backward_speedup = (
         plain_backward_steady / hooked_backward_steady if plain_backward_steady and hooked_backward_steady else None
     )
-    checksums = record["checksums"]
     return {
-        "scenario": config.scenario,
-        "detected_step": detections[0]["step"] if detections else None,
-        "detected": [{"step": e["step"], "kind": e["kind"], "ranks": e["evidence"].get("ranks")} for e in detections],
-        "switched_step": first_switch["step"] if first_switch else None,
-        "algorithm": record["algorithms"][-1] if record["algorithms"] else None,
-        "final_plan": record["final_plan"],
+        **loop_figures(config, record),
         "speedup_steady": speedup,
         "speedup_steady_total": speedup_total,
         "steady_steps": [steady[0], steady[-1]] if steady else None,
@@ -203,20 +224,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "hooked_backward_steady_ms": hooked_backward_steady,
         "max_param_diff": max(record["param_diff"]) if record["param_diff"] else None,
         "param_scale": record["param_scale"],
-        "hooked_identical_on_all_ranks": len(set(checksums["hooked"])) == 1,
-        "plain_identical_on_all_ranks": len(set(checksums["plain"])) == 1,
         "switches": switches,
-        "fault_step": config.from_step if config.scenario != "none" else None,
-        "delay_s": record["delay_s"],
-        "delay_calibration": record["delay_calibration"],
-        "model": {
-            "layers": record.get("model_layers") or f"{256}-{record['hidden']}-{record['hidden']}-{16} MLP",
-            "parameters": record["parameters"],
-            "gradient_bytes": record["gradient_bytes"],
-            "buckets_bytes": record["buckets_bytes"],
-            "batch": config.batch,
-        },
-        "hook_config": record["hook_config"],
         "detector_evidence": record.get("detector_evidence"),
         "cost_model": record.get("cost_model"),
         "phases": _phases(config, record, plain, hooked),
