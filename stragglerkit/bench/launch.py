@@ -44,6 +44,7 @@ __all__ = [
     "detect_mode",
     "jobs_for",
     "launch",
+    "launch_emulated_together",
     "loopback_ranks",
     "run_ranks",
     "torchrun_device",
@@ -292,10 +293,24 @@ def _launch_loopback(config: BenchConfig, workdir: Path) -> LaunchResult:
 
 
 def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
+    return launch_emulated_together([config], workdir)
+
+
+def launch_emulated_together(configs: list[BenchConfig], workdir: Path) -> LaunchResult:
+    """Run the jobs of every config of ``configs`` on one emulated cluster, one after the other.
+
+    The configs must share the cluster's shape (world size, bandwidth and TCP settings): the
+    calibration run measures three scenarios per cluster without building it three times.
+    """
     from stragglerkit.testbed import EmulatedCluster, NicDegradation
 
+    config = configs[0]
     assert config.bandwidth is not None
     tcp = ("tcp_send_buffer", "tcp_congestion_control", "tcp_slow_start_after_idle", "fair_queueing")
+    shape = ("world_size", "bandwidth", *tcp)
+    differ = [name for name in shape for other in configs if getattr(other, name) != getattr(config, name)]
+    if differ:
+        raise ValueError(f"configs run on one emulated cluster must share {differ[0]}")
     cluster_config = EmulatedCluster.Config(
         hosts=config.world_size, bandwidth=config.bandwidth, **{name: getattr(config, name) for name in tcp}
     )
@@ -305,16 +320,17 @@ def _launch_emulated(config: BenchConfig, workdir: Path) -> LaunchResult:
         alpha = config.alpha
         if alpha is None:
             alpha = statistics.median(cluster.ping(0, 1, rounds=20)) / 2.0
-        for index, job in enumerate(jobs_for(config)):
+        jobs = [(each, job) for each in configs for job in jobs_for(each)]
+        for index, (each, job) in enumerate(jobs):
             ranks = cluster_ranks(cluster, port=29500 + index)
             if job.scenario == "degraded":
-                with NicDegradation(config.degrade).applied(cluster, verify=True) as rates:
+                with NicDegradation(each.degrade).applied(cluster, verify=True) as rates:
                     description["degraded_links"] = [
                         [r.to_dict() for r in pair] for pair in rates if isinstance(pair, tuple)
                     ]
-                    cases.extend(_run_group(config, job, workdir, ranks))
+                    cases.extend(_run_group(each, job, workdir, ranks))
             else:
-                cases.extend(_run_group(config, job, workdir, ranks))
+                cases.extend(_run_group(each, job, workdir, ranks))
     return LaunchResult(mode="emulated", why="", cases=cases, cluster=description, alpha=alpha)
 
 

@@ -46,11 +46,21 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     bandwidth = args.bandwidth
     if bandwidth is None and mode == "emulated":
         bandwidth = parse_bandwidth("1Gbit")
+    if args.mode == "calibrate":
+        from stragglerkit.bench.calibrate import cmd_calibrate
+
+        return cmd_calibrate(args, list(argv))
+    from stragglerkit.bench.calibrate import CALIBRATE_ONLY
+    from stragglerkit.bench.train import given_options
+
+    misplaced = given_options(argv, CALIBRATE_ONLY)
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)}: only for --mode calibrate; add --mode calibrate or leave out")
     if args.mode == "train":
         from stragglerkit.bench.train import cmd_train
 
         return cmd_train(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
-    from stragglerkit.bench.train import TRAIN_ONLY, given_options
+    from stragglerkit.bench.train import TRAIN_ONLY
 
     wrong = given_options(argv, TRAIN_ONLY)
     if wrong:
@@ -95,6 +105,7 @@ def add_parser(sub: Any) -> None:
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,stragglar --straggler 7 --delay auto\n"
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
         "  stragglerkit bench --mode train --straggler 7 --delay auto --from-step 20 --steps 120\n"
+        "  stragglerkit bench --mode calibrate --json calibration.json\n"
         "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
     )
     bench.add_argument("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
@@ -174,12 +185,16 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
     bench.add_argument(
         "--mode",
-        choices=("allreduce", "train"),
+        choices=("allreduce", "train", "calibrate"),
         default="allreduce",
         help="allreduce (default): the algorithms on buffers; train: a short DDP training, plain and with the "
-        "stragglerkit hook, side by side (docs/bench.md)",
+        "stragglerkit hook, side by side; calibrate: every algorithm on a grid, then the cost models fitted and "
+        "compared on held-out samples (docs/bench.md)",
     )
     from stragglerkit.bench.train import add_train_arguments
 
     add_train_arguments(bench)
+    from stragglerkit.bench.calibrate import add_calibrate_arguments
+
+    add_calibrate_arguments(bench)
     bench.set_defaults(func=cmd_bench)

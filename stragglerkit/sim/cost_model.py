@@ -20,12 +20,19 @@ ops count as done at time 0, which is how the StragglAR paper's Table 1 counts.
 
 The critical path is chosen with the weights of a :class:`CostModel.Config` (``weights``; the
 defaults when omitted), since which path is heaviest can depend on alpha versus beta.
+
+Measured runs (``arrivals``, ``slowdowns``): each rank starts at its arrival (a message when both
+of its ranks arrived) and a message between NICs slowed by ``l`` carries its bytes ``max(l_src,
+l_dst)`` times in B (its bandwidth term). The path then starts at some rank's arrival,
+:attr:`CostTerms.start`, and the time from the last arrival that GenModel predicts is ``start +
+T(terms) - max(arrivals)`` (:meth:`CostModel.predict_from_last_arrival`). This is how
+:mod:`stragglerkit.sim.model_comparison` fits the models to runs with a straggler or a slow NIC.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +41,7 @@ from scipy.optimize import nnls
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.sim.graph import FloatArray, TaskGraph, build_task_graph, longest_path
 
-__all__ = ["CostModel", "CostTerms", "FitResult", "cost_terms", "fit"]
+__all__ = ["CostModel", "CostTerms", "FitResult", "cost_terms", "fit", "graph_cost_terms"]
 
 _RECV_REDUCE_CODE = 2
 _PARAMS = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -60,6 +67,8 @@ class CostTerms:
     """Bytes of local memory traffic on the critical path (3 per reduced byte, 2 per copied byte)."""
     w: int
     """Incast degree: the most flows into one rank at once (1 when there is none)."""
+    start: float = 0.0
+    """Seconds: the arrival of the rank the critical path starts on (0 without ``arrivals``)."""
 
 
 class CostModel:
@@ -106,6 +115,10 @@ class CostModel:
         """
         return self.predict_terms(cost_terms(schedule, size_bytes, hidden_phases, weights=self.config))
 
+    def predict_from_last_arrival(self, terms: CostTerms, last_arrival: float) -> float:
+        """Seconds from ``last_arrival`` to the end of the path of ``terms`` (see the module docstring)."""
+        return terms.start + self.predict_terms(terms) - last_arrival
+
     def predict_terms(self, terms: CostTerms) -> float:
         """GenModel's formula on already computed terms.
 
@@ -127,6 +140,8 @@ def cost_terms(
     *,
     weights: CostModel.Config | None = None,
     sync_rounds: bool = True,
+    arrivals: Sequence[float] | None = None,
+    slowdowns: Mapping[int, float] | None = None,
 ) -> CostTerms:
     """The GenModel terms of ``schedule`` for a buffer of ``size_bytes`` (see the module docstring).
 
@@ -144,17 +159,59 @@ def cost_terms(
             f"hidden phase {unknown[0]!r} is not a phase of {schedule.algorithm!r} "
             f"(its phases: {', '.join(graph.phases) or 'none'})"
         )
-    return _critical_path(graph, size_bytes, tuple(hidden_phases), weights or CostModel.Config())
+    return graph_cost_terms(graph, size_bytes, hidden_phases, weights=weights, arrivals=arrivals, slowdowns=slowdowns)
 
 
-def _critical_path(graph: TaskGraph, size_bytes: float, hidden: tuple[str, ...], cfg: CostModel.Config) -> CostTerms:
+def graph_cost_terms(
+    graph: TaskGraph,
+    size_bytes: float,
+    hidden_phases: Sequence[str] = (),
+    *,
+    weights: CostModel.Config | None = None,
+    arrivals: Sequence[float] | None = None,
+    slowdowns: Mapping[int, float] | None = None,
+) -> CostTerms:
+    """:func:`cost_terms` of an already flattened schedule (one graph, many sizes and runs).
+
+    Example::
+
+        graph = build_task_graph(ring(4))
+        terms = graph_cost_terms(graph, 2**20, arrivals=[0, 0, 0, 0.01], slowdowns={1: 2.0})
+    """
+    if not (size_bytes >= 0 and math.isfinite(size_bytes)):
+        raise ValueError(f"size_bytes = {size_bytes!r} must be a finite number >= 0")
+    n = graph.world_size
+    arrival = np.zeros(n) if arrivals is None else np.asarray(arrivals, dtype=np.float64)
+    if arrival.shape != (n,) or not np.isfinite(arrival).all():
+        raise ValueError(f"arrivals must be {n} finite times (one per rank), got {arrivals!r}")
+    slow = np.ones(n)
+    for rank, factor in (slowdowns or {}).items():
+        if not (0 <= int(rank) < n and math.isfinite(factor) and factor >= 1.0):
+            raise ValueError(f"slowdowns: rank {rank} -> {factor} must name a rank of 0..{n - 1} and a factor >= 1")
+        slow[int(rank)] = factor
+    unknown = [p for p in hidden_phases if p not in graph.phases]
+    if unknown:
+        raise ValueError(f"hidden phase {unknown[0]!r} is not a phase of the schedule (its phases: {graph.phases})")
+    return _critical_path(graph, size_bytes, tuple(hidden_phases), weights or CostModel.Config(), arrival, slow)
+
+
+def _critical_path(
+    graph: TaskGraph,
+    size_bytes: float,
+    hidden: tuple[str, ...],
+    cfg: CostModel.Config,
+    arrival: FloatArray,
+    slow: FloatArray,
+) -> CostTerms:
     m = graph.num_messages
+    src, dst = graph.task_src, graph.task_dst
+    release = np.concatenate([np.maximum(arrival[src[:m]], arrival[dst[:m]]), arrival[src[m:]]])
     visible_op = ~graph.phase_mask(hidden)
     visible_task = visible_op[graph.task_op]
     # per-task and per-op term vectors: rows A, B, C, D
     task_terms = np.zeros((4, graph.num_tasks))
     task_terms[0, :m] = 1.0
-    task_terms[1, :m] = graph.task_bytes(size_bytes)[:m]
+    task_terms[1, :m] = graph.task_bytes(size_bytes)[:m] * np.maximum(slow[src[:m]], slow[dst[:m]])
     op_c = graph.op_reduced_bytes(size_bytes)
     op_d = graph.op_memory_bytes(size_bytes)
     local = graph.task_op[m:]
@@ -169,24 +226,31 @@ def _critical_path(graph: TaskGraph, size_bytes: float, hidden: tuple[str, ...],
     weight = np.array([cfg.alpha, cfg.beta, cfg.gamma, cfg.delta])
     duration = weight @ task_terms
     op_extra = weight @ op_terms
-    done = longest_path(graph, np.zeros(graph.num_tasks), duration, op_extra)
+    done = longest_path(graph, release, duration, op_extra)
     op_done = done[graph.op_task] + op_extra
     totals = op_terms[:, int(np.argmax(op_done))].copy() if op_done.size else np.zeros(4)
+    first = -1
     if op_done.size:
-        for task, edge_op in _trace_back(graph, done, duration, op_extra, int(graph.op_task[np.argmax(op_done)])):
+        path = _trace_back(graph, done, duration, op_extra, release, int(graph.op_task[np.argmax(op_done)]))
+        for task, edge_op in path:
             totals += task_terms[:, task]
+            first = task
             if edge_op >= 0:
                 totals += op_terms[:, edge_op]
+    start = float(release[first]) if first >= 0 else 0.0
     incast = _incast_degree(
         graph.task_dst[:m][visible_task[:m]], done[:m][visible_task[:m]], duration[:m][visible_task[:m]]
     )
-    return CostTerms(A=float(totals[0]), B=float(totals[1]), C=float(totals[2]), D=float(totals[3]), w=incast)
+    return CostTerms(
+        A=float(totals[0]), B=float(totals[1]), C=float(totals[2]), D=float(totals[3]), w=incast, start=start
+    )
 
 
 def _trace_back(
-    graph: TaskGraph, done: FloatArray, duration: FloatArray, op_extra: FloatArray, last: int
+    graph: TaskGraph, done: FloatArray, duration: FloatArray, op_extra: FloatArray, release: FloatArray, last: int
 ) -> Iterable[tuple[int, int]]:
-    """Walk from ``last`` back along tight edges; yield (task, op of the edge that led into it)."""
+    """Walk from ``last`` back along tight edges to a task that started at its release; yield
+    (task, op of the edge that led into it)."""
     edge_src = np.repeat(np.arange(graph.num_tasks), np.diff(graph.edge_ptr))
     by_dst = np.argsort(graph.edge_dst, kind="stable")
     in_ptr = np.zeros(graph.num_tasks + 1, dtype=np.int64)
@@ -197,7 +261,7 @@ def _trace_back(
     for _ in range(graph.num_tasks):
         yield task, via
         start = done[task] - duration[task]
-        if start <= 1e-12 * scale:
+        if start <= release[task] + 1e-12 * scale:
             return
         edges = by_dst[in_ptr[task] : in_ptr[task + 1]]
         arrive = done[edge_src[edges]] + extra[edges]
