@@ -25,14 +25,29 @@ slowdowns. The parameters come from the job itself:
   at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
   the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
   the model is latency-only (beta = 1e-12 s/B) and says so in ``fit_info``.
+* **Which model.** The same samples also fit the richer models of
+  :data:`stragglerkit.sim.model_comparison.MODELS`: alpha-beta-gamma (a per-byte reduction cost)
+  and GenModel (plus memory access and incast, each only where the samples can separate it from
+  the others: :func:`~stragglerkit.sim.model_comparison.identifiable_params`). Every candidate is
+  scored *prequentially*: each new sample is first predicted by the candidates as fitted so far,
+  then added. The candidate with the smallest median relative error over its last
+  :data:`SCORE_WINDOW` unseen samples drives the predictions (the simplest among those within
+  :data:`TIE_ERROR`; alpha-beta until each has :data:`MIN_SCORED` scores); ``fit_info["model"]``
+  names it and ``fit_info["model_errors"]`` gives the scores. ``stragglerkit bench --mode
+  calibrate`` measured the three on this testbed (docs/results.md, "Cost model"). A sample's
+  critical path is traced with a token reduction cost, so that among equally long paths the one
+  through the reductions is taken and gamma has terms to be fitted from.
 * **Predicting** runs the flow-level simulator (:func:`stragglerkit.sim.simulator.simulate`) on a
   network of per-rank NICs at ``1/beta`` (``1/(l·beta)`` for a degraded rank), latency alpha, the
   straggler arriving ``delay`` late: ``time_from_last_arrival`` is the figure compared. It models
   what GenModel's closed terms cannot: StragglAR's pre-phase overlapping the delay and a slow
   NIC's effect on each algorithm.
-  Ring, the balanced ring, direct and StragglAR (uniform network) are timed by the exact fast paths of
-  :mod:`stragglerkit.sim.fast` without building their plans (milliseconds at 1,024 ranks); the
-  others, OptCC among them, by simulating the plan.
+  The chosen model's gamma and delta become the simulator's local-op costs (GenModel's epsilon is
+  not carried over: the simulator shares a NIC among concurrent flows itself).
+  Ring, the balanced ring, direct and StragglAR (uniform network, no reduction cost) are timed by
+  the exact fast paths of :mod:`stragglerkit.sim.fast` without building their plans (milliseconds
+  at 1,024 ranks); the others, OptCC among them, and every algorithm under a model with a
+  reduction cost, by simulating the plan.
 * **Critical delay** for StragglAR on a bucket: the delay from which it is predicted to save
   ``min_gain`` of ring's time. With ``T_pre`` the punctual ranks' pre-phase time and ``T_hidden``
   StragglAR's time when the pre-phase is fully hidden, its time is about
@@ -51,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections import deque
 from typing import Any
 
@@ -62,12 +78,19 @@ from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
 from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
+from stragglerkit.sim.model_comparison import MODELS, identifiable_params
 from stragglerkit.sim.simulator import Network, simulate_graph
 
 __all__ = ["BASELINES", "MODELLED_AS", "OnlineModel"]
 
 UNRESOLVED_BETA = 1e-12
 """Seconds per byte used when the fit finds no bandwidth term (1 TB/s: transfers cost ~nothing)."""
+MIN_SCORED = 8
+"""Unseen samples each candidate model must have predicted before the loop may leave alpha-beta."""
+SCORE_WINDOW = 64
+"""The last this many unseen samples score a candidate."""
+TIE_ERROR = 0.005
+"""Candidates within this median relative error of the best count as tied: the simplest is kept."""
 BASELINES = ("ring", "rhd", "direct")
 """Algorithms whose runs feed the fit (they do not depend on who is late)."""
 MODELLED_AS = {"allreduce": "ring"}
@@ -85,11 +108,14 @@ class OnlineModel:
     """
 
     __slots__ = (
+        "_candidates",
         "_fitted_revision",
         "_graphs",
+        "_path_weights",
         "_predictions",
         "_revision",
         "_schedules",
+        "_scores",
         "_terms",
         "config",
         "fit_info",
@@ -113,6 +139,11 @@ class OnlineModel:
         self._predictions: dict[tuple[object, ...], float] = {}
         self._revision = 0  # counts changes to the samples; a refit of unchanged samples is skipped
         self._fitted_revision = -1
+        self._candidates: dict[str, CostModel.Config] = {}
+        self._scores: dict[str, deque[float]] = {}
+        # the critical path of a sample is traced with a token reduction cost, so that among paths
+        # of equal length the one through the reductions is taken and gamma can be fitted
+        self._path_weights = dataclasses.replace(prior, gamma=prior.beta * 1e-3, delta=0.0, epsilon=0.0)
 
     # -- fitting --------------------------------------------------------------------------------
     def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0, step: int = -1) -> None:
@@ -121,6 +152,8 @@ class OnlineModel:
         if not (math.isfinite(slowest) and slowest >= 1.0):
             raise ValueError(f"slowest must be a slowdown l >= 1 (1: every NIC healthy), got {slowest}")
         if algorithm in BASELINES and nbytes > 0 and math.isfinite(seconds) and seconds > 0:
+            if self._candidates:
+                self._score(self._scaled_terms(algorithm, int(nbytes), slowest), float(seconds))
             self.samples.append((algorithm, int(nbytes), float(seconds), float(slowest), int(step)))
             self._revision += 1
 
@@ -141,7 +174,7 @@ class OnlineModel:
         key = (algorithm, nbytes)
         terms = self._terms.get(key)
         if terms is None:
-            terms = cost_terms(self.schedule(algorithm), nbytes)
+            terms = cost_terms(self.schedule(algorithm), nbytes, weights=self._path_weights)
             self._terms[key] = terms
         return terms
 
@@ -150,7 +183,7 @@ class OnlineModel:
         return terms if slowest == 1.0 else dataclasses.replace(terms, B=terms.B * slowest)
 
     def refit(self) -> dict[str, Any]:
-        """Fit alpha and beta (or beta alone, see the module docstring); returns ``fit_info``.
+        """Fit every candidate model, keep the one that predicted best; returns ``fit_info``.
 
         Unchanged samples since the last fit: nothing to do (the cached predictions stay valid;
         the controller calls this every exchange, and most exchanges bring no sample).
@@ -161,8 +194,47 @@ class OnlineModel:
         rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest, _ in self.samples]
         if len(rows) < 3:
             return self.fit_info
+        one_size = len({(a, b) for a, b, *_ in self.samples}) < 2
+        base, described, rms = self._fit_alpha_beta(rows, one_size)
+        fits: dict[str, tuple[CostModel.Config, str]] = {"alpha-beta": (base, described)}
+        for name, wanted in MODELS.items():
+            if name in fits:
+                continue
+            fits[name] = (base, "as alpha-beta (one bucket size)") if one_size else self._fit_more(rows, wanted, base)
+        self._candidates = {name: config for name, (config, _) in fits.items()}
+        chosen = self._choose()
+        config, described = fits[chosen]
+        if chosen != "alpha-beta":
+            predicted = np.array([CostModel(config).predict_terms(t) for t, _ in rows])
+            rms = float(np.sqrt(np.mean((predicted / np.array([s for _, s in rows]) - 1.0) ** 2)))
+        self.config = dataclasses.replace(
+            self.config, alpha=config.alpha, beta=config.beta, gamma=config.gamma, delta=config.delta
+        )
+        self._predictions.clear()
+        self.fit_info = {
+            "fitted": True,
+            "params": described,
+            "alpha_s": self.config.alpha,
+            "bandwidth_Bps": 1.0 / self.config.beta,
+            "gamma_s_per_B": self.config.gamma,
+            "delta_s_per_B": self.config.delta,
+            "relative_rms": round(rms, 4),
+            "samples": len(rows),
+            "model": chosen,
+            "candidates": {name: text for name, (_, text) in fits.items()},
+            "model_errors": {
+                name: round(statistics.median(abs(e) for e in errors), 4) if errors else None
+                for name, errors in self._scores.items()
+            },
+        }
+        return self.fit_info
+
+    def _fit_alpha_beta(
+        self, rows: list[tuple[CostTerms, float]], one_size: bool
+    ) -> tuple[CostModel.Config, str, float]:
+        """Alpha and beta (or beta alone with one bucket size, see the module docstring)."""
         try:
-            if len({(a, b) for a, b, *_ in self.samples}) < 2:
+            if one_size:
                 # one bucket size: scaling by l must not pass for a second size (alpha and beta
                 # would be told apart by the slowdowns' noise alone)
                 raise ValueError("one bucket size")
@@ -182,17 +254,42 @@ class OnlineModel:
         if beta <= 0:  # noise hid the bandwidth term (latency-bound buckets): a latency-only model
             beta = UNRESOLVED_BETA
             params += "; bandwidth unresolved, taken as 1 TB/s"
-        self.config = dataclasses.replace(self.config, alpha=alpha, beta=beta)
-        self._predictions.clear()
-        self.fit_info = {
-            "fitted": True,
-            "params": params,
-            "alpha_s": alpha,
-            "bandwidth_Bps": 1.0 / beta,
-            "relative_rms": round(rms, 4),
-            "samples": len(rows),
+        return CostModel.Config(alpha=alpha, beta=beta), params, rms
+
+    @staticmethod
+    def _fit_more(
+        rows: list[tuple[CostTerms, float]], wanted: tuple[str, ...], base: CostModel.Config
+    ) -> tuple[CostModel.Config, str]:
+        """A model with more terms than alpha and beta: the parameters the samples can separate."""
+        kept, folded = identifiable_params(rows, wanted)
+        if set(kept) <= {"alpha", "beta"}:
+            return base, f"as alpha-beta ({', '.join(folded) or 'nothing more'} not separable from its samples)"
+        try:
+            result = fit(rows, params=kept)
+        except ValueError as err:
+            return base, f"as alpha-beta ({err})"
+        if result.config.beta <= 0:
+            return base, "as alpha-beta (bandwidth unresolved)"
+        return result.config, ", ".join(kept)
+
+    def _score(self, terms: CostTerms, seconds: float) -> None:
+        """Prequential score: each fitted candidate's relative error on a sample it has not seen."""
+        for name, config in self._candidates.items():
+            predicted = CostModel(config).predict_terms(terms)
+            self._scores.setdefault(name, deque(maxlen=SCORE_WINDOW)).append(predicted / seconds - 1.0)
+
+    def _choose(self) -> str:
+        """The candidate with the smallest median error on unseen samples (the simplest on a tie);
+        alpha-beta until each has :data:`MIN_SCORED` scores."""
+        scored = {
+            name: statistics.median(abs(e) for e in errors)
+            for name, errors in self._scores.items()
+            if len(errors) >= MIN_SCORED and name in self._candidates
         }
-        return self.fit_info
+        if len(scored) < len(self._candidates):
+            return "alpha-beta"
+        best = min(scored.values())
+        return next(name for name in MODELS if scored[name] <= best + TIE_ERROR)
 
     # -- predicting -----------------------------------------------------------------------------
     def schedule(
@@ -230,7 +327,9 @@ class OnlineModel:
     def _network(self, slowdowns: tuple[tuple[int, float], ...]) -> Network:
         c = self.config
         bandwidth = 1.0 / max(c.beta, 1e-15)
-        return Network.uniform(self.world_size, alpha=c.alpha, bandwidth=bandwidth, slowdowns=dict(slowdowns))
+        return Network.uniform(
+            self.world_size, alpha=c.alpha, bandwidth=bandwidth, gamma=c.gamma, delta=c.delta, slowdowns=dict(slowdowns)
+        )
 
     def predict(
         self,

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The cost models measured: `stragglerkit bench --mode calibrate` runs every algorithm on the
+# emulated cluster (250 Mbit/s, 1 Gbit/s, 2 Gbit/s) and loopback, 4/6/8 ranks, 4 KiB..64 MiB, with
+# no fault, a straggler and a NIC at 1/2, then fits alpha-beta, alpha-beta-gamma and GenModel on
+# two thirds of the samples and reports their errors on the rest (docs/bench.md, "--mode
+# calibrate"). About 45 min; needs root and iproute2, and a quiet machine.
+# Overwrites profiling/results/calibration.json; extra arguments go to the bench (e.g. a smaller
+# grid: --world-sizes 4 --bandwidths 1Gbit). SAMPLES=FILE keeps the samples (default: scratch).
+#   bash profiling/bench_calibrate.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source profiling/_bench_runs.sh
+samples=${SAMPLES:-$SCRATCH/samples.json}
+"$PY" -m stragglerkit.cli bench --mode calibrate --samples "$samples" --json "$SCRATCH/comparison.json" "$@"
+"$PY" profiling/_calibrate_summary.py "$SCRATCH/comparison.json" --command "bash profiling/bench_calibrate.sh $*"
