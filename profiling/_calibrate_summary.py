@@ -29,7 +29,7 @@ def _pct(value: float | None) -> str:
 
 
 def table(summary: dict[str, Any]) -> str:
-    """Markdown: median (worst) held-out error per model, overall, per algorithm and per network."""
+    """Markdown: median (worst) held-out error per model: overall, per size, algorithm, scenario, network."""
     models = list(summary["models"])
     lines = ["| held-out samples | " + " | ".join(models) + " |", "| --- |" + " --- |" * len(models)]
 
@@ -40,13 +40,18 @@ def table(summary: dict[str, Any]) -> str:
             cells.append("-" if s.get("median_abs") is None else f"{_pct(s['median_abs'])} ({_pct(s['worst_abs'])})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
-    row(f"all ({summary['overall'][models[0]]['samples']})", summary["overall"])
+    row(f"all sizes ({summary['overall'][models[0]]['samples']})", summary["overall"])
+    row(f"buffers >= 1 MiB ({summary['large'][models[0]]['samples']})", summary["large"])
+    for size in sorted(summary["by_size"][models[0]], key=int):
+        label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
+        row(f"size {label}", {m: summary["by_size"][m].get(size) for m in models})
     for algorithm in sorted(summary["by_algorithm"][models[0]]):
         row(algorithm, {m: summary["by_algorithm"][m].get(algorithm) for m in models})
     for scenario in sorted(summary["by_scenario"][models[0]]):
         row(f"scenario: {scenario}", {m: summary["by_scenario"][m].get(scenario) for m in models})
     for network, entry in summary["networks"].items():
         row(network, {m: e.get("held_out_error") for m, e in entry["models"].items()})
+        row(f"{network}, >= 1 MiB", {m: e.get("held_out_error_large") for m, e in entry["models"].items()})
     paper = summary["paper"]
     lines.append(
         "| paper (GenModel's own testbeds) | "

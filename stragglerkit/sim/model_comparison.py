@@ -267,6 +267,9 @@ def compare(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "folded": found.folded,
                 "fit_rounds": found.rounds,
                 "held_out_error": _errors(relative),
+                "held_out_error_large": _errors(
+                    [e for e, sample in zip(relative, test, strict=True) if sample["size_bytes"] >= LARGE_BYTES]
+                ),
             }
         per_network[network] = entry
         decisions.extend(_decisions(graphs, mine, fits, network))
@@ -282,7 +285,46 @@ def compare(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
             m: _errors([e for size, v in d.items() if size >= LARGE_BYTES for e in v]) for m, d in by_size.items()
         },
         "decisions": _decision_summary(decisions),
+        "loop_choice": _loop_choice(usable),
     }
+
+
+def _loop_choice(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the loop's online model (:class:`stragglerkit.detect.model.OnlineModel`) picks when fed
+    the fault-free baseline runs of one network and world size as probes, iteration by iteration
+    (each a step: every size of every baseline), refitted after each step."""
+    from stragglerkit.detect.model import BASELINES, OnlineModel
+
+    out = []
+    settings = sorted({(s["network"], s["world_size"]) for s in samples})
+    for network, n in settings:
+        probes = [
+            s
+            for s in samples
+            if (s["network"], s["world_size"], s["scenario"]) == (network, n, "none") and s["algorithm"] in BASELINES
+        ]
+        if not probes:
+            continue
+        online = OnlineModel(n, _prior(probes))
+        runs = {id(s): s.get("times_s") or [s["time_s"]] for s in probes}
+        for iteration in range(max(len(times) for times in runs.values())):
+            for sample in sorted(probes, key=lambda s: (s["size_bytes"], s["algorithm"])):
+                times = runs[id(sample)]
+                if iteration < len(times) and times[iteration] > 0:
+                    online.add(sample["algorithm"], int(sample["size_bytes"]), float(times[iteration]))
+            online.refit()
+        info = online.fit_info
+        out.append(
+            {
+                "network": network,
+                "world_size": n,
+                "probes": info.get("samples"),
+                "model": info.get("model"),
+                "model_errors": info.get("model_errors"),
+                "candidates": info.get("candidates"),
+            }
+        )
+    return out
 
 
 def _decisions(
@@ -369,6 +411,8 @@ def format_comparison(summary: dict[str, Any]) -> str:
     for network, entry in summary["networks"].items():
         stats = {m: e.get("held_out_error", {}) for m, e in entry["models"].items()}
         lines.append(row(f"  {network}", stats))
+        stats = {m: e.get("held_out_error_large", {}) for m, e in entry["models"].items()}
+        lines.append(row(f"    >= {LARGE_BYTES >> 20} MiB", stats))
     lines.append(
         f"{'paper':24}"
         + "".join(f"{('~' + _pct(summary['paper'].get(m))) if m in summary['paper'] else '':>24}" for m in models)
@@ -398,4 +442,12 @@ def format_comparison(summary: dict[str, Any]) -> str:
                 f"({s['worst_slowdown_vs_fastest']:.2f}x worst)"
             )
     lines.append(f"  the models disagree in {len(d['disagreements'])} settings")
+    lines += [
+        "",
+        "the loop's choice, fed each network's fault-free ring/rhd/direct runs as probes "
+        "(median error on unseen probes):",
+    ]
+    for choice in summary.get("loop_choice", []):
+        errors = ", ".join(f"{m} {_pct(e)}" for m, e in (choice["model_errors"] or {}).items())
+        lines.append(f"  {choice['network']:22} n={choice['world_size']}: {choice['model']} ({errors})")
     return "\n".join(lines)
