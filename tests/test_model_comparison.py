@@ -84,7 +84,7 @@ def _synthetic(truth: CostModel.Config, noise: float = 0.0, seed: int = 0) -> li
     }
     for n in (4, 6):
         for scenario, algorithms in plan.items():
-            for size in (16 << 10, 256 << 10, 4 << 20, 32 << 20):
+            for size in (16 << 10, 256 << 10, 1 << 20, 4 << 20, 32 << 20):
                 arrivals = [0.0] * n
                 straggler = None
                 if scenario == "straggler":
@@ -140,7 +140,7 @@ def test_comparison_ranks_the_model_with_the_missing_term_last() -> None:
     by_algorithm = sum(e["samples"] for e in summary["by_algorithm"]["genmodel"].values())
     assert by_algorithm == overall["genmodel"]["samples"] == network["held_out"]
     decisions = summary["decisions"]
-    assert decisions["settings"] == 2 * 3 * 4
+    assert decisions["settings"] == 2 * 3 * 5
     for stats in decisions["per_model"].values():
         assert stats["mean_slowdown_vs_fastest"] >= 1.0
     # the loop, fed the fault-free ring/rhd/direct runs as probes: on 6 ranks it settles on the model

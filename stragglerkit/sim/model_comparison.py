@@ -291,8 +291,9 @@ def compare(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _loop_choice(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the loop's online model (:class:`stragglerkit.detect.model.OnlineModel`) picks when fed
-    the fault-free baseline runs of one network and world size as probes, iteration by iteration
-    (each a step: every size of every baseline), refitted after each step."""
+    the fault-free baseline runs of one network and world size, of bucket sizes (from
+    :data:`LARGE_BYTES`), as probes, iteration by iteration (each a step: every size of every
+    baseline), refitted after each step."""
     from stragglerkit.detect.model import BASELINES, OnlineModel
 
     out = []
@@ -301,7 +302,9 @@ def _loop_choice(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         probes = [
             s
             for s in samples
-            if (s["network"], s["world_size"], s["scenario"]) == (network, n, "none") and s["algorithm"] in BASELINES
+            if (s["network"], s["world_size"], s["scenario"]) == (network, n, "none")
+            and s["algorithm"] in BASELINES
+            and s["size_bytes"] >= LARGE_BYTES
         ]
         if not probes:
             continue
@@ -444,7 +447,7 @@ def format_comparison(summary: dict[str, Any]) -> str:
     lines.append(f"  the models disagree in {len(d['disagreements'])} settings")
     lines += [
         "",
-        "the loop's choice, fed each network's fault-free ring/rhd/direct runs as probes "
+        f"the loop's choice, fed each network's fault-free ring/rhd/direct runs from {LARGE_BYTES >> 20} MiB as probes "
         "(median error on unseen probes):",
     ]
     for choice in summary.get("loop_choice", []):
