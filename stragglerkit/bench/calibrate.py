@@ -174,8 +174,11 @@ def samples_from_cases(
     return samples
 
 
-def measure(config: CalibrateConfig, samples_path: Path, argv: list[str], out: Any = None) -> list[dict[str, Any]]:
-    """Measure the grid; write the samples to ``samples_path`` after every cluster; return them."""
+def measure(
+    config: CalibrateConfig, samples_path: Path, argv: list[str], out: Any = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Measure the grid; write the samples to ``samples_path`` after every cluster; return the
+    file's header and the samples."""
     stream = out if out is not None else sys.stderr
     clusters = config.clusters()
     header = {
@@ -208,7 +211,7 @@ def measure(config: CalibrateConfig, samples_path: Path, argv: list[str], out: A
                 samples.extend(samples_from_cases(launched.cases, testbed, rate, None))
         write_samples(samples_path, header, samples)
     print(f"calibrate: {len(samples)} samples in {(time.monotonic() - begin) / 60:.1f} min", file=stream)
-    return samples
+    return header, samples
 
 
 def write_samples(path: Path, header: dict[str, Any], samples: list[dict[str, Any]]) -> None:
@@ -249,8 +252,7 @@ def run_calibrate(
     if config is None:
         header, samples = read_samples(samples_path)
     else:
-        samples = measure(config, samples_path, argv)
-        header, _ = read_samples(samples_path)
+        header, samples = measure(config, samples_path, argv)
         print(f"wrote {samples_path}", file=stream)
     summary = compare(samples)
     summary["samples_file"] = str(samples_path)

@@ -72,20 +72,17 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
     """(predicted time as ``time_s`` counts it, predicted time from the first arrival)."""
     if bandwidth is None:
         return None, None
-    from stragglerkit.schedules.registry import Situation, generate
+    from stragglerkit.runtime.policy import planned_situation
+    from stragglerkit.schedules.registry import generate
     from stragglerkit.sim import Network, simulate
 
     n = case["world_size"]
     slowdowns = {int(k): float(v) for k, v in case["slowdowns"].items()}
     straggler = case["straggler"]
     algorithm = "ring" if case["ran"] == BASELINE else case["ran"]
-    from stragglerkit.runtime.policy import optcc_situation
-
     try:
-        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
-        if algorithm == "optcc":  # the segments and bubble filling the runtime uses for this bucket
-            situation = optcc_situation(situation, case["size_bytes"])
-        schedule = generate(algorithm, situation)
+        # OptCC: the segments and bubble filling the runtime uses for this bucket
+        schedule = generate(algorithm, planned_situation(algorithm, n, straggler, slowdowns, case["size_bytes"]))
     except NotApplicableError:
         return None, None
     arrivals = [0.0] * n

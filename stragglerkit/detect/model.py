@@ -72,9 +72,9 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.runtime.policy import optcc_situation
+from stragglerkit.runtime.policy import planned_situation
 from stragglerkit.schedules.ir import Schedule
-from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
+from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
 from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
@@ -307,22 +307,19 @@ class OnlineModel:
         slowdowns: tuple[tuple[int, float], ...] = (),
         nbytes: int = 0,
     ) -> Schedule:
-        """The schedule the runtime runs for a bucket of ``nbytes`` (OptCC: its segments and bubble
-        filling depend on the size, ``runtime.policy.optcc_situation``)."""
-        situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=dict(slowdowns))
-        if algorithm == "optcc":
-            situation = optcc_situation(situation, nbytes)
-        key = (algorithm, straggler, slowdowns, situation.segments, situation.bubble_filling, situation.optcc_sizing)
+        """The schedule the runtime runs for a bucket of ``nbytes`` (``runtime.policy.planned_situation``:
+        OptCC's segments and bubble filling depend on the size)."""
+        return self._schedule_for(
+            algorithm, planned_situation(algorithm, self.world_size, straggler, dict(slowdowns), nbytes)
+        )
+
+    def _schedule_for(self, algorithm: str, situation: Situation) -> Schedule:
+        key = (algorithm, situation.key())
         schedule = self._schedules.get(key)
         if schedule is None:
             schedule = generate(algorithm, situation)
             self._schedules[key] = schedule
         return schedule
-
-    def _situation(self, algorithm: str, straggler: int | None, slowdowns: tuple[tuple[int, float], ...]) -> Situation:
-        """The situation :meth:`schedule` builds ``algorithm``'s plan for (the fast paths' input)."""
-        planned = dict(slowdowns) if algorithm in NIC_ALGORITHMS else {}
-        return Situation(world_size=self.world_size, straggler=straggler, slowdowns=planned)
 
     def _graph(self, schedule: Schedule) -> TaskGraph:
         """The schedule's task graph (built once per cached schedule)."""
@@ -364,17 +361,16 @@ class OnlineModel:
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
-        uses_straggler = algorithm in ("stragglar", "direct")
-        late = built_for if uses_straggler else None
         arrivals = np.zeros(self.world_size)
         if straggler is not None:
             arrivals[straggler] = delay
         network = self._network(slow)
-        fast = fast_simulate(algorithm, self._situation(algorithm, late, planned), nbytes, network, arrivals)
+        situation = planned_situation(algorithm, self.world_size, built_for, dict(planned), nbytes)
+        fast = fast_simulate(algorithm, situation, nbytes, network, arrivals)
         if fast is not None:  # ring, balanced ring, direct, StragglAR: exact without building the plan
             seconds = fast.time_from_last_arrival
         else:
-            schedule = self.schedule(algorithm, late, planned if algorithm in NIC_ALGORITHMS else (), nbytes)
+            schedule = self._schedule_for(algorithm, situation)
             seconds = simulate_graph(self._graph(schedule), nbytes, network, arrivals).time_from_last_arrival
         self._predictions[key] = seconds
         return seconds
@@ -385,7 +381,7 @@ class OnlineModel:
         cached = self._predictions.get(key)
         if cached is not None:
             return cached
-        pre = fast_auto_delay(self._situation("stragglar", straggler, ()), nbytes, self._network(()))
+        pre = fast_auto_delay(planned_situation("stragglar", self.world_size, straggler), nbytes, self._network(()))
         if pre is None:
             schedule = self.schedule("stragglar", straggler)
             absent = np.zeros(self.world_size)

@@ -22,16 +22,18 @@ from collections.abc import Mapping
 
 from stragglerkit.errors import ConfigError
 from stragglerkit.schedules import Schedule
-from stragglerkit.schedules.registry import Situation, names, why_not
+from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, names, why_not
 
 __all__ = [
     "BUBBLE_FILLING_MIN_GAIN",
     "OPTCC_MESSAGE_BYTES",
     "OPTCC_SIZING",
+    "STRAGGLER_ALGORITHMS",
     "choose_algorithm",
     "optcc_bubble_filling",
     "optcc_segments",
     "optcc_situation",
+    "planned_situation",
     "slow_nic_algorithm",
 ]
 
@@ -214,6 +216,29 @@ def _faster_for_slow_nics(
     )
     ring = _bandwidth_only_seconds(balanced_ring(world_size, slowdowns), slowdowns)
     return "balanced_ring" if ring < pipeline else "optcc"
+
+
+STRAGGLER_ALGORITHMS = ("stragglar", "direct")
+"""Algorithms whose plan depends on which rank is late (the others ignore the straggler)."""
+
+
+def planned_situation(
+    algorithm: str,
+    world_size: int,
+    straggler: int | None = None,
+    slowdowns: Mapping[int, float] | None = None,
+    nbytes: int = 0,
+) -> Situation:
+    """The situation ``algorithm``'s plan is built for when ``straggler`` is late and ``slowdowns``
+    degrade NICs: the straggler only for :data:`STRAGGLER_ALGORITHMS`, the slowdowns only for NIC
+    algorithms, OptCC sized for a bucket of ``nbytes`` (:func:`optcc_situation`). The cost model
+    and the calibration's fit time the same plans from it."""
+    situation = Situation(
+        world_size=world_size,
+        straggler=straggler if algorithm in STRAGGLER_ALGORITHMS else None,
+        slowdowns=dict(slowdowns or {}) if algorithm in NIC_ALGORITHMS else {},
+    )
+    return optcc_situation(situation, nbytes) if algorithm == "optcc" else situation
 
 
 def optcc_situation(situation: Situation, nbytes: int, segments: int | None = None) -> Situation:

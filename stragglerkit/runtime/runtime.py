@@ -452,20 +452,7 @@ class Runtime:
 
     def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str, ranks: RankMap) -> _CachedPlan:
         slowdowns = tuple(sorted(situation.slowdowns.items()))
-        key = (
-            algorithm,
-            situation.world_size,
-            tensor.numel(),
-            tensor.dtype,
-            tensor.device.type,
-            ranks.to_physical,
-            situation.straggler,
-            slowdowns,
-            situation.segments,
-            situation.bubble_filling,
-            situation.optcc_sizing,
-            op,
-        )
+        key = (algorithm, situation.key(), tensor.numel(), tensor.dtype, tensor.device.type, ranks.to_physical, op)
         return self._cached(key, lambda: self._build_plan(algorithm, situation, tensor, op, ranks, slowdowns))
 
     def _build_plan(
@@ -526,15 +513,7 @@ class Runtime:
 
     def _schedule(self, algorithm: str, situation: Situation) -> Schedule:
         """The generated and checked schedule (cached: it does not depend on the bucket)."""
-        key = (
-            algorithm,
-            situation.world_size,
-            situation.straggler,
-            tuple(sorted(situation.slowdowns.items())),
-            situation.segments,
-            situation.bubble_filling,
-            situation.optcc_sizing,
-        )
+        key = (algorithm, situation.key())
         schedule = self._schedules.get(key)
         if schedule is None:
             schedule = in_round_order(generate(algorithm, situation))

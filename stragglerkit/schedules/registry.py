@@ -37,6 +37,19 @@ class Situation:
     optcc_sizing: str = "closed_form"
     """How OptCC sizes its chunks (``optcc(sizing=...)``: ``closed_form``, ``auto`` or ``lp``)."""
 
+    def key(self) -> tuple[object, ...]:
+        """Every field as a hashable tuple (slowdowns sorted): the part of a plan cache's key that
+        says which situation the plan was built for."""
+        return (
+            self.world_size,
+            self.straggler,
+            tuple(sorted(self.slowdowns.items())),
+            self.segments,
+            self.bubble_filling,
+            self.gpus_per_server,
+            self.optcc_sizing,
+        )
+
 
 @dataclass(slots=True, frozen=True)
 class AlgorithmSpec:

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.runtime.policy import optcc_situation
-from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, generate
+from stragglerkit.runtime.policy import planned_situation
+from stragglerkit.schedules.registry import generate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, fit, graph_cost_terms
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
 
@@ -79,7 +79,6 @@ LARGE_BYTES = 1 << 20
 a CPU testbed the smaller ones are timed mostly by process scheduling, not by the network."""
 _ORDER = ("alpha", "beta", "gamma", "delta", "epsilon")
 _RANK_TOLERANCE = 1e-6
-_STRAGGLER_ALGORITHMS = ("stragglar", "direct")
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -103,21 +102,12 @@ class _Graphs:
         self._graphs: dict[tuple[object, ...], TaskGraph] = {}
 
     def of(self, sample: dict[str, Any]) -> TaskGraph:
-        algorithm, n = sample["algorithm"], int(sample["world_size"])
-        slowdowns = {int(k): float(v) for k, v in sample["slowdowns"].items()} if algorithm in NIC_ALGORITHMS else {}
-        straggler = sample["straggler"] if algorithm in _STRAGGLER_ALGORITHMS else None
-        situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
-        if algorithm == "optcc":  # its segments and bubble filling depend on the bucket's size
-            situation = optcc_situation(situation, int(sample["size_bytes"]))
-        key = (
-            algorithm,
-            n,
-            straggler,
-            tuple(sorted(slowdowns.items())),
-            situation.segments,
-            situation.bubble_filling,
-            situation.optcc_sizing,
+        algorithm = sample["algorithm"]
+        slowdowns = {int(k): float(v) for k, v in sample["slowdowns"].items()}
+        situation = planned_situation(
+            algorithm, int(sample["world_size"]), sample["straggler"], slowdowns, int(sample["size_bytes"])
         )
+        key = (algorithm, situation.key())
         graph = self._graphs.get(key)
         if graph is None:
             graph = build_task_graph(generate(algorithm, situation))
