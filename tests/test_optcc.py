@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -323,17 +324,32 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
 
 def test_plans_too_large_to_simulate_run_without_fills_unsimulated(monkeypatch: pytest.MonkeyPatch) -> None:
     from stragglerkit.runtime import policy
-    from stragglerkit.sim import simulator
+    from stragglerkit.sim import fast, simulator
 
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("a plan too large to simulate was simulated")
 
     monkeypatch.setattr(simulator, "simulate", no_simulation)
+    monkeypatch.setattr(fast, "fast_simulate", no_simulation)
     policy._bubble_filling_pays.cache_clear()
-    assert 64 * 64 * 9 > policy.BUBBLE_FILLING_SIMULATED_MAX
-    assert not policy.optcc_bubble_filling(64, {3: 8 / 7}, segments=9)
-    assert not policy.optcc_bubble_filling(17, {3: 1.5}, segments=64)
-    assert policy.optcc_bubble_filling(64, {3: 2.0}, segments=9)  # l >= 2: nothing to choose
+    assert 2048 * 2048 * 64 > policy.SIMULATED_MAX
+    assert not policy.optcc_bubble_filling(2048, {3: 8 / 7}, segments=64)
+    assert policy.optcc_bubble_filling(2048, {3: 2.0}, segments=64)  # l >= 2: nothing to choose
+    policy._bubble_filling_pays.cache_clear()
+
+
+def test_large_plans_choose_fills_by_the_fast_path() -> None:
+    """p = 128, k = 64: far above what the full simulator times online, the fast path decides."""
+    from stragglerkit.runtime import policy
+
+    policy._bubble_filling_pays.cache_clear()
+    filled = policy.optcc_bubble_filling(128, {3: 8 / 7}, segments=64)
+    situation = Situation(world_size=128, slowdowns={3: 8 / 7}, segments=64, optcc_sizing=policy.OPTCC_SIZING)
+    times = {
+        fill: policy._bandwidth_only_seconds("optcc", dataclasses.replace(situation, bubble_filling=fill))
+        for fill in (True, False)
+    }
+    assert filled == (times[True] < (1.0 - policy.BUBBLE_FILLING_MIN_GAIN) * times[False])
     policy._bubble_filling_pays.cache_clear()
 
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from stragglerkit.detect.model import OnlineModel
+from stragglerkit.schedules.optcc import optcc_plan
 from stragglerkit.schedules.registry import Situation, generate, why_not
 from stragglerkit.sim.cost_model import CostModel
 from stragglerkit.sim.fast import fast_auto_delay, fast_simulate, stragglar_rounds
+from stragglerkit.sim.fast_optcc import fast_optcc
 from stragglerkit.sim.simulator import Network, auto_delay, simulate
 
 SIZE = 2**30
@@ -64,6 +66,65 @@ def test_fast_path_equals_the_full_simulation(algorithm: str) -> None:
     assert checked >= 30
 
 
+OPTCC_SIZES = [0.0, 1.0, 123_457.0, float(SIZE)]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 7, 8, 12, 17])
+@pytest.mark.parametrize("slowdown", [8 / 7, 1.5, 2.0, 3.0])
+def test_optcc_fast_path_equals_the_full_simulation(n: int, slowdown: float) -> None:
+    """Every plan shape the fast path takes (fills or not, ramp, LP sizes, 1..9 segments) on late
+    ranks, uneven healthy links and sizes from 0 bytes: completions and phases to 1e-9."""
+    rng = np.random.default_rng(n * 100 + int(slowdown * 10))
+    checked = 0
+    for segments in (1, 2, 4, 9):
+        for filling in (True, False):
+            for sizing in ("closed_form", "lp") if n <= 8 else ("closed_form",):
+                degraded = int(rng.integers(n))
+                plan = optcc_plan(n, {degraded: slowdown}, segments, bubble_filling=filling, sizing=sizing)
+                tx = 25e9 * rng.uniform(0.8, 1.0, n)  # uneven healthy links; the degraded one at 1/l
+                tx[degraded] = 25e9 / slowdown
+                network = Network(alpha=float(rng.choice([0.0, 3e-6])), tx_bandwidth=tuple(tx), rx_bandwidth=tuple(tx))
+                arrivals = rng.uniform(0.0, 2e-3, n) if checked % 2 else np.zeros(n)
+                size = OPTCC_SIZES[checked % len(OPTCC_SIZES)]
+                fast = fast_optcc(plan, size, network, arrivals)
+                full = simulate(plan.lower(), size, network, arrivals=arrivals)
+                where = f"n={n} l={slowdown} k={segments} fills={filling} {sizing} rank {degraded} size={size}"
+                assert fast is not None, where
+                assert all(_close(a, b) for a, b in zip(fast.completion, full.completion, strict=True)), where
+                assert _close(fast.time_from_last_arrival, full.time_from_last_arrival), where
+                assert fast.phase_done.keys() == full.phase_done.keys(), where
+                for phase, done in full.phase_done.items():
+                    assert _close(fast.phase_done[phase], done), f"{where} phase {phase}"
+                checked += 1
+    assert checked >= 8
+
+
+def test_optcc_fast_path_through_the_registry() -> None:
+    """``fast_simulate("optcc", ...)`` builds the plan the situation names (segments, fills, sizing)."""
+    n = 9
+    for situation in (
+        Situation(world_size=n, slowdowns={4: 1.25}, segments=6, optcc_sizing="auto"),
+        Situation(world_size=n, slowdowns={0: 2.5}, segments=3, bubble_filling=False),
+    ):
+        network = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns=situation.slowdowns)
+        arrivals = np.linspace(0.0, 1e-3, n)
+        fast = fast_simulate("optcc", situation, SIZE, network, arrivals)
+        full = simulate(generate("optcc", situation), SIZE, network, arrivals=arrivals)
+        assert fast is not None and _close(fast.time_from_last_arrival, full.time_from_last_arrival), situation
+
+
+def test_optcc_fast_path_would_see_a_wrong_timeline() -> None:
+    """The comparison can fail: a plan one segment deeper, or one slower healthy link, is seen."""
+    n, slowdowns = 8, {2: 1.5}
+    network = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns=slowdowns)
+    full = simulate(optcc_plan(n, slowdowns, 4).lower(), SIZE, network).time_from_last_arrival
+    deeper = fast_optcc(optcc_plan(n, slowdowns, 5), SIZE, network, np.zeros(n))
+    assert deeper is not None and not _close(deeper.time_from_last_arrival, full)
+    slower = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns={**slowdowns, 5: 1.001})
+    one_slow_link = fast_optcc(optcc_plan(n, slowdowns, 4), SIZE, slower, np.zeros(n))
+    assert one_slow_link is not None and not _close(one_slow_link.time_from_last_arrival, full)
+
+
 def test_fast_path_would_see_a_wrong_timeline() -> None:
     """The comparison can fail: one more StragglAR round, or a slower link, is seen."""
     n = 8
@@ -109,13 +170,29 @@ def test_no_fast_path_where_it_would_not_be_exact() -> None:
     plain = Network.uniform(n, alpha=3e-6, bandwidth=25e9)
     assert fast_simulate("rhd", Situation(world_size=n), SIZE, plain) is None
     assert fast_simulate("direct", Situation(world_size=n), SIZE, Network.uniform(n, 0, 1e9, delta=1e-12)) is None
-    assert fast_simulate("optcc", Situation(world_size=n, slowdowns={1: 2.0}), SIZE, plain) is None
+    two_slow = Situation(world_size=n, slowdowns={1: 2.0, 4: 1.5})  # attached stragglers: another timetable
+    assert fast_simulate("optcc", two_slow, SIZE, Network.uniform(n, 3e-6, 25e9, slowdowns=two_slow.slowdowns)) is None
+    servers = Situation(world_size=n, slowdowns={1: 2.0}, gpus_per_server=2)
+    assert fast_simulate("optcc", servers, SIZE, Network.uniform(n, 3e-6, 25e9, gpus_per_server=2)) is None
+    second = optcc_plan(n, {1: 2.0}, segments=4, orderings=2)
+    assert fast_optcc(second, SIZE, plain, np.zeros(n)) is None
     assert fast_simulate("ring", Situation(world_size=n), SIZE, Network.uniform(n, 3e-6, 25e9, gamma=1e-12)) is None
     slow = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns={2: 2.0})
     assert fast_simulate("stragglar", Situation(world_size=n, straggler=7), SIZE, slow) is None
     uneven = np.array([0.0, 1e-4, 0, 0, 0, 0, 0, 1e-3])  # two punctual ranks out of step
     assert fast_simulate("stragglar", Situation(world_size=n, straggler=7), SIZE, plain, uneven) is None
     assert fast_simulate("stragglar", Situation(world_size=7, straggler=6), SIZE, Network.uniform(7, 0, 1e9)) is None
+
+
+def test_optcc_fast_path_work_is_one_step_per_window() -> None:
+    """Timing-free scale property: ``O(kp)`` vectorised steps (the windows), where the lowered
+    schedule has ``O(kp²)`` ops."""
+    for n in (64, 128, 256):
+        situation = Situation(world_size=n, slowdowns={3: 2.0}, segments=8)
+        network = Network.uniform(n, alpha=3e-6, bandwidth=25e9, slowdowns=situation.slowdowns)
+        result = fast_simulate("optcc", situation, SIZE, network)
+        assert result is not None
+        assert result.steps == optcc_plan(n, {3: 2.0}, 8).num_windows <= (8 + 3) * n
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "balanced_ring", "stragglar", "direct"])

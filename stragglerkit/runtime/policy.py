@@ -21,7 +21,6 @@ import functools
 from collections.abc import Mapping
 
 from stragglerkit.errors import ConfigError
-from stragglerkit.schedules import Schedule
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, names, why_not
 
 __all__ = [
@@ -103,9 +102,15 @@ ring hops, and TCP shares a link less evenly than the simulator's max-min share,
 the simulator credits with a fraction of a percent loses on real links; deep pipelines gain
 enough to pay."""
 
-BUBBLE_FILLING_SIMULATED_MAX = 16 * 16 * 64
-"""Largest ``p²k`` for which :func:`optcc_bubble_filling` simulates both plans (the simulation's cost
-grows about so; at this size it takes about a second on one core)."""
+SIMULATED_MAX = 1 << 26
+"""Largest ``p²k`` for which the policy times OptCC's plans (:func:`optcc_bubble_filling`,
+:func:`slow_nic_algorithm`). They take the exact fast path (:mod:`stragglerkit.sim.fast_optcc`),
+whose cost grows so: about 0.9 s per plan at p = 1,024, k = 64 on one core here. The runtime's
+buckets stay far below it (k <= 3 from p = 1,024 for buckets up to 1 GiB)."""
+
+FULL_SIMULATED_MAX = 16 * 16 * 64
+"""Largest ``p²k`` for plans without a fast path (several degraded ranks), which the simulator
+lowers and flattens: about a second at p = 16, k = 64."""
 
 
 def optcc_bubble_filling(
@@ -116,9 +121,8 @@ def optcc_bubble_filling(
     with these slowdowns; fills are used only where they are faster by at least
     :data:`BUBBLE_FILLING_MIN_GAIN`: deep pipelines with ``l`` well below 2 (schedules/optcc.py,
     "When filling pays"). Plans without a fill to choose (``l >= 2``, several degraded ranks,
-    several GPUs per server) keep the default; plans too large to simulate at once (``p²k`` above
-    :data:`BUBBLE_FILLING_SIMULATED_MAX`, about 1 s here: p = 16, k = 64) run without fills, which
-    at p = 16 gain at most 0.98 % in simulation. Cached per arguments.
+    several GPUs per server) keep the default; plans above :data:`SIMULATED_MAX` (``p²k``) run
+    without fills, unsimulated. Cached per arguments.
 
     Example::
 
@@ -137,27 +141,28 @@ def _bubble_filling_pays(
 ) -> bool:
     if len(degraded) != 1 or gpus_per_server != 1 or degraded[0][1] >= 2.0:
         return True
-    if world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
-        # simulating both plans would stall the first call for seconds; at p = 16, the largest
-        # simulated, no plan gains the margin
-        return False
-    from stragglerkit.schedules.optcc import optcc
-
+    if world_size * world_size * segments > SIMULATED_MAX:
+        return False  # the fills gain most in deep pipelines on few ranks, not here
     slowdowns = dict(degraded)
-    filled = _bandwidth_only_seconds(optcc(world_size, slowdowns, segments, sizing=sizing), slowdowns)
-    unfilled = _bandwidth_only_seconds(
-        optcc(world_size, slowdowns, segments, bubble_filling=False, sizing=sizing), slowdowns
-    )
+    plan = Situation(world_size=world_size, slowdowns=slowdowns, segments=segments, optcc_sizing=sizing)
+    filled = _bandwidth_only_seconds("optcc", plan)
+    unfilled = _bandwidth_only_seconds("optcc", dataclasses.replace(plan, bubble_filling=False))
     return bool(filled < (1.0 - BUBBLE_FILLING_MIN_GAIN) * unfilled)
 
 
-def _bandwidth_only_seconds(schedule: Schedule, slowdowns: Mapping[int, float]) -> float:
+def _bandwidth_only_seconds(algorithm: str, situation: Situation) -> float:
     """Simulated time from the last arrival without a per-message cost, for comparing two plans:
-    the ratio of two such times does not depend on the size or the bandwidth."""
+    the ratio of two such times does not depend on the size or the bandwidth. The exact fast path
+    where there is one (:mod:`stragglerkit.sim.fast`), else the whole schedule."""
+    from stragglerkit.schedules.registry import generate
+    from stragglerkit.sim.fast import fast_simulate
     from stragglerkit.sim.simulator import Network, simulate
 
-    network = Network.uniform(schedule.world_size, alpha=0.0, bandwidth=1e9, slowdowns=dict(slowdowns))
-    return simulate(schedule, 1e9, network).time_from_last_arrival
+    network = Network.uniform(situation.world_size, alpha=0.0, bandwidth=1e9, slowdowns=dict(situation.slowdowns))
+    fast = fast_simulate(algorithm, situation, 1e9, network)
+    if fast is not None:
+        return fast.time_from_last_arrival
+    return simulate(generate(algorithm, situation), 1e9, network).time_from_last_arrival
 
 
 def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
@@ -169,8 +174,9 @@ def slow_nic_algorithm(situation: Situation, nbytes: int) -> str:
     Not simulated (OptCC, the paper's algorithm, is kept): buckets whose balanced ring would send
     messages under :data:`OPTCC_SMALLEST_MESSAGE_BYTES` (the per-message cost the comparison
     leaves out would decide), several GPUs per server, and plans above
-    :data:`BUBBLE_FILLING_SIMULATED_MAX` (``p²k``), where the simulation would stall the first
-    call for seconds. Cached per world size, degraded ranks and OptCC's segment count.
+    :data:`SIMULATED_MAX` (``p²k``; :data:`FULL_SIMULATED_MAX` with several degraded ranks), where
+    the simulation would stall the first call for seconds. Cached per world size, degraded ranks
+    and OptCC's segment count.
 
     Example::
 
@@ -205,16 +211,18 @@ def _faster_for_slow_nics(
     gpus_per_server: int,
     sizing: str,
 ) -> str:
-    if gpus_per_server != 1 or world_size * world_size * segments > BUBBLE_FILLING_SIMULATED_MAX:
+    most = SIMULATED_MAX if len(degraded) == 1 else FULL_SIMULATED_MAX
+    if gpus_per_server != 1 or world_size * world_size * segments > most:
         return "optcc"
-    from stragglerkit.schedules.balanced_ring import balanced_ring
-    from stragglerkit.schedules.optcc import optcc
-
-    slowdowns = dict(degraded)
-    pipeline = _bandwidth_only_seconds(
-        optcc(world_size, slowdowns, segments, bubble_filling=bubble_filling, sizing=sizing), slowdowns
+    situation = Situation(
+        world_size=world_size,
+        slowdowns=dict(degraded),
+        segments=segments,
+        bubble_filling=bubble_filling,
+        optcc_sizing=sizing,
     )
-    ring = _bandwidth_only_seconds(balanced_ring(world_size, slowdowns), slowdowns)
+    pipeline = _bandwidth_only_seconds("optcc", situation)
+    ring = _bandwidth_only_seconds("balanced_ring", situation)
     return "balanced_ring" if ring < pipeline else "optcc"
 
 

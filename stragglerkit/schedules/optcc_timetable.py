@@ -125,7 +125,7 @@ class OptccPlan:
         segment = window // self.q - 1
         return self.orderings == 2 and segment % 2 == 1 and 0 <= segment < self.segments
 
-    def _fill_download_body(self, body: int) -> int:
+    def fill_download_body(self, body: int) -> int:
         """The fill whose sum S downloads in ``body``: the previous body's, but the last fill waits
         until body ``k+1``, after the last section download (see "The tail" above)."""
         k = self.segments
@@ -180,7 +180,7 @@ class OptccPlan:
         chunk = self.section_chunk(raw)
         if chunk is not None and self._second(raw):
             yield Flow(window, s, downloader, chunk, "raw_down")
-        fill = self.fill_chunk(self._fill_download_body(window // q))
+        fill = self.fill_chunk(self.fill_download_body(window // q))
         if fill is not None:
             yield Flow(window, s, downloader, fill, "fill_down")
 

@@ -55,7 +55,7 @@ from stragglerkit.sim.network import Network
 
 __all__ = ["FAST_ALGORITHMS", "FastResult", "fast_auto_delay", "fast_simulate", "stragglar_rounds"]
 
-FAST_ALGORITHMS = ("ring", "balanced_ring", "stragglar", "direct")
+FAST_ALGORITHMS = ("ring", "balanced_ring", "stragglar", "direct", "optcc")
 """Algorithms with an exact fast path (under the conditions of :func:`fast_simulate`)."""
 
 
@@ -117,6 +117,8 @@ def fast_simulate(
         return _balanced_ring(situation, arrival, tx, rx, size_bytes, network.alpha)
     if algorithm == "direct":
         return _direct(situation, arrival, tx, rx, size_bytes, network.alpha)
+    if algorithm == "optcc":
+        return _optcc(situation, arrival, size_bytes, network)
     return _stragglar(situation, arrival, tx, rx, size_bytes, network.alpha)
 
 
@@ -280,6 +282,22 @@ def _stragglar(
     completion = np.full(n, end)
     phase_done = {"reduce_scatter": pre_done, "matching": end}
     return _result(completion, arrival, phase_done, steps + rounds)
+
+
+def _optcc(situation: Situation, arrival: FloatArray, size_bytes: float, network: Network) -> FastResult | None:
+    from stragglerkit.schedules.optcc import optcc_plan
+    from stragglerkit.sim.fast_optcc import fast_optcc
+
+    if situation.gpus_per_server != 1 or sum(slow > 1.0 for slow in situation.slowdowns.values()) != 1:
+        return None  # several GPUs per server or attached stragglers: another timetable
+    plan = optcc_plan(
+        situation.world_size,
+        dict(situation.slowdowns),
+        situation.segments,
+        bubble_filling=situation.bubble_filling,
+        sizing=situation.optcc_sizing,
+    )
+    return fast_optcc(plan, size_bytes, network, arrival)
 
 
 def _direct(
