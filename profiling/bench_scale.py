@@ -41,6 +41,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -263,8 +264,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{stage}:", flush=True)
         cases = [c for c in STAGES[stage].cases if not keep or c in keep]
         summary["stages"][stage] = [run_case(stage, c, sizes, args.repeats, args.timeout) for c in cases]
+    _keep_other_stages(args.out, summary, stages)
     write_summary(args.out, "scale", summary)
     return 0
+
+
+def _keep_other_stages(path: Path, summary: dict[str, Any], stages: list[str]) -> None:
+    """Carry over from the previous ``path`` the stages this run did not measure, with the
+    provenance of the runs that measured them (``runs``): the growth table is one file, and its
+    stages can be measured one at a time."""
+    from _env import command_line, source_revision, utc_now
+
+    this_run = {
+        "stages": stages,
+        "command": command_line(),
+        "source": source_revision(),
+        "date": utc_now(),
+        "load_average_1min": os.getloadavg()[0],
+    }
+    runs = [this_run]
+    if path.exists():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        for name, measured in previous.get("stages", {}).items():
+            if name not in summary["stages"]:
+                summary["stages"][name] = measured
+        for run in previous.get("runs", []):
+            kept = [name for name in run["stages"] if name not in stages]
+            if kept:
+                runs.append({**run, "stages": kept})
+    summary["runs"] = runs
+    summary["note"] = "the stages may come from several runs: each run's stages, command, commit and date in 'runs'"
 
 
 if __name__ == "__main__":

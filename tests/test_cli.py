@@ -10,6 +10,7 @@ import pytest
 
 from stragglerkit.cli import main
 from stragglerkit.schedules import Schedule, check
+from stragglerkit.schedules.optcc import optcc_plan
 
 
 def test_schedule_prints_rounds_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,6 +46,17 @@ def test_schedule_summary_at_1024_ranks_is_a_pattern_proof(
     assert main(["schedule", algorithm, "--world-size", "1024", "--straggler", "3", "--summary-json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["proof"] == "pattern" and summary["checked"] is True and summary["rounds"] == rounds
+
+
+def test_schedule_summary_of_optcc_above_64_ranks_is_the_window_proof(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["schedule", "optcc", "--world-size", "200", "--degrade", "3:2.0", "--segments", "8", "--summary-json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["proof"] == "windows" and summary["checked"] is True
+    assert summary["windows"] == optcc_plan(200, {3: 2.0}, 8).num_windows
+    two_degraded = ["schedule", "optcc", "-n", "6", "--degrade", "2:2.0", "--degrade", "4:1.5", "--summary-json"]
+    assert main(two_degraded) == 0  # several degraded ranks: the full checker at small p
+    assert json.loads(capsys.readouterr().out)["proof"] == "full"
 
 
 def test_schedule_json_file_round_trips(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]

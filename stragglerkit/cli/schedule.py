@@ -118,10 +118,46 @@ def _pattern_summary(args: argparse.Namespace, situation: Situation) -> dict[str
     }
 
 
+def _optcc_summary(args: argparse.Namespace, situation: Situation) -> dict[str, Any] | None:
+    """OptCC's summary from its closed-form plan and the window proof (schedules/optcc_proof.py),
+    above the full checker's world sizes; ``None`` where the full path applies (or the window
+    proof does not: several degraded ranks, several GPUs per server)."""
+    from stragglerkit.schedules.optcc import optcc_plan
+    from stragglerkit.schedules.optcc_proof import prove_optcc
+
+    n = args.world_size
+    if args.algorithm != "optcc" or n <= FULL_CHECK_MAX_RANKS or args.json or situation.gpus_per_server != 1:
+        return None
+    if why_not("optcc", situation) is not None or sum(slow > 1.0 for slow in situation.slowdowns.values()) != 1:
+        return None
+    started = time.perf_counter()
+    plan = optcc_plan(
+        n,
+        dict(situation.slowdowns),
+        situation.segments,
+        bubble_filling=situation.bubble_filling,
+        sizing=situation.optcc_sizing,
+    )
+    generated = time.perf_counter()
+    proof = "none" if args.no_check else "windows"
+    if not args.no_check:
+        prove_optcc(plan)
+    return {
+        "algorithm": "optcc",
+        "world_size": n,
+        "rounds": 0,
+        "windows": plan.num_windows,
+        "checked": proof == "windows",
+        "proof": proof,
+        "generation_seconds": generated - started,
+        "proof_seconds": time.perf_counter() - generated,
+    }
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
     situation = situation_from_args(args, args.world_size, args.size)
     if args.summary_json:
-        fast = _pattern_summary(args, situation)
+        fast = _pattern_summary(args, situation) or _optcc_summary(args, situation)
         if fast is not None:
             print(json.dumps(fast))
             return 0
@@ -195,7 +231,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="print only one JSON object: algorithm, world_size, rounds, checked, proof (full: the "
         "symbolic checker on the op list; pattern: the closed-form rounds proved without one, for ring, "
-        "rhd, direct and stragglar above 64 ranks; none), generation_seconds, proof_seconds",
+        "rhd, direct and stragglar above 64 ranks; windows: OptCC's timetable proved window by window "
+        "above 64 ranks, one degraded rank; none), generation_seconds, proof_seconds",
     )
     sched.add_argument("--no-check", action="store_true", help="skip the correctness proof")
     sched.set_defaults(func=cmd_schedule)
