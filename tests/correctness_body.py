@@ -55,7 +55,8 @@ def sweep(
 
     ``tuning`` forces the runtime's fixed choices in this rank: ``wait_mode`` ("ordered" or
     "concurrent"), ``optcc_message_bytes`` (OptCC's message size, so its segment count) and
-    ``optcc_sizing`` ("lp" or "closed_form"). ``device``: where the tensors live ("cuda": every
+    ``optcc_sizing`` ("lp" or "closed_form"), ``closed_form_plans`` (build every plan from the
+    rank's closed form, as the runtime does above 64 ranks). ``device``: where the tensors live ("cuda": every
     rank on the current GPU); ``large_bytes``: one more size per dtype, that many bytes plus three
     elements (odd)."""
     import functools
@@ -72,6 +73,10 @@ def sweep(
         )
     if "optcc_sizing" in tuning:
         policy.OPTCC_SIZING = tuning["optcc_sizing"]
+    if tuning.get("closed_form_plans"):  # every plan from its rank's closed form, as above 64 ranks
+        from stragglerkit.runtime import runtime
+
+        runtime.SCALE_FROM_RANKS = 0  # type: ignore[misc]
     if device == "cuda":
         torch.cuda.set_device(0)
     stragglerkit.init()

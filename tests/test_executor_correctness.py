@@ -49,6 +49,17 @@ def test_large_size_with_ordered_waits(n: int) -> None:
     check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,), (), None, {"wait_mode": "ordered"}))
 
 
+@pytest.mark.parametrize("n", [4, 7])
+def test_plans_from_one_ranks_closed_form(n: int) -> None:
+    """The runtime's path above 64 ranks (runtime/rank_lowering.py: one rank's ops, wait order
+    by key, fused averaging in closed form), forced at small n: every algorithm, exact and
+    bit-identical, sums and averages, with both wait modes."""
+    sizes = (0, 1, 7, 1000, (1 << 20) + 3)
+    for wait_mode in ("ordered", "concurrent"):
+        tuning = {"closed_form_plans": True, "wait_mode": wait_mode}
+        check_results(n, run_group(n, sweep, sizes, (torch.float32, torch.bfloat16), (), None, tuning))
+
+
 @pytest.mark.parametrize("n", [5, 8])
 def test_optcc_with_a_ramp(n: int) -> None:
     """Small OptCC messages give deep pipelines, whose end segments are smaller than the rest."""

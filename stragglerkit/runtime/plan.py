@@ -48,6 +48,7 @@ import torch
 
 from stragglerkit.errors import ScheduleError
 from stragglerkit.runtime.ordering import in_round_order
+from stragglerkit.runtime.rank_lowering import SCALE_FROM_RANKS, OneRank, one_rank_schedule, wait_order
 from stragglerkit.schedules.check import check, completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder
 from stragglerkit.schedules.registry import Situation, generate
@@ -60,6 +61,7 @@ __all__ = [
     "choose_pieces",
     "chunk_bounds",
     "lower",
+    "lower_one_rank",
     "message_order",
     "plan_id",
     "rank_plan",
@@ -431,6 +433,29 @@ def lower(
     return plans
 
 
+def lower_one_rank(part: OneRank, numel: int, element_size: int, divide_by: int = 0) -> RankPlan:
+    """:func:`lower` for one rank from its closed-form part (runtime/rank_lowering.py): the same
+    chunk bounds, pieces, refinement and tables, the wait order by key, no re-check (the schedule
+    is proved per algorithm and world size there) and the completing reductions in closed form
+    (``divides`` False where they are unknown: the caller divides after the run)."""
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    schedule, rank = part.schedule, part.rank
+    pieces = choose_pieces(schedule, numel, element_size)
+    align = max(1, ALIGN_BYTES // element_size)
+    if numel < align * schedule.num_chunks * pieces * 4:
+        align = 1
+    bounds = _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
+    refined, labels = refine(schedule, pieces)
+    ops = refined.ops[rank]
+    divides = None
+    if divide_by > 0 and part.completing is not None:
+        divides = [divide_by if part.completing[index // pieces] else 0 for index in range(len(ops))]
+    empty = [bounds[op.chunks[1]] == bounds[op.chunks[0]] for op in ops]
+    order = wait_order(part, pieces, empty)
+    return _lower_rank(schedule, refined, rank, bounds, empty, order, labels[rank], pieces, numel, divides)
+
+
 def _after_post_edges(ops: Sequence[Op], table: list[list[int]]) -> set[tuple[int, int]]:
     """Dependencies ``(a, b)`` that the executor may count as met once ``a`` is *posted*.
 
@@ -575,13 +600,19 @@ def rank_plan(
     divide_by: int = 0,
 ) -> RankPlan:
     """Logical rank ``rank``'s plan of ``algorithm`` for ``situation`` and a bucket of ``numel``
-    elements: what ``Runtime`` runs (the schedule in round order, checked, then lowered).
+    elements: what ``Runtime`` runs (the schedule in round order, checked, then lowered). Above
+    :data:`~stragglerkit.runtime.rank_lowering.SCALE_FROM_RANKS` ranks only this rank's part is
+    built, from its closed form (:func:`lower_one_rank`).
 
     Example::
 
         plan = rank_plan("ring", Situation(world_size=4), numel=1000, element_size=4, rank=0)
         assert plan.num_messages() == 6
     """
+    if situation.world_size > SCALE_FROM_RANKS:
+        part = one_rank_schedule(algorithm, situation, rank)
+        if part is not None:
+            return lower_one_rank(part, numel, element_size, divide_by)
     schedule = in_round_order(generate(algorithm, situation))
     check(schedule)
     (plan,) = lower(schedule, numel, element_size, straggler=situation.straggler, ranks=[rank], divide_by=divide_by)

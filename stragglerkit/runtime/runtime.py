@@ -56,8 +56,9 @@ from stragglerkit.runtime.executor import (
     run_plan,
 )
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import OpColumn, RankPlan, lower, plan_id
+from stragglerkit.runtime.plan import OpColumn, RankPlan, lower, lower_one_rank, plan_id
 from stragglerkit.runtime.policy import choose_algorithm, optcc_situation
+from stragglerkit.runtime.rank_lowering import SCALE_FROM_RANKS, one_rank_schedule
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer
 from stragglerkit.schedules import Schedule, check
@@ -464,18 +465,25 @@ class Runtime:
         ranks: RankMap,
         slowdowns: tuple[tuple[int, float], ...],
     ) -> _CachedPlan:
-        schedule = self._schedule(algorithm, situation)
         logical_rank = ranks.logical(self.group.rank())
         # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
         divide_by = situation.world_size if op == "avg" and tensor.device.type == "cpu" else 0
-        (plan,) = lower(
-            schedule,
-            tensor.numel(),
-            tensor.element_size(),
-            straggler=situation.straggler,
-            ranks=[logical_rank],
-            divide_by=divide_by,
-        )
+        # above SCALE_FROM_RANKS only this rank's part, from its closed form (runtime/rank_lowering.py)
+        at_scale = situation.world_size > SCALE_FROM_RANKS
+        part = one_rank_schedule(algorithm, situation, logical_rank) if at_scale else None
+        if part is not None:
+            schedule = part.schedule
+            plan = lower_one_rank(part, tensor.numel(), tensor.element_size(), divide_by)
+        else:
+            schedule = self._schedule(algorithm, situation)
+            (plan,) = lower(
+                schedule,
+                tensor.numel(),
+                tensor.element_size(),
+                straggler=situation.straggler,
+                ranks=[logical_rank],
+                divide_by=divide_by,
+            )
         # the chunk sizes too: ranks whose LP solvers disagreed must not exchange bytes
         sizes = zlib.crc32(repr(schedule.chunk_sizes).encode())
         ident = (
