@@ -142,21 +142,18 @@ class Stage:
     """Whether ``case`` exists at world size ``p`` (StragglAR needs an even p)."""
 
 
-def _even_for_stragglar(p: int, case: str) -> bool:
-    return case != "stragglar" or p % 2 == 0
-
-
 def _matching_by_formula(p: int, case: str) -> bool:
-    """StragglAR's timeline at even p; not at p = 1000: its round count there is the generator's
-    maximum-weight matching (the ``schedule`` stage measures that), not a formula (sim/fast.py)."""
+    """StragglAR at even p, from 128 on only at powers of two: elsewhere its matching plan is the
+    generator's maximum-weight matching (appendix C), minutes at p = 1,000 (docs/results.md), which
+    every stage would measure instead of itself."""
     return case not in ("stragglar", "straggler") or (p % 2 == 0 and (p & (p - 1) == 0 or p <= 64))
 
 
 ALGORITHMS = ("ring", "rhd", "direct", "stragglar", "optcc", "balanced_ring")
 
 STAGES: dict[str, Stage] = {
-    "schedule": Stage(schedule_stage, ALGORITHMS, _even_for_stragglar),
-    "plan": Stage(plan_stage, ALGORITHMS, _even_for_stragglar),
+    "schedule": Stage(schedule_stage, ALGORITHMS, _matching_by_formula),
+    "plan": Stage(plan_stage, ALGORITHMS, _matching_by_formula),
     "simulate": Stage(simulate_stage, ALGORITHMS, _matching_by_formula),
     "decision": Stage(decision_stage, ("straggler", "slow_nic"), _matching_by_formula),
 }
@@ -270,30 +267,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _keep_other_stages(path: Path, summary: dict[str, Any], stages: list[str]) -> None:
-    """Carry over from the previous ``path`` the stages this run did not measure, with the
-    provenance of the runs that measured them (``runs``): the growth table is one file, and its
-    stages can be measured one at a time."""
+    """Stamp each case measured now with this run's command, commit and date (``measured``), and
+    carry over from the previous ``path`` every (stage, case) this run did not measure, with its
+    own stamp: the growth table is one file, measured a stage or a case at a time."""
     from _env import command_line, source_revision, utc_now
 
-    this_run = {
-        "stages": stages,
+    stamp = {
         "command": command_line(),
         "source": source_revision(),
         "date": utc_now(),
-        "load_average_1min": os.getloadavg()[0],
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
-    runs = [this_run]
+    for cases in summary["stages"].values():
+        for case in cases:
+            case["measured"] = stamp
     if path.exists():
         previous = json.loads(path.read_text(encoding="utf-8"))
-        for name, measured in previous.get("stages", {}).items():
-            if name not in summary["stages"]:
-                summary["stages"][name] = measured
-        for run in previous.get("runs", []):
-            kept = [name for name in run["stages"] if name not in stages]
-            if kept:
-                runs.append({**run, "stages": kept})
-    summary["runs"] = runs
-    summary["note"] = "the stages may come from several runs: each run's stages, command, commit and date in 'runs'"
+        older_runs = previous.get("runs", [])  # files written before the per-case stamps
+        for name, cases in previous.get("stages", {}).items():
+            fresh = {case["case"] for case in summary["stages"].get(name, [])}
+            run = next((r for r in older_runs if name in r.get("stages", [])), None)
+            kept = [{**case, "measured": case.get("measured", run)} for case in cases if case["case"] not in fresh]
+            summary["stages"][name] = summary["stages"].get(name, []) + kept
+    summary["note"] = "cases may come from several runs: each case's command, commit and date in 'measured'"
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def refine(schedule: Schedule, pieces: int) -> tuple[Schedule, list[list[str]]]:
             algorithm=schedule.algorithm,
             world_size=schedule.world_size,
             num_chunks=schedule.num_chunks,
-            ops=[[_untagged(op) for op in ops] for ops in schedule.ops],
+            ops=[[op if op.round is None else _untagged(op) for op in ops] for ops in schedule.ops],
             params=dict(schedule.params),
         )
         return plain, labels
