@@ -166,35 +166,24 @@ def _direct(n: int) -> tuple[int, str | None, Iterator[RoundFlows]]:
 
 
 def _stragglar(n: int) -> tuple[int, str | None, Iterator[RoundFlows]]:
-    from stragglerkit.schedules.stragglar import MATCHING_PHASE, PRE_PHASE, stragglar_plan
+    from stragglerkit.schedules.stragglar import MATCHING_PHASE, PRE_PHASE, plan_arrays
 
-    plan = stragglar_plan(n)
+    offsets, senders, receivers, chunks = plan_arrays(n)
     straggler = n - 1
 
     def rounds() -> Iterator[RoundFlows]:
         yield from _ring_rounds(np.arange(n - 1), PRE_PHASE, None)
-        for rnd, moves in enumerate(plan):
-            src, dst, chunk, adds = [], [], [], []
+        for rnd in range(len(offsets) - 1):
+            moves = slice(offsets[rnd], offsets[rnd + 1])
+            src, dst, chunk = senders[moves], receivers[moves], chunks[moves]
+            adds = np.zeros(len(src), bool)
             if rnd < straggler:  # the swap of chunk rnd between rank rnd and the straggler
-                src += [rnd, straggler]
-                dst += [straggler, rnd]
-                chunk += [rnd, rnd]
-                adds += [True, True]
-            for sender, receiver, c in moves:
-                src.append(sender)
-                dst.append(receiver)
-                chunk.append(c)
-                adds.append(False)
-            start = np.array(chunk, np.int64)
-            yield RoundFlows(
-                MATCHING_PHASE,
-                rnd,
-                np.array(src, np.int64),
-                np.array(dst, np.int64),
-                start,
-                start + 1,
-                np.array(adds, bool),
-            )
+                src = np.concatenate(([rnd, straggler], src))
+                dst = np.concatenate(([straggler, rnd], dst))
+                chunk = np.concatenate(([rnd, rnd], chunk))
+                adds = np.concatenate(([True, True], adds))
+            start = chunk.astype(np.int64)
+            yield RoundFlows(MATCHING_PHASE, rnd, src.astype(np.int64), dst.astype(np.int64), start, start + 1, adds)
 
     return n - 1, MATCHING_PHASE, rounds()
 

@@ -156,9 +156,9 @@ def stragglar_rounds(world_size: int) -> int:
     n = world_size
     if n & (n - 1) == 0:
         return n + n.bit_length() - 3
-    from stragglerkit.schedules.stragglar import stragglar_plan
+    from stragglerkit.schedules.stragglar import plan_arrays
 
-    return len(stragglar_plan(n))
+    return len(plan_arrays(n)[0]) - 1
 
 
 # --------------------------------------------------------------------------------------------------
