@@ -127,23 +127,15 @@ def _optcc_summary(args: argparse.Namespace, situation: Situation) -> dict[str, 
     """OptCC's summary from its closed-form plan and the window proof (schedules/optcc_proof.py)
     above :data:`OPTCC_FULL_CHECK_MAX_MESSAGES`; ``None`` where the full path applies (or the
     window proof does not: several degraded ranks, several GPUs per server)."""
-    from stragglerkit.schedules.optcc import optcc_plan
+    from stragglerkit.schedules.optcc import optcc_plan_for
     from stragglerkit.schedules.optcc_proof import prove_optcc
 
     n = args.world_size
-    if args.algorithm != "optcc" or args.json or situation.gpus_per_server != 1:
-        return None
-    if why_not("optcc", situation) is not None or sum(slow > 1.0 for slow in situation.slowdowns.values()) != 1:
+    if args.algorithm != "optcc" or args.json or why_not("optcc", situation) is not None:
         return None
     started = time.perf_counter()
-    plan = optcc_plan(
-        n,
-        dict(situation.slowdowns),
-        situation.segments,
-        bubble_filling=situation.bubble_filling,
-        sizing=situation.optcc_sizing,
-    )
-    if plan.num_chunks * 2 * plan.q <= OPTCC_FULL_CHECK_MAX_MESSAGES:
+    plan = optcc_plan_for(situation)
+    if plan is None or plan.num_chunks * 2 * plan.q <= OPTCC_FULL_CHECK_MAX_MESSAGES:
         return None  # small enough for the full checker (about a second)
     generated = time.perf_counter()
     proof = "none" if args.no_check else "windows"

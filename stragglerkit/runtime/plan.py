@@ -382,6 +382,15 @@ def _piece_bounds(bounds: list[int], pieces: int) -> list[int]:
     return out
 
 
+def _element_bounds(schedule: Schedule, numel: int, element_size: int, pieces: int) -> list[int]:
+    """Element offsets of every piece of every chunk: 64-byte aligned cuts unless the bucket is
+    too small for them (module docstring, step 1)."""
+    align = max(1, ALIGN_BYTES // element_size)
+    if numel < align * schedule.num_chunks * pieces * 4:
+        align = 1
+    return _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
+
+
 def lower(
     schedule: Schedule,
     numel: int,
@@ -411,10 +420,7 @@ def lower(
         raise ValueError(f"divide_by must be >= 0 (0: no division), got {divide_by}")
     if pieces is None:
         pieces = choose_pieces(schedule, numel, element_size)
-    align = max(1, ALIGN_BYTES // element_size)
-    if numel < align * schedule.num_chunks * pieces * 4:
-        align = 1
-    bounds = _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
+    bounds = _element_bounds(schedule, numel, element_size, pieces)
     refined, labels = refine(schedule, pieces)
     completing = None
     if divide_by > 0:
@@ -442,10 +448,7 @@ def lower_one_rank(part: OneRank, numel: int, element_size: int, divide_by: int 
         raise ValueError(f"numel must be >= 0, got {numel}")
     schedule, rank = part.schedule, part.rank
     pieces = choose_pieces(schedule, numel, element_size)
-    align = max(1, ALIGN_BYTES // element_size)
-    if numel < align * schedule.num_chunks * pieces * 4:
-        align = 1
-    bounds = _piece_bounds(chunk_bounds(schedule.chunk_weights(), numel, align), pieces)
+    bounds = _element_bounds(schedule, numel, element_size, pieces)
     refined, labels = refine(schedule, pieces)
     ops = refined.ops[rank]
     divides = None

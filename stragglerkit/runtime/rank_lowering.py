@@ -10,7 +10,7 @@ only runs its own ops, and every algorithm here is a closed form per rank:
   ``recv_reduce``, except in the round phase of StragglAR and direct, where the generator
   receives into scratch and reduces (so that the swap's send reads first);
 * OptCC (one degraded rank, one GPU per server): :meth:`OptccPlan.rank_ops`, window by window;
-* the balanced ring: step by step, slice by slice, as its generator.
+* the balanced ring: its generator, building only this rank's ops.
 
 The rank's ops go through the same :class:`ScheduleBuilder` (its data dependencies are derived per
 rank), the same round order (:func:`~stragglerkit.runtime.ordering.in_round_order`), the same
@@ -52,8 +52,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.schedules.ir import Schedule, ScheduleBuilder
-from stragglerkit.schedules.pattern import FULL_CHECK_MAX_RANKS, PATTERNS, round_flows
+from stragglerkit.schedules.ir import OpKind, Schedule, ScheduleBuilder
+from stragglerkit.schedules.pattern import FULL_CHECK_MAX_RANKS, PATTERNS, expand_chunks, round_flows
 from stragglerkit.schedules.registry import Situation, why_not
 
 __all__ = ["SCALE_FROM_RANKS", "OneRank", "WaitKey", "one_rank_schedule", "wait_order"]
@@ -115,10 +115,7 @@ def _from_rounds(algorithm: str, situation: Situation, rank: int) -> OneRank:
     held = np.ones((n, num_chunks), np.int32)  # how many contributions each rank holds of each chunk
     for index, flows in enumerate(rounds):
         # what every message carries is what its sender held at the start of the round
-        width = flows.stop - flows.start
-        owner = np.repeat(np.arange(len(width)), width)
-        chunk = flows.start[owner] + (np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width))
-        src, dst, adds = flows.src[owner], flows.dst[owner], flows.adds[owner]
+        src, dst, chunk, adds = expand_chunks(flows)
         carried = held[src, chunk]
         held[dst[adds], chunk[adds]] += carried[adds]
         held[dst[~adds], chunk[~adds]] = carried[~adds]
@@ -162,19 +159,11 @@ def _completing(num_ops: int, reductions: list[tuple[int, np.ndarray]]) -> list[
 
 
 def _optcc(situation: Situation, rank: int) -> OneRank | None:
-    from stragglerkit.schedules.optcc import optcc_plan
+    from stragglerkit.schedules.optcc import optcc_plan_for
 
-    degraded = [r for r, slow in situation.slowdowns.items() if slow > 1.0]
-    if situation.gpus_per_server != 1 or len(degraded) != 1:
+    plan = optcc_plan_for(situation)
+    if plan is None:
         return None
-    plan = optcc_plan(
-        situation.world_size,
-        dict(situation.slowdowns),
-        situation.segments,
-        bubble_filling=situation.bubble_filling,
-        sizing=situation.optcc_sizing,
-    )
-    ops = plan.rank_ops(rank)
     keys: list[WaitKey | None] = []
     completing: list[bool] = []
     q = plan.q
@@ -183,55 +172,22 @@ def _optcc(situation: Situation, rank: int) -> OneRank | None:
             keys.append((window, _OPTCC_STAGES[flow.stage], flow.src))
             last_fill_up = flow.stage == "fill_up" and window % q == q - 1
             completing.append(flow.dst == rank and (flow.stage == "upload" or last_fill_up))
-    per_rank = [ops if r == rank else [] for r in range(situation.world_size)]
-    schedule = Schedule(
-        algorithm="optcc",
-        world_size=situation.world_size,
-        num_chunks=plan.num_chunks,
-        ops=per_rank,
-        chunk_sizes=plan.chunk_sizes(),
-        params=plan.params(),
-    )
-    return OneRank(schedule, rank, keys, completing)
+    return OneRank(plan.lower(ranks=(rank,)), rank, keys, completing)
 
 
 def _balanced_ring(situation: Situation, rank: int) -> OneRank:
-    from stragglerkit.schedules.balanced_ring import WEIGHT_RESOLUTION, balanced_shares, default_slices, phase_time
+    """The generator's ops of ``rank``: a send and a receive per (phase, step, slice), in order,
+    so op ``j`` belongs to the ``j // 2``-th of them; the reduce-scatter's last step completes."""
+    from stragglerkit.schedules.balanced_ring import balanced_ring
 
-    n, i = situation.world_size, rank
-    per_rank = [1.0] * n
-    for r, slowdown in situation.slowdowns.items():
-        per_rank[r] = float(slowdown)
-    shares = balanced_shares(per_rank)
-    k = default_slices(shares)
-    weights = [max(1, round(c * WEIGHT_RESOLUTION)) for c in shares]
-    builder = ScheduleBuilder(n, n * k)
-    keys: list[WaitKey | None] = []
-    completing: list[bool] = []
-    for major, phase in enumerate(("reduce_scatter", "allgather")):
-        for step in range(n - 1):
-            for piece in range(k):
-                base, order = piece * n, (major * (n - 1) + step) * k + piece
-                if phase == "reduce_scatter":
-                    send, receive = base + (i - 1 - step) % n, base + (i - 2 - step) % n
-                    builder.send(i, (i + 1) % n, (send, send + 1), phase=phase)
-                    builder.recv_reduce(i, (i - 1) % n, (receive, receive + 1), phase=phase)
-                else:
-                    send, receive = base + (i - step) % n, base + (i - 1 - step) % n
-                    builder.send(i, (i + 1) % n, (send, send + 1), phase=phase)
-                    builder.recv(i, (i - 1) % n, (receive, receive + 1), phase=phase)
-                keys += [(order, 0, i), (order, 0, (i - 1) % n)]
-                completing += [False, phase == "reduce_scatter" and step == n - 2]
-    schedule = builder.build(
-        "balanced_ring",
-        chunk_sizes=weights * k,
-        params={
-            "slowdowns": {str(r): slow for r, slow in sorted(situation.slowdowns.items())},
-            "slices": k,
-            "shares": [round(c, 6) for c in shares],
-            "phase_time": round(phase_time(shares, per_rank), 6),
-        },
-    )
+    n = situation.world_size
+    schedule = balanced_ring(n, dict(situation.slowdowns), ranks=(rank,))
+    slices = int(schedule.params["slices"])
+    last_step = range((n - 2) * slices, (n - 1) * slices)  # of the reduce-scatter, whose ops come first
+    ops = schedule.ops[rank]
+    sender = {OpKind.SEND: rank, OpKind.RECV: (rank - 1) % n, OpKind.RECV_REDUCE: (rank - 1) % n}
+    keys: list[WaitKey | None] = [(j // 2, 0, sender[op.kind]) for j, op in enumerate(ops)]
+    completing = [op.kind is OpKind.RECV_REDUCE and j // 2 in last_step for j, op in enumerate(ops)]
     return OneRank(schedule, rank, keys, completing)
 
 

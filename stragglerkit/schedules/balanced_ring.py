@@ -41,7 +41,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Schedule, ScheduleBuilder
@@ -106,11 +106,19 @@ def default_slices(shares: Sequence[float]) -> int:
     return max(1, min(MAX_SLICES, math.ceil(max(shares) / smallest - 1e-9)))
 
 
-def balanced_ring(world_size: int, slowdowns: Mapping[int, float] | None = None, slices: int | None = None) -> Schedule:
+def balanced_ring(
+    world_size: int,
+    slowdowns: Mapping[int, float] | None = None,
+    slices: int | None = None,
+    ranks: Collection[int] | None = None,
+) -> Schedule:
     """A ring over ``world_size >= 2`` ranks with chunks sized by :func:`balanced_shares`.
 
     ``slowdowns``: rank -> ``l`` (1 = healthy; unnamed ranks are healthy). ``slices``: default
-    :func:`default_slices`. With no slowdown it is the ring in one slice.
+    :func:`default_slices`. With no slowdown it is the ring in one slice. ``ranks``: build only
+    these ranks' ops (the others' lists stay empty: one rank's plan at scale,
+    runtime/rank_lowering.py); each rank gets a send and then a receive per phase, step and
+    slice, in that order.
 
     Example::
 
@@ -133,11 +141,12 @@ def balanced_ring(world_size: int, slowdowns: Mapping[int, float] | None = None,
         raise ValueError(f"slices must be at least 1, got {k}")
     weights = [max(1, round(c * WEIGHT_RESOLUTION)) for c in shares]
     builder = ScheduleBuilder(n, n * k)
+    members = range(n) if ranks is None else sorted(ranks)
     for phase in ("reduce_scatter", "allgather"):  # no rounds: dataflow (module docstring)
         for step in range(n - 1):
             for piece in range(k):
                 base = piece * n
-                for i in range(n):
+                for i in members:
                     if phase == "reduce_scatter":
                         send, receive = base + (i - 1 - step) % n, base + (i - 2 - step) % n
                         builder.send(i, (i + 1) % n, (send, send + 1), phase=phase)

@@ -169,13 +169,16 @@ import dataclasses
 import functools
 import math
 from fractions import Fraction
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.chunk_sizing import MAX_FLOWS, flow_graph, makespan, optimal_chunk_weights
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.optcc_servers import lower_servers
 from stragglerkit.schedules.optcc_timetable import ADDING_STAGES, Flow, OptccPlan, timetable_text
+
+if TYPE_CHECKING:
+    from stragglerkit.schedules.registry import Situation
 
 __all__ = [
     "ADDING_STAGES",
@@ -188,6 +191,7 @@ __all__ = [
     "lp_sized",
     "optcc",
     "optcc_plan",
+    "optcc_plan_for",
     "timetable_text",
 ]
 
@@ -364,6 +368,27 @@ def _lp_weights(equal: OptccPlan, slowdowns: tuple[tuple[int, float], ...]) -> t
     """The LP's weights, cached: the runtime asks for the same plan from several places (the fill
     choice, the choice between OptCC and the balanced ring, the cost model, the plan it runs)."""
     return optimal_chunk_weights(equal.lower(), dict(slowdowns))
+
+
+def optcc_plan_for(situation: Situation) -> OptccPlan | None:
+    """The plan :func:`~stragglerkit.schedules.registry.generate` lowers for ``situation`` when it
+    has one degraded rank on one GPU per server (the single timetable that the fast simulation,
+    the window proof and the one-rank plans read), else ``None``.
+
+    Example::
+
+        optcc_plan_for(Situation(world_size=8, slowdowns={3: 2.0}, segments=4)).num_windows
+    """
+    degraded = [rank for rank, slow in situation.slowdowns.items() if slow > 1.0]
+    if situation.gpus_per_server != 1 or len(degraded) != 1 or situation.world_size < 3:
+        return None
+    return optcc_plan(
+        situation.world_size,
+        dict(situation.slowdowns),
+        situation.segments,
+        bubble_filling=situation.bubble_filling,
+        sizing=situation.optcc_sizing,
+    )
 
 
 class PlanOptions(TypedDict, total=False):

@@ -11,7 +11,7 @@ any ``(rank, window)`` to its :class:`Flow` s in ``O(1)``, lowers one rank's ops
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from stragglerkit.schedules.ir import Op, OpKind, Schedule
@@ -349,10 +349,11 @@ class OptccPlan:
             "sizing": "lp" if self.weights else "closed_form",
         }
 
-    def lower(self) -> Schedule:
-        """The whole schedule in the op IR (for the checker and the simulator)."""
+    def lower(self, ranks: Collection[int] | None = None) -> Schedule:
+        """The whole schedule in the op IR (for the checker and the simulator); with ``ranks``
+        only their ops (the others' lists empty: one rank's plan at scale)."""
         ranges = [(c, c + 1) for c in range(self.num_chunks)]
-        ops = [self.rank_ops(rank, ranges) for rank in range(self.world_size)]
+        ops = [self.rank_ops(rank, ranges) if ranks is None or rank in ranks else [] for rank in range(self.world_size)]
         return Schedule(
             algorithm="optcc",
             world_size=self.world_size,

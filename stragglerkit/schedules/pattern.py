@@ -40,6 +40,7 @@ __all__ = [
     "PATTERNS",
     "PatternReport",
     "RoundFlows",
+    "expand_chunks",
     "prove",
     "prove_rounds",
     "round_flows",
@@ -234,7 +235,7 @@ def _check_round(flows: RoundFlows, n: int, num_chunks: int) -> None:
             raise ScheduleError(f"{where}: rank {rank} {verb} {int(counts[rank])} messages in one round")
 
 
-def _expand(flows: RoundFlows, by_chunk: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def expand_chunks(flows: RoundFlows, by_chunk: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One entry per (message, chunk): src, dst, chunk, adds (``by_chunk``: sorted by chunk)."""
     width = flows.stop - flows.start
     total = int(width.sum())
@@ -272,7 +273,7 @@ def prove_rounds(
         messages += len(flows.src)
     words = (n + 63) // 64
     block = max(1, min(num_chunks, BLOCK_BYTES // max(1, n * words * 8)))
-    expanded = [_expand(f, by_chunk=block < num_chunks) for f in schedule_rounds]
+    expanded = [expand_chunks(f, by_chunk=block < num_chunks) for f in schedule_rounds]
     ranks = np.arange(n)
     for first in range(0, num_chunks, block):
         last = min(num_chunks, first + block)

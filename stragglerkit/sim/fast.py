@@ -285,19 +285,11 @@ def _stragglar(
 
 
 def _optcc(situation: Situation, arrival: FloatArray, size_bytes: float, network: Network) -> FastResult | None:
-    from stragglerkit.schedules.optcc import optcc_plan
+    from stragglerkit.schedules.optcc import optcc_plan_for
     from stragglerkit.sim.fast_optcc import fast_optcc
 
-    if situation.gpus_per_server != 1 or sum(slow > 1.0 for slow in situation.slowdowns.values()) != 1:
-        return None  # several GPUs per server or attached stragglers: another timetable
-    plan = optcc_plan(
-        situation.world_size,
-        dict(situation.slowdowns),
-        situation.segments,
-        bubble_filling=situation.bubble_filling,
-        sizing=situation.optcc_sizing,
-    )
-    return fast_optcc(plan, size_bytes, network, arrival)
+    plan = optcc_plan_for(situation)  # None: several GPUs per server or attached stragglers
+    return None if plan is None else fast_optcc(plan, size_bytes, network, arrival)
 
 
 def _direct(
