@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _horovod import HOROVODRUN, horovodrun_env, rank_errors
 
 BODIES = Path(__file__).with_name("horovod_bodies.py")
-HOROVODRUN = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None or not Path(HOROVODRUN).exists(),
@@ -34,16 +32,14 @@ DIFFERENCES = {
 def horovodrun(n: int, case: str, tmp_path: Path, timeout: float = 300.0, **args: Any) -> list[dict[str, Any]]:
     """Run ``case`` of tests/horovod_bodies.py on ``n`` ranks; every rank's result, each checked ok."""
     out = tmp_path / f"{case}.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = horovodrun_env()
     command = [HOROVODRUN, "--gloo", "-np", str(n), "-H", f"localhost:{n}", sys.executable, str(BODIES), case]
     proc = subprocess.run(
         [*command, str(out), json.dumps(args)], capture_output=True, text=True, timeout=timeout, env=env
     )
     assert proc.returncode == 0 and out.exists(), (
-        f"horovodrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        f"horovodrun failed ({proc.returncode}):\n{rank_errors(proc.stdout + proc.stderr)}\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
     results = json.loads(out.read_text())
     failed = [f"rank {rank}:\n{r['error']}" for rank, r in enumerate(results) if not r["ok"]]
@@ -116,10 +112,7 @@ def test_a_rank_that_stalls_or_dies_is_named_within_the_timeout(fault: str, tmp_
     fails within the timeout (plus the fault report's 2 s) with a PeerError naming it. A rank that
     exits mid-step (status 0, so horovodrun does not end the others) is named the same way."""
     out = tmp_path / fault
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = horovodrun_env()
     command = [HOROVODRUN, "--gloo", "-np", "3", "-H", "localhost:3", sys.executable, str(BODIES), "faulty_rank"]
     arguments = {"faulty": 2, "fault": fault, "stall_s": 25.0, "timeout": 6.0}  # rank 0 exits once it has its error
     proc = subprocess.run(

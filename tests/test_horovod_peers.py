@@ -6,18 +6,15 @@ pass with ours, on every rank."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
+from _horovod import HOROVODRUN, ROOT, horovodrun_env, rank_errors
 
-ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT.parent / "shared" / "peers" / "horovod"
-HOROVODRUN = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
 OPTIMIZER_TESTS = (
     "test_broadcast_state",
     "test_broadcast_state_options",
@@ -46,8 +43,9 @@ pytestmark = [
 ]
 
 
-def outcomes(n: int, tmp_path: Path, ours: bool) -> dict[str, set[str]]:
-    """{test name: the outcomes its ranks had} for the optimizer tests on ``n`` ranks."""
+def outcomes(n: int, tmp_path: Path, ours: bool, why: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """{test name: the outcomes its ranks had} for the optimizer tests on ``n`` ranks; ``why`` gets
+    the first rank's message for each test that did not pass."""
     out = tmp_path / ("ours" if ours else "horovod") / str(n)
     out.mkdir(parents=True)
     plugin = "-p horovod_peer_plugin" if ours else ""
@@ -56,7 +54,7 @@ def outcomes(n: int, tmp_path: Path, ours: bool) -> dict[str, set[str]]:
         f"{sys.executable} -m pytest -q -p no:cacheprovider {plugin} {PEERS / 'test_torch.py'} "
         f"-k '{selection}' --junitxml={out}/rank_$HOROVOD_RANK.xml"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = horovodrun_env(ROOT / "tests")  # the same for Horovod's optimizer and ours
     proc = subprocess.run(
         [HOROVODRUN, "--gloo", "-np", str(n), "-H", f"localhost:{n}", "bash", "-c", pytest_command],
         capture_output=True,
@@ -67,24 +65,30 @@ def outcomes(n: int, tmp_path: Path, ours: bool) -> dict[str, set[str]]:
     )
     reports = sorted(out.glob("rank_*.xml"))
     assert len(reports) == n, (
-        f"horovodrun ({proc.returncode}) left {len(reports)} reports:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        f"horovodrun ({proc.returncode}) left {len(reports)} reports:\n{rank_errors(proc.stdout + proc.stderr)}\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
     seen: dict[str, set[str]] = {}
     for report in reports:
         for case in ElementTree.parse(report).getroot().iter("testcase"):
-            child = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
-            seen.setdefault(str(case.get("name")), set()).add(child)
+            child = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
+            seen.setdefault(str(case.get("name")), set()).add("passed" if child is None else child.tag)
+            if why is not None and child is not None and child.tag != "skipped":
+                why.setdefault(str(case.get("name")), str(child.get("message"))[:300])
     return seen
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_horovods_optimizer_tests_pass_with_stragglerkits_optimizer(n: int, tmp_path: Path) -> None:
     theirs = outcomes(n, tmp_path, ours=False)
-    ours = outcomes(n, tmp_path, ours=True)
+    why: dict[str, str] = {}
+    ours = outcomes(n, tmp_path, ours=True, why=why)
     assert set(OPTIMIZER_TESTS) <= set(theirs), sorted(theirs)  # (-k also selects test_broadcast_state_gpu)
     passing = {name for name, seen in theirs.items() if seen == {"passed"}}
     assert len(passing) >= 8, theirs  # most of them run on CPU ranks
     regressions = {name: sorted(ours[name]) for name in passing if ours.get(name) != {"passed"}}
-    assert not regressions, f"pass with Horovod's optimizer but not with stragglerkit's: {regressions}"
+    assert not regressions, f"pass with Horovod's optimizer but not with stragglerkit's: {regressions}\n" + "\n".join(
+        f"  {name}: {why.get(name)}" for name in sorted(regressions)
+    )
     print(f"n = {n}: Horovod's optimizer {dict(sorted((k, sorted(v)) for k, v in theirs.items()))}")
     print(f"n = {n}: stragglerkit's {dict(sorted((k, sorted(v)) for k, v in ours.items()))}")

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -24,9 +22,9 @@ from typing import Any
 import profiler_bodies as body
 import pytest
 from _dist import run_group
+from _horovod import HOROVODRUN, horovodrun_env
 
 Event = dict[str, Any]
-HOROVODRUN = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
 
 
 def _ranges(trace: Path) -> list[Event]:
@@ -161,10 +159,7 @@ def test_horovod_baseline_on_two_ranks(tmp_path: Path) -> None:
         pytest.skip("Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)")
     n, steps = 2, 4
     body_file = Path(__file__).with_name("horovod_trace_body.py")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = horovodrun_env()
     command = [HOROVODRUN, "--gloo", "-np", str(n), "-H", f"localhost:{n}", sys.executable, str(body_file)]
     done = subprocess.run([*command, str(tmp_path), str(steps)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and (tmp_path / "done").exists(), f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
