@@ -78,10 +78,14 @@ def test_closed_form_rounds_are_the_generated_schedule(algorithm: str) -> None:
         check(sched)  # the full checker proves the very same schedule
 
 
-@pytest.mark.parametrize(("algorithm", "n"), [("ring", 1024), ("rhd", 1000), ("direct", 257), ("stragglar", 256)])
+@pytest.mark.parametrize(
+    ("algorithm", "n"), [("ring", 1024), ("rhd", 1000), ("direct", 257), ("stragglar", 256), ("stragglar", 1024)]
+)
 def test_large_sizes_are_proved(algorithm: str, n: int) -> None:
     report = pattern.prove(algorithm, n)
     assert report.world_size == n and report.rounds > 0
+    if algorithm == "stragglar":  # Algorithm 1: n + log2(n) - 2 matching rounds (StragglAR, Table 1)
+        assert report.rounds == n + (n.bit_length() - 1) - 2
 
 
 def _broken(algorithm: str, n: int, mutate: object) -> None:

@@ -113,12 +113,17 @@ def _from_rounds(algorithm: str, situation: Situation, rank: int) -> OneRank:
     keys: list[WaitKey | None] = []  # per op of the rank
     reductions: list[tuple[int, np.ndarray]] = []  # (op, per chunk: complete after it?)
     held = np.ones((n, num_chunks), np.int32)  # how many contributions each rank holds of each chunk
+    flat_held = held.reshape(-1)  # indexed by rank * num_chunks + chunk: faster than two index arrays
     for index, flows in enumerate(rounds):
         # what every message carries is what its sender held at the start of the round
         src, dst, chunk, adds = expand_chunks(flows)
-        carried = held[src, chunk]
-        held[dst[adds], chunk[adds]] += carried[adds]
-        held[dst[~adds], chunk[~adds]] = carried[~adds]
+        carried = flat_held[src * np.int64(num_chunks) + chunk]  # int64: no overflow at any n
+        into = dst * np.int64(num_chunks) + chunk
+        if adds.all():
+            flat_held[into] += carried
+        else:
+            flat_held[into[adds]] += carried[adds]
+            flat_held[into[~adds]] = carried[~adds]
         rnd, phase = flows.round, flows.phase
         # the generators' op order within a round: a rank's send, then its receive (StragglAR's
         # swaps too), except StragglAR's moves, which follow its plan's list

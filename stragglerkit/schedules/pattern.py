@@ -238,6 +238,8 @@ def _check_round(flows: RoundFlows, n: int, num_chunks: int) -> None:
 def expand_chunks(flows: RoundFlows, by_chunk: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One entry per (message, chunk): src, dst, chunk, adds (``by_chunk``: sorted by chunk)."""
     width = flows.stop - flows.start
+    if not by_chunk and (width == 1).all():  # one chunk per message (StragglAR, ring reduce-scatters)
+        return flows.src.astype(np.int32), flows.dst.astype(np.int32), flows.start.astype(np.int32), flows.adds
     total = int(width.sum())
     owner = np.repeat(np.arange(len(width)), width)
     offset = np.arange(total) - np.repeat(np.cumsum(width) - width, width)

@@ -80,7 +80,6 @@ import functools
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -122,7 +121,8 @@ def stragglar_plan(world_size: int) -> list[Round]:
     """The matching phase as data: ``plan[r]`` lists round r's transfers besides the straggler swap.
 
     In round ``r < n-1`` rank ``r`` and the straggler ``n-1`` also swap chunk ``r``; that swap is not
-    listed. ``len(plan)`` is the number of rounds.
+    listed. ``len(plan)`` is the number of rounds. (:func:`plan_arrays` is the same plan as arrays,
+    which is what the lowering and the simulator walk.)
 
     Example::
 
@@ -130,27 +130,34 @@ def stragglar_plan(world_size: int) -> list[Round]:
         assert len(plan) == 4 and plan[1] == [Transfer(0, 2, 0)]
     """
     _check_world_size(world_size)
-    if world_size & (world_size - 1) == 0:
-        return _power_of_two_plan(world_size)
-    return _matching_plan(world_size)
+    if world_size & (world_size - 1):
+        return _matching_plan(world_size)
+    offsets, senders, receivers, chunks = plan_arrays(world_size)
+    return [
+        [Transfer(*move) for move in zip(senders[a:b].tolist(), receivers[a:b].tolist(), chunks[a:b].tolist())]
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())
+    ]
 
 
 @functools.lru_cache(maxsize=2)
 def plan_arrays(world_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`stragglar_plan` as arrays, computed once per world size in a process: ``offsets``
     (round ``r``'s transfers are ``offsets[r]:offsets[r+1]``), ``senders``, ``receivers``,
-    ``chunks``. Every rank's plan for every bucket size walks the rounds; the list of transfers
-    takes 1.5 s and 100 MB at n = 1,024 (a million objects), these arrays 12 MB.
+    ``chunks``. At n = 1,024 the plan is a million transfers: 12 MB as arrays.
 
     Example::
 
         offsets, senders, receivers, chunks = plan_arrays(4)
         assert len(offsets) == 5 and (senders[offsets[1]], receivers[offsets[1]]) == (0, 2)
     """
-    plan = stragglar_plan(world_size)
-    offsets = np.zeros(len(plan) + 1, np.int64)
-    offsets[1:] = np.cumsum([len(moves) for moves in plan])
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(plan)), np.int32).reshape(-1, 3)
+    _check_world_size(world_size)
+    if world_size & (world_size - 1) == 0:
+        rounds = _power_of_two_rounds(world_size)
+    else:
+        rounds = [np.array(moves, np.int32).reshape(-1, 3) for moves in _matching_plan(world_size)]
+    offsets = np.zeros(len(rounds) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(moves) for moves in rounds])
+    flat = np.concatenate(rounds).astype(np.int32) if rounds else np.zeros((0, 3), np.int32)
     for array in (offsets, flat):
         array.setflags(write=False)
     return offsets, flat[:, 0], flat[:, 1], flat[:, 2]
@@ -159,29 +166,35 @@ def plan_arrays(world_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 # -- powers of two: Algorithm 1 ----------------------------------------------------------------
 
 
-def _power_of_two_plan(n: int) -> list[Round]:
+def _power_of_two_rounds(n: int) -> list[np.ndarray]:
+    """Algorithm 1, one ``(moves, 3)`` array of (sender, receiver, chunk) per round.
+
+    Phase 1 (``k`` short rounds) keeps ``A`` as lists. Phase 2 keeps it as two arrays over the
+    ranks: ``active[g]``, the live chunk g holds, and ``joined[g]``, when g joined its holders, so
+    ``A[c]`` is the ranks with ``active == c`` in ``joined`` order and every round is a few array
+    operations (a loop over the transfers took 1.6 s at n = 1,024; this takes 0.25 s).
+    """
     k = n.bit_length() - 1
-    straggler = n - 1
     holders: dict[int, list[int]] = {}  # A; insertion order is chunk order, oldest first
-    active = [-1] * n
-    plan: list[Round] = []
-    for r in range(n + k - 2):
-        if r == 0:
-            moves: Round = []
-        elif r < k:
-            moves = _everyone_gets_a_chunk(r, k, n, holders, active)
-        else:
-            moves = _careful_doubling(r, k, n, holders, active)
-            del holders[r - k]  # c_{r-k} reached every rank this round
-        plan.append(moves)
-        for _, receiver, chunk in moves:
-            if receiver != straggler and chunk in holders:  # a still-active chunk doubled
-                holders[chunk].append(receiver)
-                active[receiver] = chunk
-        if r < n - 1:  # the straggler swap fully reduced c_r on rank r
-            holders[r] = [r]
-            active[r] = r
-    return plan
+    active_list = [-1] * n
+    rounds: list[np.ndarray] = []
+    for r in range(min(k, n + k - 2)):
+        seeds = _everyone_gets_a_chunk(r, k, n, holders, active_list) if r else []
+        rounds.append(np.array(seeds, np.int64).reshape(-1, 3))
+        for _, receiver, chunk in seeds:
+            holders[chunk].append(receiver)
+            active_list[receiver] = chunk
+        holders[r] = [r]  # the straggler swap fully reduced c_r on rank r
+        active_list[r] = r
+    active = np.array(active_list, np.int64)
+    joined = np.zeros(n, np.int64)
+    order = [g for ranks in holders.values() for g in ranks]
+    joined[order] = np.arange(len(order))
+    clock = len(order)
+    for r in range(k, n + k - 2):
+        doubling, clock = _careful_doubling(r, k, n, active, joined, clock)
+        rounds.append(doubling)
+    return rounds
 
 
 def _everyone_gets_a_chunk(r: int, k: int, n: int, holders: dict[int, list[int]], active: list[int]) -> Round:
@@ -196,41 +209,67 @@ def _everyone_gets_a_chunk(r: int, k: int, n: int, holders: dict[int, list[int]]
     return moves
 
 
-def _careful_doubling(r: int, k: int, n: int, holders: dict[int, list[int]], active: list[int]) -> Round:
-    """Phase 2 round ``r`` (``r >= k``): pair ``P_r`` with ``Q_r``, critical window first."""
+def _careful_doubling(
+    r: int, k: int, n: int, active: np.ndarray, joined: np.ndarray, clock: int
+) -> tuple[np.ndarray, int]:
+    """Phase 2 round ``r`` (``r >= k``): pair ``P_r`` with ``Q_r``, critical window first. Updates
+    ``active`` and ``joined`` (``A`` after the round) and returns the moves and the new clock."""
     straggler = n - 1
     oldest = r - k
-    p_ranks = [g for g in holders[oldest] if g != r]
-    q_ranks = [g for chunk, ranks in holders.items() if chunk != oldest for g in ranks if g != r]
-    if r >= n - 1:
-        q_ranks.append(straggler)  # it holds everything and sends c_{n-2}, the newest chunk
-    partner = [-1] * n
+    punctual = active[:straggler]
+    in_a = punctual >= oldest  # chunks older than c_{r-k} have reached everyone: no longer in A
+    if r < straggler:
+        in_a[r] = False
+    ranks = np.flatnonzero(in_a)
+    # A in order: by chunk (c_{r-k}'s holders, P, first), then by when each rank joined
+    ranks = ranks[np.argsort((punctual[ranks] - oldest) * clock + joined[ranks])]
+    split = int(np.count_nonzero(punctual[ranks] == oldest))
+    p_ranks, q_ranks = ranks[:split], ranks[split:]
+    if r >= straggler:
+        q_ranks = np.append(q_ranks, straggler)  # it holds everything and sends c_{n-2}, the newest chunk
     window_end = r + k
+    window = range(r + 1, min(window_end, n - 2) + 1)
+    window_chunks = active[window.start : window.stop].tolist()
+    p_list, q_list = p_ranks.tolist(), q_ranks.tolist()
+    paired: dict[int, int] = {}
     next_p = next_q = 0
-    for g in range(r + 1, min(window_end, n - 2) + 1):
-        if partner[g] >= 0:
+    for g, chunk in zip(window, window_chunks):
+        if g in paired:
             continue
         # the unpaired rank outside the window with the oldest active chunk that g lacks
-        if active[g] == oldest:
-            while partner[q_ranks[next_q]] >= 0 or r < q_ranks[next_q] <= window_end:
+        if chunk == oldest:
+            while q_list[next_q] in paired or r < q_list[next_q] <= window_end:
                 next_q += 1
-            other = q_ranks[next_q]
+            other = q_list[next_q]
         else:
-            while partner[p_ranks[next_p]] >= 0 or r < p_ranks[next_p] <= window_end:
+            while p_list[next_p] in paired or r < p_list[next_p] <= window_end:
                 next_p += 1
-            other = p_ranks[next_p]
-        partner[g], partner[other] = other, g
-    moves: Round = []
-    rest_p = [g for g in p_ranks if partner[g] < 0]
-    rest_q = [g for g in q_ranks if partner[g] < 0]
-    for p, q in zip(rest_p, rest_q):
-        partner[p], partner[q] = q, p
-    for p in p_ranks:
-        q = partner[p]
-        if q != straggler:
-            moves.append(Transfer(p, q, oldest))
-        moves.append(Transfer(q, p, n - 2 if q == straggler else active[q]))
-    return moves
+            other = p_list[next_p]
+        paired[g], paired[other] = other, g
+    partner = np.full(n, -1, np.int64)
+    partner[list(paired)] = list(paired.values())
+    rest_p = p_ranks[partner[p_ranks] < 0]
+    rest_q = q_ranks[partner[q_ranks] < 0]
+    pairs = min(len(rest_p), len(rest_q))
+    partner[rest_p[:pairs]] = rest_q[:pairs]
+    partner[rest_q[:pairs]] = rest_p[:pairs]
+    q_of_p = partner[p_ranks]
+    gets = np.where(q_of_p == straggler, n - 2, active[q_of_p])  # what each P rank receives
+    moves = np.empty((len(p_ranks), 2, 3), np.int64)  # per P rank: p -> q (c_{r-k}), then q -> p
+    moves[:, 0, 0] = moves[:, 1, 1] = p_ranks
+    moves[:, 0, 1] = moves[:, 1, 0] = q_of_p
+    moves[:, 0, 2] = oldest
+    moves[:, 1, 2] = gets
+    keep = np.ones((len(p_ranks), 2), bool)
+    keep[:, 0] = q_of_p != straggler  # the straggler holds every chunk already
+    # A after the round: c_{r-k} reached every rank; each P rank joins the holders of what it got
+    active[p_ranks] = gets
+    joined[p_ranks] = clock + np.arange(len(p_ranks))
+    clock += len(p_ranks)
+    if r < straggler:  # the straggler swap fully reduced c_r on rank r
+        active[r], joined[r] = r, clock
+        clock += 1
+    return moves[keep], clock
 
 
 # -- other even n: maximum-weight matching (appendix C) ----------------------------------------
