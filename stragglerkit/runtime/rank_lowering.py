@@ -37,8 +37,8 @@ What changes is where two things come from:
 
 The averaging division (``divide_by``) needs the reductions that complete a chunk: counted per
 ``(rank, chunk)`` over the rounds (which contributions a message carries is a count once the
-schedule is proved), or in closed form (OptCC: S's uploads and each fill's last upload; the
-balanced ring: the reduce-scatter's last step).
+schedule is proved), or in closed form (StragglAR: the straggler swaps; OptCC: S's uploads and
+each fill's last upload; the balanced ring: the reduce-scatter's last step).
 
 :func:`~stragglerkit.runtime.plan.rank_plan` and the runtime take this path above
 :data:`SCALE_FROM_RANKS` ranks; at and below it they keep :func:`lower` with the full checker.
@@ -112,16 +112,17 @@ def _from_rounds(algorithm: str, situation: Situation, rank: int) -> OneRank:
     builder = ScheduleBuilder(n, num_chunks)
     keys: list[WaitKey | None] = []  # per op of the rank
     reductions: list[tuple[int, np.ndarray]] = []  # (op, per chunk: complete after it?)
-    held = np.ones((n, num_chunks), np.int32)  # how many contributions each rank holds of each chunk
+    # StragglAR's swaps are its only complete reductions (the punctual rank's chunk holds the n - 1
+    # punctual contributions after the reduce-scatter, the straggler's is the n-th); elsewhere the
+    # contributions each rank holds of each chunk are counted round by round
+    counted = algorithm != "stragglar"
+    held = np.ones((n, num_chunks) if counted else (1, 1), np.int32)
     flat_held = held.reshape(-1)  # indexed by rank * num_chunks + chunk: faster than two index arrays
     for index, flows in enumerate(rounds):
-        # what every message carries is what its sender held at the start of the round
-        src, dst, chunk, adds = expand_chunks(flows)
-        carried = flat_held[src * np.int64(num_chunks) + chunk]  # int64: no overflow at any n
-        into = dst * np.int64(num_chunks) + chunk
-        if adds.all():
-            flat_held[into] += carried
-        else:
+        if counted:  # what every message carries is what its sender held at the start of the round
+            src, dst, chunk, adds = expand_chunks(flows)
+            carried = flat_held[src * np.int64(num_chunks) + chunk]  # int64: no overflow at any n
+            into = dst * np.int64(num_chunks) + chunk
             flat_held[into[adds]] += carried[adds]
             flat_held[into[~adds]] = carried[~adds]
         rnd, phase = flows.round, flows.phase
@@ -148,7 +149,8 @@ def _from_rounds(algorithm: str, situation: Situation, rank: int) -> OneRank:
                 keys.append(None)
             else:
                 op = builder.recv_reduce(rank, peer, span, round=rnd, phase=phase)
-            reductions.append((op, held[rank, span[0] : span[1]] == n))
+            complete = held[rank, span[0] : span[1]] == n if counted else np.array([flows.phase == round_phase])
+            reductions.append((op, complete))
     params = {"straggler": straggler} if algorithm in ("stragglar", "direct") else {}
     schedule = in_round_order(builder.build(algorithm, round_phase=round_phase, params=params))
     return OneRank(schedule, rank, keys, _completing(len(keys), reductions))
