@@ -59,6 +59,19 @@ def test_schedule_summary_of_optcc_above_64_ranks_is_the_window_proof(capsys: py
     assert json.loads(capsys.readouterr().out)["proof"] == "full"
 
 
+def test_schedule_summary_of_the_balanced_ring_above_64_ranks_is_the_slice_proof(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stragglerkit.schedules.balanced_ring import balanced_shares, default_slices
+
+    assert main(["schedule", "balanced_ring", "--world-size", "1024", "--degrade", "3:1.14", "--summary-json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["proof"] == "pattern" and summary["checked"] is True and summary["rounds"] == 0
+    assert summary["slices"] == default_slices(balanced_shares([1.14 if r == 3 else 1.0 for r in range(1024)])) > 1
+    assert main(["schedule", "balanced_ring", "-n", "8", "--degrade", "3:1.14", "--summary-json"]) == 0
+    assert json.loads(capsys.readouterr().out)["proof"] == "full"  # small p: the full checker
+
+
 def test_schedule_json_file_round_trips(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "s.json"
     assert main(["schedule", "direct", "-n", "6", "--straggler", "2", "--json", str(path)]) == 0

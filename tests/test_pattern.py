@@ -161,3 +161,74 @@ def test_blocks_of_chunks_prove_the_same(monkeypatch: pytest.MonkeyPatch) -> Non
     assert pattern.prove("rhd", 64).rounds == 12
     with pytest.raises(ScheduleError):
         _broken("ring", 64, _shift_one_chunk(70))
+
+
+BALANCED_SLOWDOWNS = [{}, {1: 8 / 7}, {0: 1.4, 3: 1.1}]
+"""Healthy (one slice), one slow NIC (a few slices), two (up to ``MAX_SLICES``)."""
+
+
+def _flows_per_rank(flows: list[pattern.RoundFlows], n: int) -> list[list[tuple[OpKind, int, tuple[int, int]]]]:
+    """Each rank's ops as the flows imply them: per group, its send, then its receive (every rank
+    sends once and receives once per group)."""
+    ops: list[list[tuple[OpKind, int, tuple[int, int]]]] = [[] for _ in range(n)]
+    for f in flows:
+        messages = list(zip(f.src.tolist(), f.dst.tolist(), f.start.tolist(), f.stop.tolist(), f.adds.tolist()))
+        for src, dst, start, stop, _ in messages:
+            ops[src].append((OpKind.SEND, dst, (start, stop)))
+        for src, dst, start, stop, adds in messages:
+            ops[dst].append((OpKind.RECV_REDUCE if adds else OpKind.RECV, src, (start, stop)))
+    return ops
+
+
+@pytest.mark.parametrize("slowdowns", BALANCED_SLOWDOWNS, ids=["healthy", "one_slow", "two_slow"])
+def test_balanced_ring_flows_are_the_generated_schedule(slowdowns: dict[int, float]) -> None:
+    """Every rank's op list of the generator, in order, is the slices' ring messages; the full
+    checker proves the schedule and the slice proof proves the flows."""
+    for n in range(max(slowdowns, default=0) + 2, 25):
+        sched = generate("balanced_ring", Situation(world_size=n, slowdowns=slowdowns))
+        slices = int(sched.params["slices"])
+        flows = list(pattern.balanced_ring_flows(n, slices))
+        expected = _flows_per_rank(flows, n)
+        for rank, ops in enumerate(sched.ops):
+            assert [(op.kind, op.peer, op.chunks) for op in ops] == expected[rank], (n, slices, rank)
+        report = pattern.prove_slices("balanced_ring", n, slices, flows)
+        assert (report.num_chunks, report.num_messages, report.rounds) == (
+            sched.num_chunks,
+            sum(map(len, expected)) // 2,
+            0,
+        )
+        check(sched)
+    assert slices > 1 or not slowdowns
+
+
+def test_the_slice_proof_rejects_what_is_not_the_ring_per_slice() -> None:
+    n, slices = 6, 3
+    good = list(pattern.balanced_ring_flows(n, slices))
+    pattern.prove_slices("balanced_ring", n, slices, good)
+
+    def broken(index: int, **change: object) -> list[pattern.RoundFlows]:
+        flows = list(good)
+        flows[index] = dataclasses.replace(flows[index], **change)  # type: ignore[arg-type]
+        return flows
+
+    chunk_out_of_slice = broken(4, start=good[4].start + n, stop=good[4].stop + n)
+    with pytest.raises(ScheduleError, match=r"group 4 \(step 1, slice 1\): a message leaves"):
+        pattern.prove_slices("balanced_ring", n, slices, chunk_out_of_slice)
+    wrong_receiver = broken(7, dst=np.roll(good[7].dst, 1))
+    with pytest.raises(ScheduleError, match=r"group 7 \(step 2, slice 1\): the messages are not the ring's step 2"):
+        pattern.prove_slices("balanced_ring", n, slices, wrong_receiver)
+    stores_instead_of_adding = broken(0, adds=~good[0].adds)
+    with pytest.raises(ScheduleError, match="group 0"):
+        pattern.prove_slices("balanced_ring", n, slices, stores_instead_of_adding)
+    with pytest.raises(ScheduleError, match="expected 30"):
+        pattern.prove_slices("balanced_ring", n, slices, good[:-1])
+    swapped = list(good)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    with pytest.raises(ScheduleError, match="group 0"):
+        pattern.prove_slices("balanced_ring", n, slices, swapped)
+
+
+def test_balanced_ring_is_proved_at_scale() -> None:
+    report = pattern.prove_balanced_ring(1024, 8)
+    assert (report.world_size, report.num_chunks, report.rounds) == (1024, 8 * 1024, 0)
+    assert report.num_messages == 2 * 1023 * 8 * 1024

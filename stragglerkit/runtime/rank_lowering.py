@@ -30,10 +30,9 @@ What changes is where two things come from:
   order on every rank of whole schedules with the executor's posting rules and see no deadlock.
 * The proof. :func:`lower` re-checks what it lowers with the full checker; here the schedule is
   proved per algorithm and world size, not per plan: by the pattern proof (ring, rhd, direct,
-  StragglAR) or the window proof (OptCC), ``stragglerkit schedule ALG --world-size P
-  --summary-json``, and the tests tie this module's ops to the generator's up to their bound
-  (docs/schedules.md, "What is proven at which size"). The balanced ring has no proof at scale
-  other than that link.
+  StragglAR), the window proof (OptCC) or the slice proof (the balanced ring), ``stragglerkit
+  schedule ALG --world-size P --summary-json``, and the tests tie this module's ops to the
+  generator's up to their bound (docs/schedules.md, "What is proven at which size").
 
 The averaging division (``divide_by``) needs the reductions that complete a chunk: counted per
 ``(rank, chunk)`` over the rounds (which contributions a message carries is a count once the

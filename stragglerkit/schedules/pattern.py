@@ -19,6 +19,9 @@ and whether the receiver adds it or stores it), built in ``O(p)`` per round with
 Chunks never mix (every message names the same range on both sides), so the chunks are proved in
 blocks that keep the bitsets under :data:`BLOCK_BYTES`; memory is ``O(p)`` per chunk held.
 
+The balanced ring runs the ring once per slice on its own chunks (:func:`balanced_ring_flows`);
+:func:`prove_slices` checks that structure and proves the ring, which proves every slice.
+
 What links the closed form to the generator is the test suite (tests/test_pattern.py): for every
 ``p`` up to a bound, the messages of ``round_flows`` are exactly those of the generated schedule,
 and the full checker proves that schedule. docs/schedules.md ("What is proven at which size")
@@ -27,6 +30,7 @@ says what the command line runs at which size.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,9 +44,12 @@ __all__ = [
     "PATTERNS",
     "PatternReport",
     "RoundFlows",
+    "balanced_ring_flows",
     "expand_chunks",
     "prove",
+    "prove_balanced_ring",
     "prove_rounds",
+    "prove_slices",
     "round_flows",
 ]
 
@@ -261,6 +268,74 @@ def prove(algorithm: str, world_size: int, relabel: list[int] | None = None) -> 
     """
     num_chunks, round_phase, rounds = round_flows(algorithm, world_size, relabel)
     return prove_rounds(algorithm, world_size, num_chunks, round_phase, list(rounds))
+
+
+def balanced_ring_flows(n: int, slices: int) -> Iterator[RoundFlows]:
+    """The balanced ring's messages (schedules/balanced_ring.py) in its generator's order: per
+    phase and step, the ring's round on slice 0, 1, .., ``slices - 1``, where slice ``s`` is chunks
+    ``s·n .. s·n + n - 1``. Its ops carry no rounds (they run as dataflow); ``round`` numbers these
+    (phase, step, slice) groups, in which every rank sends once and receives once."""
+    index = 0
+    for flows in _ring_rounds(np.arange(n), "reduce_scatter", "allgather"):
+        for piece in range(slices):
+            shift = piece * n
+            yield dataclasses.replace(flows, round=index, start=flows.start + shift, stop=flows.stop + shift)
+            index += 1
+
+
+def prove_balanced_ring(n: int, slices: int) -> PatternReport:
+    """Prove the balanced ring at ``n`` ranks in ``slices`` slices (:func:`prove_slices` of
+    :func:`balanced_ring_flows`). ``num_messages`` counts all slices' messages; ``rounds`` is 0
+    (dataflow), as ``Schedule.rounds()`` of the generated schedule.
+
+    Example::
+
+        report = prove_balanced_ring(1024, 3)
+        assert report.num_chunks == 3 * 1024
+    """
+    return prove_slices("balanced_ring", n, slices, list(balanced_ring_flows(n, slices)))
+
+
+def prove_slices(algorithm: str, n: int, slices: int, schedule_rounds: list[RoundFlows]) -> PatternReport:
+    """Prove a schedule that runs the ring once per slice on disjoint chunk ranges.
+
+    Checks that the groups cycle through the slices in order, that every message of slice ``s``
+    stays inside chunks ``s·n .. s·n + n - 1``, and that each group, shifted back by ``s·n``, is the
+    ring's group of its step, message for message; then proves the ring at ``n`` (:func:`prove`).
+    A message of one slice never touches another slice's chunks, so each slice holds exactly what
+    the ring would: the ring's proof is every slice's. Raises :class:`ScheduleError` naming the
+    group and slice otherwise. (The proof cost is the ring's, not ``slices²`` times it.)
+    """
+    if slices < 1:
+        raise ScheduleError(f"{algorithm}: slices must be at least 1, got {slices}")
+    ring = list(_ring_rounds(np.arange(n), "reduce_scatter", "allgather"))
+    if len(schedule_rounds) != len(ring) * slices:
+        raise ScheduleError(
+            f"{algorithm}: {len(schedule_rounds)} groups of messages, expected {len(ring) * slices} "
+            f"(the ring's {len(ring)} steps times {slices} slices)"
+        )
+    messages = 0
+    for index, flows in enumerate(schedule_rounds):
+        step, piece = divmod(index, slices)
+        shift = piece * n
+        where = f"{algorithm}: group {index} (step {step}, slice {piece})"
+        if ((flows.start < shift) | (flows.stop > shift + n)).any():
+            raise ScheduleError(f"{where}: a message leaves the slice's chunks {shift}..{shift + n - 1}")
+        mine = ring[step]
+        same = (
+            len(flows.src) == len(mine.src)
+            and flows.phase == mine.phase
+            and (flows.src == mine.src).all()
+            and (flows.dst == mine.dst).all()
+            and (flows.start - shift == mine.start).all()
+            and (flows.stop - shift == mine.stop).all()
+            and (flows.adds == mine.adds).all()
+        )
+        if not same:
+            raise ScheduleError(f"{where}: the messages are not the ring's step {step} on this slice")
+        messages += len(flows.src)
+    prove("ring", n)
+    return PatternReport(algorithm, n, n * slices, messages, 0)
 
 
 def prove_rounds(
