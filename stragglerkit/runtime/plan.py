@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
 import torch
 
 from stragglerkit.errors import ScheduleError
@@ -573,15 +574,15 @@ def _lower_rank(
         child_ptr.append(len(child_idx))
     peers = sorted({op.peer for op in original.ops[rank] if op.peer is not None})
 
-    def ints(values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(values), dtype=torch.int64)
+    def ints(values: Sequence[int]) -> torch.Tensor:  # through numpy: several times faster from a list
+        return torch.from_numpy(np.array(values, dtype=np.int64).reshape(-1))
 
     return RankPlan(
         algorithm=original.algorithm,
         world_size=original.world_size,
         logical_rank=rank,
         numel=numel,
-        ops=torch.tensor(table, dtype=torch.int64).reshape(len(table), len(OpColumn)),
+        ops=torch.from_numpy(np.array(table, dtype=np.int64).reshape(len(table), len(OpColumn))),
         dep_count=ints(dep_count),
         child_ptr=ints(child_ptr),
         child_idx=ints(child_idx),
