@@ -129,20 +129,15 @@ def _balanced_ring_summary(args: argparse.Namespace, situation: Situation) -> di
     """The balanced ring's summary from its slices (the ring's messages on each slice's chunks) and
     the slice proof (``pattern.prove_slices``) above the full checker's world sizes; ``None`` where
     the full path applies."""
-    from stragglerkit.schedules.balanced_ring import balanced_shares, default_slices
+    from stragglerkit.schedules.balanced_ring import balanced_shares, default_slices, per_rank_slowdowns
 
     n = args.world_size
     if args.algorithm != "balanced_ring" or n <= FULL_CHECK_MAX_RANKS or args.json:
         return None
     if why_not("balanced_ring", situation) is not None:
         return None  # generate() raises the full error message
-    per_rank = [1.0] * n
-    for rank, slowdown in situation.slowdowns.items():
-        if not 0 <= rank < n:
-            return None  # generate() names the rank
-        per_rank[rank] = float(slowdown)
     started = time.perf_counter()
-    slices = default_slices(balanced_shares(per_rank))
+    slices = default_slices(balanced_shares(per_rank_slowdowns(n, situation.slowdowns)))
     flows = balanced_ring_flows(n, slices)  # streamed into the proof: generated as it is proved
     generated = time.perf_counter()
     if not args.no_check:

@@ -48,7 +48,15 @@ import numpy as np
 from stragglerkit.errors import NotApplicableError
 from stragglerkit.schedules.ir import Schedule, ScheduleBuilder
 
-__all__ = ["MAX_SLICES", "WEIGHT_RESOLUTION", "balanced_ring", "balanced_shares", "default_slices", "phase_time"]
+__all__ = [
+    "MAX_SLICES",
+    "WEIGHT_RESOLUTION",
+    "balanced_ring",
+    "balanced_shares",
+    "default_slices",
+    "per_rank_slowdowns",
+    "phase_time",
+]
 
 MAX_SLICES = 8
 """The most slices :func:`default_slices` picks (each slice costs ``2(n-1)`` messages per rank)."""
@@ -109,6 +117,16 @@ def default_slices(shares: Sequence[float]) -> int:
     return max(1, min(MAX_SLICES, math.ceil(max(shares) / smallest - 1e-9)))
 
 
+def per_rank_slowdowns(world_size: int, slowdowns: Mapping[int, float] | None) -> list[float]:
+    """``slowdowns`` (rank -> ``l``) as a list over the ranks, 1 for the unnamed ones."""
+    per_rank = [1.0] * world_size
+    for rank, slowdown in (slowdowns or {}).items():
+        if not 0 <= rank < world_size:
+            raise NotApplicableError(f"slowdowns name rank {rank}, which is not a rank of 0..{world_size - 1}")
+        per_rank[rank] = float(slowdown)
+    return per_rank
+
+
 def balanced_ring(
     world_size: int,
     slowdowns: Mapping[int, float] | None = None,
@@ -133,11 +151,7 @@ def balanced_ring(
         raise NotApplicableError(
             f"balanced_ring needs at least 2 ranks, got world_size={n}; with one rank the AllReduce is a no-op"
         )
-    per_rank = [1.0] * n
-    for rank, slowdown in (slowdowns or {}).items():
-        if not 0 <= rank < n:
-            raise NotApplicableError(f"slowdowns name rank {rank}, which is not a rank of 0..{n - 1}")
-        per_rank[rank] = float(slowdown)
+    per_rank = per_rank_slowdowns(n, slowdowns)
     shares = balanced_shares(per_rank)
     k = default_slices(shares) if slices is None else slices
     if k < 1:

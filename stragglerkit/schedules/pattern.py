@@ -301,7 +301,7 @@ def prove_slices(algorithm: str, n: int, slices: int, schedule_rounds: Iterable[
 
     Checks that the groups cycle through the slices in order, that every message of slice ``s``
     stays inside chunks ``s·n .. s·n + n - 1``, and that each group, shifted back by ``s·n``, is the
-    ring's group of its step, message for message; then proves the ring at ``n`` (:func:`prove`).
+    ring's group of its step, message for message; then proves the ring at ``n`` (:func:`prove_rounds`).
     A message of one slice never touches another slice's chunks, so each slice holds exactly what
     the ring would: the ring's proof is every slice's. Raises :class:`ScheduleError` naming the
     group and slice otherwise. (The proof cost is the ring's, not ``slices²`` times it.)
@@ -338,7 +338,7 @@ def prove_slices(algorithm: str, n: int, slices: int, schedule_rounds: Iterable[
             f"{algorithm}: {groups} groups of messages, expected {expected} "
             f"(the ring's {len(ring)} steps times {slices} slices)"
         )
-    prove("ring", n)
+    prove_rounds("ring", n, n, None, ring)  # prove("ring", n), on the rounds built above
     return PatternReport(algorithm, n, n * slices, messages, 0)
 
 
