@@ -1,12 +1,15 @@
 """The fine-tuning summary: stragglerkit against the plain framework in bench_finetune.sh's runs.
 
 Reads the examples' ``train.json`` files from run folders named
-``<example>_<framework>_<scenario>_run<i>`` and overwrites one summary (default
+``<example>_<framework>_<scenario>_run<i>`` and writes one summary (default
 ``profiling/results/bench_finetune.json``): per example, framework and scenario, the plain
 copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
 not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
 the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
-copy's parameters were identical on every rank, and the held-out figures.
+copy's parameters were identical on every rank, and the held-out figures. Each entry carries its
+own ``measured`` stamp (command, commit, date, load); entries of the previous summary that these
+runs do not measure are kept with theirs, so the table can be measured an example, a framework or
+a scenario at a time (a run of the whole matrix takes hours on a small machine).
 
 Example::
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -80,13 +84,32 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
+def keep_unmeasured(path: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` plus every entry of the summary at ``path`` that ``results`` does not measure."""
+    if not path.exists():
+        return results
+    previous = json.loads(path.read_text(encoding="utf-8")).get("results", {})
+    kept = {key: entry for key, entry in previous.items() if key not in results}
+    return dict(sorted({**kept, **results}.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--command", default=None)
     parser.add_argument("--out", default=str(RESULTS / "bench_finetune.json"))
     args = parser.parse_args()
+    from _env import command_line, source_revision, utc_now
+
     results = summarize(args.files)
+    stamp = {
+        "command": args.command or command_line(),
+        "source": source_revision(),
+        "date": utc_now(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+    }
+    for entry in results.values():
+        entry["measured"] = stamp
     for key, entry in results.items():
         ratio = entry["median_speedup_to_target"]
         print(
@@ -94,7 +117,10 @@ def main() -> int:
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
             f"target: {entry['target']}, met: {entry['met']}"
         )
-    write_summary(args.out, "bench_finetune", {"results": results}, args.command)
+    note = "entries may come from several launches of the script: each entry's command, commit and date in 'measured'"
+    write_summary(
+        args.out, "bench_finetune", {"note": note, "results": keep_unmeasured(Path(args.out), results)}, args.command
+    )
     return 0
 
 
