@@ -97,6 +97,61 @@ def test_time_to_target_uses_the_running_mean_and_says_when_not_reached() -> Non
     assert not missed["reached"] and missed["time_s"] is None and missed["best_loss"] == 1.75
 
 
+def _run_json(speedup: float | None, target_loss: float) -> dict[str, Any]:
+    """The fields of an example's train.json that the bench summary reads."""
+    reached = {"time_s": None if speedup is None else 10.0, "best_loss": 0.5}
+    return {
+        "header": {"config": {"target_loss": target_loss}, "load_average": [1.0, 1.0, 1.0]},
+        "speedup_to_target": speedup,
+        "time_to_target": {"plain": reached, "hooked": reached},
+        "speedup_steady": speedup,
+        "switched_step": None,
+        "algorithm": "allreduce",
+        "losses_agree": True,
+        "hooked_identical_on_all_ranks": True,
+        "plain_identical_on_all_ranks": True,
+        "evaluation": {},
+    }
+
+
+def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tmp_path: Path) -> None:
+    out = tmp_path / "bench_finetune.json"
+
+    def summarize(runs: dict[str, float | None], command: str) -> dict[str, Any]:
+        files = []
+        for name, speedup in runs.items():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "train.json").write_text(json.dumps(_run_json(speedup, 0.3)))
+            files.append(str(tmp_path / name / "train.json"))
+        summary = ROOT / "profiling" / "_finetune_summary.py"
+        done = subprocess.run(
+            [sys.executable, str(summary), *files, "--out", str(out), "--command", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())["results"]
+
+    first = summarize(
+        {"bert_ddp_straggler_run1": 1.2, "bert_ddp_straggler_run2": 1.0, "bert_ddp_straggler_run3": 1.15}, "first"
+    )
+    entry = first["bert/ddp/straggler"]
+    assert entry["median_speedup_to_target"] == 1.15 and entry["met"] and entry["runs_reaching_target"] == "3/3"
+    assert entry["measured"]["command"] == "first"
+    second = summarize({"bert_horovod_degraded_run1": None, "bert_ddp_no_fault_run1": 0.97}, "second")
+    assert set(second) == {"bert/ddp/straggler", "bert/ddp/no_fault", "bert/horovod/degraded"}
+    assert second["bert/ddp/straggler"] == entry  # kept, with its own stamp
+    assert (
+        second["bert/ddp/no_fault"]["met"] is False and second["bert/ddp/no_fault"]["measured"]["command"] == "second"
+    )
+    missed = second["bert/horovod/degraded"]
+    assert (
+        missed["median_speedup_to_target"] is None and missed["met"] is None and missed["runs_reaching_target"] == "0/1"
+    )
+
+
 def test_compute_slowdown_spreads_the_delay_over_the_backward() -> None:
     import torch
     from torch import nn
