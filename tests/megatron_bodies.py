@@ -230,3 +230,39 @@ def one_rank_errors(rank: int, n: int) -> dict[str, str]:
     except Exception as err:
         errors["torch_ddp"] = f"{type(err).__name__}: {err}"
     return errors
+
+
+def llama_as_gpt_model(rank: int, n: int, example: str) -> dict[str, float]:
+    """examples/llama's model (perturbed, so that no norm weight is 1) as transformers' Llama and as
+    megatron-core's GPTModel after the example's conversion: their logits and losses on one batch."""
+    import importlib.util
+
+    from megatron.core import tensor_parallel
+
+    from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
+
+    _setup()
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
+    spec = importlib.util.spec_from_file_location("llama_example", example)
+    assert spec is not None and spec.loader is not None
+    llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama)
+    options = {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 176, "seq_length": 48, "pretrain_seed": 0}
+    reference = llama.build_llama(options).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    windows = torch.randint(0, llama.VOCAB, (3, 48), generator=torch.Generator().manual_seed(1))
+    shifted = llama.LlamaFortunes._shifted(windows)
+    with cuda_calls_on_cpu(), torch.no_grad():
+        _, model = llama.megatron_llama(options, reference.state_dict())
+        model.eval()
+        logits = model(shifted["tokens"], shifted["position_ids"], None)
+        losses = model(shifted["tokens"], shifted["position_ids"], None, labels=shifted["labels"])
+        expected = reference(input_ids=windows, labels=windows)
+    return {
+        "logit_diff": float((logits - expected.logits[:, :-1]).abs().max()),
+        "logit_scale": float(expected.logits.abs().max()),
+        "loss": float(losses.float().mean()),
+        "expected_loss": float(expected.loss),
+    }

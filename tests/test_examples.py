@@ -25,7 +25,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import megatron_bodies
 import pytest
+from _dist import run_group
 
 from stragglerkit.bench.finetune import time_to_target
 from stragglerkit.bench.workload import ComputeSlowdown
@@ -49,6 +51,10 @@ needs_fortunes = pytest.mark.skipif(
 needs_horovod = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None,
     reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+)
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None,
+    reason="megatron-core is not installed: pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
 )
 BERT_SMALL = ["--batch", "4", "--max-length", "32", "--eval-limit", "32"]
 LLAMA_TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--seq-length", "64", "--pretrain-steps", "10"]
@@ -353,6 +359,43 @@ def test_llama_horovod_loopback(tmp_path: Path, checkpoint: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     data = _checked(run_dir, 4, "horovod")
     assert data["evaluation"]["plain"]["perplexity"] == pytest.approx(data["evaluation"]["hooked"]["perplexity"])
+
+
+@needs_transformers
+@needs_megatron
+def test_llama_as_megatron_core_s_gpt_model_gives_transformers_logits() -> None:
+    """The conversion of --framework megatron: every weight in its place (the fused QKV and gated
+    MLP matrices, the norms: perturbed so that none is 1), the same rotary positions and loss."""
+    got = run_group(1, megatron_bodies.llama_as_gpt_model, str(LLAMA), timeout=180)[0]
+    assert got["logit_diff"] <= 1e-5 * got["logit_scale"], got
+    assert got["loss"] == pytest.approx(got["expected_loss"], rel=1e-5)
+
+
+@needs_transformers
+@needs_fortunes
+@needs_megatron
+def test_llama_megatron_loopback_2_ranks(tmp_path: Path, checkpoint: str) -> None:
+    """megatron-core's GPTModel, DDP, schedule and optimizer, plain against the flag, rank 1's
+    backward slowed: the same checks as DDP's, and the held-out perplexity of both copies."""
+    run_dir = tmp_path / "run"
+    done = _run(
+        LLAMA,
+        *"--loopback --world-size 2 --framework megatron --steps 4 --steps-per-block 2".split(),
+        *"--straggler 1 --delay 20".split(),
+        "--checkpoint",
+        checkpoint,
+        *"--eval-windows 8 --run-dir".split(),
+        str(run_dir),
+        *LLAMA_TINY,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = _checked(run_dir, 4, "megatron")
+    assert "(megatron-core" not in data["model"]["layers"] and "Llama 2 layers x 64" in data["model"]["layers"]
+    plain, hooked = data["evaluation"]["plain"], data["evaluation"]["hooked"]
+    assert math.isfinite(plain["perplexity"]) and plain["perplexity"] > 1
+    assert plain["perplexity"] == pytest.approx(hooked["perplexity"], rel=1e-4)
+    bert = _run(BERT, "--loopback", "--world-size", "2", "--framework", "megatron")
+    assert bert.returncode == 2 and "invalid choice: 'megatron'" in bert.stderr
 
 
 @needs_transformers

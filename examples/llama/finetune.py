@@ -201,9 +201,117 @@ class LlamaFortunes:
             tokens += predicted
         return {"nll_sum": nll, "tokens": tokens}
 
+    # -- the same under megatron-core (--framework megatron) -------------------------------------------
+    def megatron_model(self) -> tuple[Any, nn.Module]:
+        self.prepare()
+        return megatron_llama(self.options, torch.load(self.checkpoint, weights_only=True))
+
+    def megatron_batch(self, step: int, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+        """:meth:`batch`'s windows: the first ``seq_length - 1`` bytes in, the next byte of each
+        out (what transformers' shifted loss predicts)."""
+        return self._shifted(self.batch(step, rank, world_size))
+
+    def megatron_optimizer(self) -> dict[str, Any]:
+        """megatron-core's ``adam`` (torch's AdamW where Transformer Engine and Apex are missing;
+        their fused Adams decouple the weight decay too). Its parameter groups leave the norms out
+        of the weight decay, as Megatron-LM does: the one difference from :meth:`optimizer`."""
+        return {"optimizer": "adam", "lr": self.lr, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999}
+
+    def megatron_evaluate(self, module: nn.Module, rank: int, world_size: int) -> dict[str, float]:
+        count = min(self.eval_windows, len(self.held_out) // self.length)
+        nll, tokens = 0.0, 0.0
+        for index in list(range(count))[rank::world_size]:
+            window = self._shifted(self.held_out[index * self.length : (index + 1) * self.length].unsqueeze(0))
+            losses = module(window["tokens"], window["position_ids"], None, labels=window["labels"])
+            nll += float(losses.float().sum())
+            tokens += losses.numel()
+        return {"nll_sum": nll, "tokens": tokens}
+
+    @staticmethod
+    def _shifted(windows: torch.Tensor) -> dict[str, torch.Tensor]:
+        inputs = windows[:, :-1]
+        positions = torch.arange(inputs.shape[1]).unsqueeze(0).expand(inputs.shape[0], -1)
+        return {"tokens": inputs.contiguous(), "labels": windows[:, 1:].contiguous(), "position_ids": positions}
+
     def metrics(self, sums: dict[str, float]) -> dict[str, float]:
         loss = sums["nll_sum"] / max(sums["tokens"], 1.0)
         return {"perplexity": math.exp(loss), "eval_loss": loss, "tokens": sums["tokens"]}
+
+
+def megatron_llama(options: dict[str, Any], state: dict[str, torch.Tensor]) -> tuple[Any, nn.Module]:
+    """The model of ``options`` as megatron-core's ``GPTModel`` (local layer spec: RMSNorm, SwiGLU,
+    rotary positions, no biases, untied output layer), holding the transformers state dict
+    ``state``: (``TransformerConfig``, module). Called inside the CPU shim (megatron-core's
+    parallel state initialised).
+
+    The weights map one to one except two fused matrices: megatron-core's ``linear_qkv`` holds
+    each head's query, key and value rows together (head 0's q, k, v, then head 1's, ...), and
+    ``linear_fc1`` the gate rows above the up rows (its gated unit is ``silu(first half) * second
+    half``). Rotary positions rotate the two halves of each head (not interleaved pairs), as
+    transformers' Llama does, with the same base (10,000).
+    """
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    hidden, heads, layers = int(options["hidden"]), int(options["heads"]), int(options["layers"])
+    head_size = hidden // heads
+    config = TransformerConfig(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        kv_channels=head_size,
+        ffn_hidden_size=int(options["intermediate"]),
+        normalization="RMSNorm",
+        layernorm_epsilon=1e-6,  # transformers' LlamaConfig.rms_norm_eps
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        bias_activation_fusion=False,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=VOCAB,
+        max_sequence_length=int(options["seq_length"]),
+        position_embedding_type="rope",
+        rotary_base=10000,
+        share_embeddings_and_output_weights=False,
+    )
+    converted = {
+        "embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": state["model.norm.weight"],
+        "output_layer.weight": state["lm_head.weight"],
+    }
+    for i in range(layers):
+        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q, k, v = (state[f"{hf}self_attn.{x}_proj.weight"].view(heads, head_size, hidden) for x in "qkv")
+        converted |= {
+            f"{mc}input_layernorm.weight": state[f"{hf}input_layernorm.weight"],
+            f"{mc}self_attention.linear_qkv.weight": torch.cat([q, k, v], dim=1).reshape(3 * hidden, hidden),
+            f"{mc}self_attention.linear_proj.weight": state[f"{hf}self_attn.o_proj.weight"],
+            f"{mc}pre_mlp_layernorm.weight": state[f"{hf}post_attention_layernorm.weight"],
+            f"{mc}mlp.linear_fc1.weight": torch.cat(
+                [state[f"{hf}mlp.gate_proj.weight"], state[f"{hf}mlp.up_proj.weight"]], dim=0
+            ),
+            f"{mc}mlp.linear_fc2.weight": state[f"{hf}mlp.down_proj.weight"],
+        }
+    own = {name for name, _ in model.named_parameters()}
+    if own != set(converted):
+        raise RuntimeError(
+            "examples/llama: megatron-core's GPTModel has other parameters than the conversion fills: "
+            f"missing {sorted(own - set(converted))}, extra {sorted(set(converted) - own)}"
+        )
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(converted[name])
+    return config, model
 
 
 def workload(options: dict[str, Any]) -> LlamaFortunes:
@@ -251,4 +359,12 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from stragglerkit.bench.finetune import example_main
 
-    sys.exit(example_main(__file__, __doc__.split("\n\n")[0], add_arguments=add_arguments, options=options))
+    sys.exit(
+        example_main(
+            __file__,
+            __doc__.split("\n\n")[0],
+            add_arguments=add_arguments,
+            options=options,
+            frameworks=("ddp", "horovod", "megatron"),
+        )
+    )

@@ -77,11 +77,13 @@ LOSS_RTOL = 1e-3
 """Default largest relative difference between the two copies' global losses at any step."""
 
 
-def example_parser(description: str, prog: str) -> argparse.ArgumentParser:
+def example_parser(
+    description: str, prog: str, frameworks: Sequence[str] = ("ddp", "horovod")
+) -> argparse.ArgumentParser:
     """The options every fine-tuning example takes (an example adds its own)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     add = parser.add_argument
-    add("--framework", choices=("ddp", "horovod"), default="ddp", help="the data-parallel framework (default ddp)")
+    add("--framework", choices=tuple(frameworks), default="ddp", help="the data-parallel framework (default ddp)")
     add(
         "--stragglerkit",
         choices=tuple(SWITCH_COPIES),
@@ -122,13 +124,16 @@ def example_main(
     add_arguments: Callable[[argparse.ArgumentParser], None] | None,
     options: Callable[[argparse.Namespace], dict[str, Any]],
     argv: Sequence[str] | None = None,
+    frameworks: Sequence[str] = ("ddp", "horovod"),
 ) -> int:
     """Run the example whose workload factory is ``workload`` in the file ``path``; the exit status
-    (0, 1: a check failed or the ranks failed, 2: bad options or a missing package, said in one line)."""
-    from stragglerkit.bench.workload import load_workload, spec_of
+    (0, 1: a check failed or the ranks failed, 2: bad options or a missing package, said in one line).
+    ``frameworks``: what ``--framework`` takes (``megatron`` for a
+    :class:`~stragglerkit.bench.workload.MegatronWorkload`)."""
+    from stragglerkit.bench.workload import MegatronWorkload, load_workload, spec_of
 
     name = Path(path).resolve().parent.name
-    parser = example_parser(description, prog=f"examples/{name}/{Path(path).name}")
+    parser = example_parser(description, prog=f"examples/{name}/{Path(path).name}", frameworks=frameworks)
     if add_arguments is not None:
         add_arguments(parser)
     given = list(sys.argv[1:] if argv is None else argv)
@@ -139,6 +144,8 @@ def example_main(
         world_size = _world_size(args, mode)
         if args.framework == "horovod" and importlib.util.find_spec("horovod") is None:
             raise ValueError("--framework horovod needs Horovod: bash scripts/install_horovod.sh (or --framework ddp)")
+        if args.framework == "megatron" and importlib.util.find_spec("megatron") is None:
+            raise ValueError("--framework megatron needs megatron-core: pip install megatron-core==0.16.1 (or ddp)")
         workload_options = options(args)
         spec = spec_of(path)
         run_dir = Path(args.run_dir or f"runs/{name}-{args.framework}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
@@ -171,6 +178,8 @@ def example_main(
             },
         )
         workload = load_workload(spec, workload_options)  # a missing package or file stops here
+        if args.framework == "megatron" and not isinstance(workload, MegatronWorkload):
+            raise ValueError(f"--framework megatron: {name}'s workload has no megatron-core model; use ddp or horovod")
         prepare = getattr(workload, "prepare", None)
         if prepare is not None:
             prepare()

@@ -131,7 +131,8 @@ class TrainConfig(JsonConfig):
     workload: str | None = None
     """``FILE.py:FACTORY`` or ``module:FACTORY``: the model, data, loss, optimizer and held-out
     evaluation to train instead of the MLP (:mod:`stragglerkit.bench.workload`); ``None``: the MLP
-    (or the GPT with ``framework="megatron"``). ``model_bytes`` and ``lr`` are then not used."""
+    (or the GPT with ``framework="megatron"``). ``model_bytes`` and ``lr`` are then not used. With
+    ``framework="megatron"`` it must be a :class:`~stragglerkit.bench.workload.MegatronWorkload`."""
     workload_options: dict[str, Any] = field(default_factory=dict)
     """Given to the workload's factory on every rank (plain JSON values)."""
     slowdown: str = "sleep"
@@ -162,8 +163,6 @@ class TrainConfig(JsonConfig):
             raise ValueError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if self.slowdown not in SLOWDOWNS:
             raise ValueError(f"slowdown must be one of {', '.join(SLOWDOWNS)}, got {self.slowdown!r}")
-        if self.workload is not None and self.framework == "megatron":
-            raise ValueError("a workload trains under --framework ddp or horovod; megatron trains its own GPT")
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise ValueError(f"--target-loss must be a finite number, got {self.target_loss!r}")
         if self.mode == "horovodrun" and self.framework != "horovod":

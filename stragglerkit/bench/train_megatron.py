@@ -45,6 +45,11 @@ The choices, and why:
 * **No dropout**, so both copies compute the same forward pass from the same parameters and
   differ only by the AllReduce.
 
+**A fine-tuning workload** (:class:`~stragglerkit.bench.workload.MegatronWorkload`, e.g.
+``examples/llama`` with ``--framework megatron``) replaces the GPT, its batches and its optimizer
+settings with its own; the DDP wrapping, the buckets, the schedule, the loss (the mean of the
+``GPTModel``'s per-token losses) and the install are the same.
+
 On a machine without CUDA, megatron-core's few CUDA-only calls go to the CPU
 (:func:`stragglerkit.megatron.cpu_shim.cuda_calls_on_cpu`, active around model building and each
 call into the model, the schedule and the optimizer); where CUDA is available the shim does
@@ -68,6 +73,7 @@ import torch
 
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.train_worker import _Run, batch_generator
+from stragglerkit.bench.workload import MegatronWorkload
 from stragglerkit.config import Config
 from stragglerkit.megatron import MegatronConfig, MegatronState, install
 from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
@@ -198,7 +204,7 @@ class MegatronRun(_Run):
                 data_iterator=iter([batch]),
                 model=[self.model],
                 num_microbatches=1,
-                seq_length=SEQ_LENGTH,
+                seq_length=int(batch["tokens"].shape[1]),
                 micro_batch_size=int(batch["tokens"].shape[0]),
                 forward_only=False,
             )
@@ -224,10 +230,10 @@ def _initialize(seed: int, device: torch.device) -> None:
 
 
 def megatron_runs(
-    config: TrainConfig, device: torch.device, hook_config: Config
+    config: TrainConfig, device: torch.device, hook_config: Config, workload: MegatronWorkload | None = None
 ) -> tuple[MegatronRun, MegatronRun, MegatronState]:
-    """The plain and the hooked GPT copy on this rank, and the hooked copy's ``MegatronState``.
-    Collective: every rank calls it at the same point."""
+    """The plain and the hooked copy on this rank (the bench's GPT, or ``workload``'s model), and
+    the hooked copy's ``MegatronState``. Collective: every rank calls it at the same point."""
     warnings.filterwarnings("ignore", message=_QUIET)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core's import-time notes
@@ -246,23 +252,27 @@ def megatron_runs(
     runs: list[MegatronRun] = []
     state: MegatronState | None = None
     for name in ("plain", "hooked"):
-        transformer = TransformerConfig(
-            num_layers=LAYERS,
-            hidden_size=hidden,
-            num_attention_heads=hidden // HEAD_SIZE,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            use_cpu_initialization=True,  # the same initial parameters on CPUs and GPUs
-            pipeline_dtype=torch.float32,
-        )
         with cuda_calls_on_cpu():
-            torch.manual_seed(config.seed)
-            module = GPTModel(
-                config=transformer,
-                transformer_layer_spec=get_gpt_layer_local_spec(),
-                vocab_size=VOCAB,
-                max_sequence_length=SEQ_LENGTH,
-            ).to(device)
+            if workload is not None:
+                transformer, module = workload.megatron_model()
+                module = module.to(device)
+            else:
+                transformer = TransformerConfig(
+                    num_layers=LAYERS,
+                    hidden_size=hidden,
+                    num_attention_heads=hidden // HEAD_SIZE,
+                    hidden_dropout=0.0,
+                    attention_dropout=0.0,
+                    use_cpu_initialization=True,  # the same initial parameters on CPUs and GPUs
+                    pipeline_dtype=torch.float32,
+                )
+                torch.manual_seed(config.seed)
+                module = GPTModel(
+                    config=transformer,
+                    transformer_layer_spec=get_gpt_layer_local_spec(),
+                    vocab_size=VOCAB,
+                    max_sequence_length=SEQ_LENGTH,
+                ).to(device)
             ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=True, bucket_size=BUCKET_PARAMETERS)
             model = DistributedDataParallel(transformer, ddp_config, module)
             model.broadcast_params()
@@ -271,8 +281,13 @@ def megatron_runs(
             if name == "hooked":
                 settings = MegatronConfig(straggler_aware_allreduce=True, config=hook_config)
                 state = install(model, settings)
-            sgd = OptimizerConfig(optimizer="sgd", lr=config.lr, sgd_momentum=0.0, weight_decay=0.0, clip_grad=0.0)
-            optimizer = get_megatron_optimizer(sgd, [model])
+            if workload is not None:
+                optimizer_config = OptimizerConfig(**{"clip_grad": 0.0, **workload.megatron_optimizer()})
+            else:
+                optimizer_config = OptimizerConfig(
+                    optimizer="sgd", lr=config.lr, sgd_momentum=0.0, weight_decay=0.0, clip_grad=0.0
+                )
+            optimizer = get_megatron_optimizer(optimizer_config, [model])
         runs.append(MegatronRun(name, model, optimizer))
     if state is None or state.loop is None:
         raise RuntimeError("stragglerkit.megatron.install routed no bucket group of the hooked GPT copy")

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -70,7 +70,7 @@ from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.progress import Progress
 from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
-from stragglerkit.bench.workload import ComputeSlowdown, Workload, load_workload
+from stragglerkit.bench.workload import ComputeSlowdown, MegatronWorkload, Workload, load_workload
 from stragglerkit.config import Config
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
@@ -231,12 +231,21 @@ class _TrainRank:
         elif config.framework == "megatron":
             from stragglerkit.bench import train_megatron
 
-            plain, hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config))
+            workload = self.workload
+            if workload is not None and not isinstance(workload, MegatronWorkload):
+                raise ValueError(
+                    f"--framework megatron: the workload {config.workload} has no megatron-core model "
+                    "(MegatronWorkload's megatron_* methods); use --framework ddp or horovod"
+                )
+            plain, hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config), workload)
             assert megatron.loop is not None
             self.runs, self.loop, self.close = [plain, hooked], megatron.loop, megatron.close
-            self.hidden = train_megatron.gpt_hidden_size(config.model_bytes)
-            self.model_layers = train_megatron.describe(self.hidden)
-            self.make_batch = train_megatron.gpt_batch
+            if workload is not None:
+                self.make_batch = self._megatron_workload_batch
+            else:
+                self.hidden = train_megatron.gpt_hidden_size(config.model_bytes)
+                self.model_layers = train_megatron.describe(self.hidden)
+                self.make_batch = train_megatron.gpt_batch
         else:
             self.runs = []
             for name in config.copies:
@@ -310,16 +319,28 @@ class _TrainRank:
         assert self.workload is not None
         return _to_device(self.workload.batch(step, rank, dist.get_world_size()), device)
 
+    def _megatron_workload_batch(self, config: TrainConfig, step: int, rank: int, device: torch.device) -> Any:
+        assert isinstance(self.workload, MegatronWorkload)
+        return _to_device(self.workload.megatron_batch(step, rank, dist.get_world_size()), device)
+
     def evaluate(self) -> None:
         """Each copy on the workload's held-out split: every rank its share, the sums added up."""
         if self.workload is None:
             return
         self.evaluation = {}
         for run in self.runs:
-            module = run.model.module if isinstance(run.model, DDP) else run.model
+            wrapped = isinstance(run.model, DDP) or run.framework == "megatron"  # megatron-core's DDP too
+            module = cast(nn.Module, run.model.module) if wrapped else run.model
             module.eval()
             with torch.no_grad():
-                sums = self.workload.evaluate(module, self.rank, self.world_size)
+                if run.framework == "megatron":
+                    from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
+
+                    assert isinstance(self.workload, MegatronWorkload)
+                    with cuda_calls_on_cpu():
+                        sums = self.workload.megatron_evaluate(module, self.rank, self.world_size)
+                else:
+                    sums = self.workload.evaluate(module, self.rank, self.world_size)
             module.train()
             keys = sorted(sums)
             totals = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64)

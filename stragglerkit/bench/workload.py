@@ -45,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-__all__ = ["ComputeSlowdown", "Workload", "load_workload", "spec_of"]
+__all__ = ["ComputeSlowdown", "MegatronWorkload", "Workload", "load_workload", "spec_of"]
 
 
 @runtime_checkable
@@ -92,6 +92,37 @@ class Workload(Protocol):
 
     def metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """The evaluation's figures (accuracy, perplexity, ...) from the sums over every rank."""
+        ...
+
+
+@runtime_checkable
+class MegatronWorkload(Workload, Protocol):
+    """A workload that also trains under megatron-core (``--framework megatron``): the same model
+    as megatron-core's ``GPTModel`` with the same parameters, the same batches as token windows
+    and the same loss (the mean next-token cross-entropy over every predicted token).
+
+    The bench wraps the module in megatron-core's ``DistributedDataParallel`` and trains it with
+    megatron-core's schedule and optimizer (:mod:`stragglerkit.bench.train_megatron`); everything
+    megatron-core is called inside :func:`stragglerkit.megatron.cpu_shim.cuda_calls_on_cpu`.
+    """
+
+    def megatron_model(self) -> tuple[Any, nn.Module]:
+        """A new copy as (``TransformerConfig``, ``GPTModel``): the same parameters as
+        :meth:`build_model`'s, at every call and on every rank. megatron-core's parallel state
+        (tensor and pipeline size 1) is initialised before the call."""
+        ...
+
+    def megatron_batch(self, step: int, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+        """:meth:`batch` as ``GPTModel`` takes it: ``tokens``, ``labels`` (the next tokens) and
+        ``position_ids``, each ``[batch, sequence]``."""
+        ...
+
+    def megatron_optimizer(self) -> dict[str, Any]:
+        """The fields of megatron-core's ``OptimizerConfig`` that give :meth:`optimizer`'s update."""
+        ...
+
+    def megatron_evaluate(self, module: nn.Module, rank: int, world_size: int) -> dict[str, float]:
+        """:meth:`evaluate` with the ``GPTModel`` (eval mode, no gradients)."""
         ...
 
 
@@ -147,7 +178,7 @@ class ComputeSlowdown:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+        embeddings = {id(p) for m in model.modules() if _is_embedding(m) for p in m.parameters()}
         weights = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2 and id(p) not in embeddings]
         if not weights:
             raise ValueError("the model has no weight matrices to slow down (only embeddings, biases, norms)")
@@ -187,3 +218,9 @@ class ComputeSlowdown:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _is_embedding(module: nn.Module) -> bool:
+    """torch's ``nn.Embedding``, or another framework's table (megatron-core's
+    ``VocabParallelEmbedding`` and ``LanguageModelEmbedding``), by its class name."""
+    return isinstance(module, nn.Embedding) or type(module).__name__.endswith("Embedding")
