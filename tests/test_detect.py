@@ -7,6 +7,7 @@ import json
 import math
 import random
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,27 @@ def test_profiler_overlapping_group_allreduces_start_at_their_hand_over() -> Non
     probe = profiler.begin(1, 0, 7_000_000)
     profiler.finish(probe, "ring", probe.hook_ns + 50_000_000)
     assert probe.span == pytest.approx(0.050)
+
+
+def test_profiler_idle_is_the_time_between_a_slow_ranks_buckets() -> None:
+    """A rank that computes its buckets slowly hands them over one by one, each after the previous
+    AllReduce ended: the gaps between are idle, not time in the AllReduce. Overlapping runs (the
+    group's own all_reduce) leave none."""
+    profiler = ArrivalProfiler()
+    base = time.monotonic_ns()
+    for bucket, (handed, done) in enumerate([(0, 10), (30, 45), (100, 130)]):  # ms
+        timing = profiler.begin(0, bucket, 1000)
+        timing.hook_ns = base + handed * 1_000_000
+        profiler.finish(timing, "allreduce", base + done * 1_000_000, queued=False)
+    step = profiler.step_arrival(0, 3)
+    assert step is not None and step.total_span == pytest.approx(0.130)
+    assert step.idle == pytest.approx(0.020 + 0.055)  # 10-30 ms and 45-100 ms
+    for bucket, (handed, done) in enumerate([(0, 90), (5, 60), (20, 130)]):
+        timing = profiler.begin(1, bucket, 1000)
+        timing.hook_ns = base + handed * 1_000_000
+        profiler.finish(timing, "allreduce", base + done * 1_000_000, queued=False)
+    step = profiler.step_arrival(1, 3)
+    assert step is not None and step.total_span == pytest.approx(0.130) and step.idle == pytest.approx(0.0)
 
 
 def test_wall_clock_lateness_uses_offsets() -> None:
@@ -547,6 +569,65 @@ def test_the_controller_tells_compute_from_inherited_lateness_with_each_ranks_ow
         # counted only where rank 3's gap happened to be the longest: about a quarter of the steps
         evidence = controller.detector.last_evidence
         assert evidence["inherited_steps"] >= 8 and evidence["last_counts"][late] <= 8, evidence
+
+
+def slow_gpu_window(
+    step: int, n: int, late: int, handed: list[float], sizes: list[int], rng: random.Random
+) -> WindowStats:
+    """One step (one exchange) of a straggler whose backward is slow throughout: it hands bucket b
+    over ``handed[b]`` s after the punctual ranks, which hand every bucket over at once, up to
+    50 ms apart (a busy CPU). The group's own all_reduce runs the buckets side by side; each
+    finishes ``1.75 x bytes / 1 GB/s`` after the last hand-over."""
+    start = 0.5 * step
+    first = np.array([rng.uniform(0, 0.05) for _ in range(n)])
+    first[late] = handed[0]
+    hooks = np.tile(first[:, None], (1, len(sizes)))
+    hooks[late] = handed
+    finish = hooks.max(axis=0) + 1.75 * np.array(sizes) / 1e9
+    spans = finish[None, :] - hooks
+    extent = finish.max() - hooks.min(axis=1)
+    idle = np.zeros(n)  # the straggler's runs do not overlap: idle between them
+    idle[late] = extent[late] - spans[late].sum()
+    buckets = np.pad(spans, ((0, 0), (0, 32 - len(sizes))), constant_values=np.nan)
+    clocks = np.arange(n) * 1000.0  # each rank's own wall clock
+    return WindowStats(
+        steps=[step],
+        totals=extent[None, :],
+        bucket_spans=buckets[None, :, :],
+        bucket_bytes=sizes,
+        algorithms=[["allreduce"] * len(sizes)],
+        link_rates=ring_rates(n, 1e9, {}),
+        speeds=np.full(n, np.nan),
+        arrival_wall=(start + first + clocks)[None, :],
+        finish_wall=(start + finish.max() + clocks + np.zeros(n))[None, :],
+        idle=idle[None, :],
+    )
+
+
+@pytest.mark.parametrize("idle_known", [True, False])
+def test_a_slow_gpu_is_found_by_its_idle_time_and_gets_stragglar_for_its_late_buckets(idle_known: bool) -> None:
+    """Rank 7's backward is slow throughout: 5 ms late with its first (small) bucket, within the
+    punctual ranks' 50 ms of noise, but 150 and 300 ms late with the large ones. What it spends
+    computing between its buckets is idle time: with it the detector finds rank 7, and the plan
+    gives StragglAR to the large buckets, which the queue reaches before rank 7 hands them over.
+    Without it rank 7 looks punctual (its AllReduce time counts its own computing)."""
+    n, late, sizes = 8, 7, [1 << 20, 8 << 20, 16 << 20]
+    rng = random.Random(5)
+    controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    for step in range(60):
+        stats = slow_gpu_window(step, n, late, [0.005, 0.150, 0.300], sizes, rng)
+        if not idle_known:
+            stats.idle = None
+        controller.model.samples.clear()
+        decision = controller.observe(stats, step + 4)
+        if decision is not None:
+            controller.apply(decision)
+    if idle_known:
+        assert controller.detector.straggler == late
+        assert controller.plan.algorithm == "stragglar" and controller.plan.buckets[1:] == ("stragglar", "stragglar")
+    else:
+        assert controller.detector.straggler is None and controller.plan.algorithm == "allreduce"
 
 
 def test_only_the_first_bucket_hides_the_delay() -> None:

@@ -99,10 +99,28 @@ class StepArrival:
     algorithms: tuple[str, ...]
     finish_wall: float = float("nan")
     """Wall-clock time (s, this rank's clock) at which the step's last bucket finished."""
+    idle: float = 0.0
+    """Seconds of ``total_span`` in which none of this rank's buckets was in an AllReduce: it was
+    still computing the gradients of its next bucket (a rank whose whole backward is slow hands
+    its buckets over one after the other, each later than the others do). ``total_span - idle``
+    is the time this rank spent in the step's AllReduces, waiting included."""
     link_enter_wall: float = float("nan")
     """Start (wall clock, s) of the step's largest bucket with ring-link figures (NaN: none)."""
     links: RingLinkMessages | None = None
     """That bucket's messages on this rank's ring links (s after its start)."""
+
+
+def _union_ns(timings: list[BucketTiming]) -> int:
+    """Nanoseconds covered by at least one of the ``[start_ns, finish_ns]`` intervals."""
+    covered, reach = 0, None
+    for timing in sorted(timings, key=lambda t: t.start_ns):
+        if reach is None or timing.start_ns > reach:
+            covered += timing.finish_ns - timing.start_ns
+            reach = timing.finish_ns
+        elif timing.finish_ns > reach:
+            covered += timing.finish_ns - reach
+            reach = timing.finish_ns
+    return covered
 
 
 class ArrivalProfiler:
@@ -185,9 +203,11 @@ class ArrivalProfiler:
         last = max(done, key=lambda t: t.finish_ns)
         measured = [t for t in done if t.links is not None]
         link = max(measured, key=lambda t: t.nbytes) if measured else None
+        extent_ns = last.finish_ns - min(t.start_ns for t in done)
         return StepArrival(
             step=step,
-            total_span=(last.finish_ns - min(t.start_ns for t in done)) / 1e9,
+            total_span=extent_ns / 1e9,
+            idle=(extent_ns - _union_ns(done)) / 1e9,
             arrival_wall=first.hook_wall_ns / 1e9,
             finish_wall=last.wall(last.finish_ns),
             bucket_spans=tuple(spans),

@@ -9,8 +9,11 @@ What it decides and why.
   float differently; one decider cannot disagree with itself.
 * **The plan** names an algorithm per bucket (by DDP bucket index) plus who is late or slow. For
   a confirmed straggler ``s`` every bucket of at least ``min_bucket_bytes`` gets StragglAR if the
-  model, given that bucket's measured delay, predicts it at least ``min_gain`` faster than the
-  baseline; for degraded ranks OptCC or the balanced ring likewise (the faster in the model),
+  model, given the delay left for that bucket, predicts it at least ``min_gain`` faster than the
+  baseline. That delay is the bucket's measured one (how much later ``s`` hands it over) less
+  the time stragglerkit's queue of runs is predicted to be busy with the earlier buckets: a rank
+  that sleeps before its backward leaves no delay after the first bucket, a slow GPU (every
+  bucket's gradients computed late) leaves some for each. For degraded ranks OptCC or the balanced ring likewise (the faster in the model),
   given their ``l``. Only algorithms whose predicate accepts the situation are considered
   (StragglAR: even n >= 4; OptCC: n >= 3 with more healthy than degraded ranks), so the plan
   never names one that does not apply.
@@ -152,10 +155,11 @@ class Controller(ProbeSchedule, SwitchVerifier):
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def _gaps(self, stats: WindowStats) -> np.ndarray | None:
-        """[step, rank]: seconds from the end of the rank's previous step's AllReduce to its first
-        hand-over of this one, both on its own clock (NaN where either is missing); ``None`` without
-        wall clocks. The previous step of the exchange's first is remembered from the last exchange.
-        """
+        """[step, rank]: the rank's compute time in the step, on its own clock: from the end of its
+        previous step's AllReduce to its first hand-over of this one, plus the step's idle time
+        (after the first hand-over, computing the next bucket's gradients with nothing in an
+        AllReduce). NaN where a figure is missing; ``None`` without wall clocks. The previous step
+        of the exchange's first is remembered from the last exchange."""
         if stats.arrival_wall is None or stats.finish_wall is None or not stats.steps:
             return None
         arrivals = np.asarray(stats.arrival_wall, dtype=np.float64)
@@ -166,7 +170,7 @@ class Controller(ProbeSchedule, SwitchVerifier):
         if previous is not None and previous[0] == stats.steps[0] - 1:
             gaps[0] = arrivals[0] - previous[1]
         self._last_finish = (stats.steps[-1], finishes[-1].copy())
-        return gaps
+        return gaps + _idle(stats)
 
     def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
         """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
@@ -223,9 +227,10 @@ class Controller(ProbeSchedule, SwitchVerifier):
         per_estimate = len(stats.steps)
         if cfg.baseline == "allreduce" and cfg.probe_every > 0:
             per_estimate = max(per_estimate, cfg.probe_every)
-        findings = self.detector.update(
-            stats.steps, stats.totals, slowdowns, critical, per_estimate, gaps=self._gaps(stats)
-        )
+        # the time each rank spent in the step's AllReduces: a rank that computes its buckets
+        # slowly is idle between them, and that is not time in the AllReduce
+        busy = np.asarray(stats.totals, dtype=np.float64) - _idle(stats)
+        findings = self.detector.update(stats.steps, busy, slowdowns, critical, per_estimate, gaps=self._gaps(stats))
         if not np.isnan(slowdowns).all():
             self._readings.append((tuple(stats.steps), slowdowns))
         self._rescale_samples(findings)
@@ -363,16 +368,23 @@ class Controller(ProbeSchedule, SwitchVerifier):
             candidates += [name for name in NIC_ALGORITHMS if why_not(name, situation) is None]
         delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
         chosen = []
+        # when stragglerkit's queue of runs is free again, in seconds after the punctual ranks
+        # handed their buckets over (None: nothing queued yet)
+        queue_free: float | None = None
         for b, nbytes in enumerate(bucket_bytes[: cfg.max_buckets]):
-            delay = float(delays[b]) if delays is not None and b < delays.size else 0.0
-            if "stragglar" in chosen:
-                # stragglerkit's runs are queued: this bucket starts once the earlier StragglAR run
-                # ended, which is after the straggler arrived (its delay was measured while the
-                # group's own all_reduce ran the buckets side by side)
-                delay = 0.0
+            arrival = float(delays[b]) if delays is not None and b < delays.size else 0.0
+            # The delays were measured while the group's own all_reduce ran the buckets side by
+            # side: how much later than the punctual ranks the straggler hands bucket b over.
+            # stragglerkit's runs are queued, so after one of them this bucket starts only when
+            # the queue is free; the straggler is late for it by what is left of its delay then.
+            # A straggler that sleeps before its backward hands every bucket over late by the same
+            # delay: the first run's end covers it and the later buckets see none. A slow GPU
+            # computes every bucket's gradients late: each later bucket is later still.
+            delay = arrival if queue_free is None else max(0.0, arrival - queue_free)
+            starts = 0.0 if queue_free is None else queue_free
+            kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
             best, best_time = cfg.baseline, math.inf
             if nbytes >= cfg.min_bucket_bytes and candidates:
-                kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
                 base_time = self.model.predict(cfg.baseline, nbytes, **kwargs)
                 best_time = base_time
                 for algorithm in candidates:
@@ -382,6 +394,9 @@ class Controller(ProbeSchedule, SwitchVerifier):
                     if predicted <= (1 - cfg.min_gain) * base_time and predicted < best_time:
                         best, best_time = algorithm, predicted
             chosen.append(best)
+            if best != cfg.baseline or queue_free is not None:  # predictions count from the last arrival
+                after = best_time if math.isfinite(best_time) else self.model.predict(best, nbytes, **kwargs)
+                queue_free = starts + delay + after
         if not any(a != cfg.baseline for a in chosen):
             return Plan(cfg.baseline)
         used = {a for a in chosen}
@@ -410,3 +425,12 @@ class Controller(ProbeSchedule, SwitchVerifier):
             self._exchange_event = None
         self._seq += 1
         return Decision(self._seq, step, plan, events, interval, self._exchange_target)
+
+
+def _idle(stats: WindowStats) -> np.ndarray:
+    """[step, rank]: :attr:`WindowStats.idle`, 0 where it is unknown."""
+    shape = np.shape(stats.totals)
+    if stats.idle is None:
+        return np.zeros(shape)
+    idle = np.asarray(stats.idle, dtype=np.float64)
+    return np.where(np.isnan(idle), 0.0, idle)

@@ -23,7 +23,8 @@ default, probe_every, exchange_every]`` + ``E`` event codes + ``n`` slowdowns + 
 totals + ``K·B`` bucket spans + ``K·(3 + 4M)`` ring-link figures (the run's start, the successor
 and the predecessor, then ``M`` send posts, receive posts, receive completions and receive
 sizes; :mod:`stragglerkit.detect.nic_health`, ``M`` = ``LINK_MESSAGES``) + ``K`` wall-clock
-arrivals (first bucket handed over) + ``K`` wall-clock finishes (last bucket done). Times of day
+arrivals (first bucket handed over) + ``K`` wall-clock finishes (last bucket done) + ``K`` idle
+times (within the step's AllReduce time, none of the rank's buckets in an AllReduce). Times of day
 are wall-clock seconds; rank 0 makes them comparable with the start-up clock offsets (the
 float64's resolution, ~0.2 us, is ample). With ``K`` = 2, ``B`` = 32, ``n`` = 8 the vector is
 about 3 KB (about 8 KB at ``K`` = 6).
@@ -53,7 +54,7 @@ from stragglerkit.detect.plans import ALGORITHM_CODES, EVENT_KINDS, Decision, Pl
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 5.0
+_VERSION = 6.0
 _HEADER = 12
 _EVENTS = 6
 _LINK_FIELDS = 3 + 4 * LINK_MESSAGES
@@ -98,8 +99,8 @@ class StatsExchange:
 
     @property
     def _step_size(self) -> int:
-        """Floats per step: the total, the bucket spans, the ring-link figures, arrival and finish."""
-        return 1 + self.buckets + _LINK_FIELDS + 2
+        """Floats per step: the total, the bucket spans, the ring-link figures, arrival, finish, idle."""
+        return 1 + self.buckets + _LINK_FIELDS + 3
 
     def size(self, steps: int) -> int:
         """Floats of a vector that carries ``steps`` steps."""
@@ -167,6 +168,7 @@ class StatsExchange:
             if arrival is not None:
                 vec[at + i] = arrival.arrival_wall
                 vec[at + k + i] = arrival.finish_wall
+                vec[at + 2 * k + i] = arrival.idle
         return torch.from_numpy(vec)
 
     @property
@@ -208,6 +210,7 @@ class StatsExchange:
         at += k * _LINK_FIELDS
         arrival_wall = rows[:, at : at + count].T
         finish_wall = rows[:, at + k : at + k + count].T
+        idle = rows[:, at + 2 * k : at + 2 * k + count].T
         complete = ~np.isnan(arrival_wall).any(axis=1)
         # from the last arrival to the last finish, on rank 0's clock: the step's AllReduce tail
         on_rank0 = self.offsets.to_reference
@@ -228,6 +231,7 @@ class StatsExchange:
             ends=ends,
             arrival_wall=arrival_wall.copy(),
             finish_wall=finish_wall.copy(),
+            idle=idle.copy(),
         )
 
     def _link_rates(self, fields: np.ndarray) -> np.ndarray:

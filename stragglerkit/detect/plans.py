@@ -138,6 +138,9 @@ class WindowStats:
     """[step, rank]: when the step's first bucket was handed over (s, each rank's own wall clock)."""
     finish_wall: np.ndarray | None = None
     """[step, rank]: when the step's last bucket finished (s, each rank's own wall clock)."""
+    idle: np.ndarray | None = None
+    """[step, rank]: seconds of ``totals`` in which none of the rank's buckets was in an AllReduce
+    (it was computing its next bucket's gradients; NaN: unknown)."""
 
 
 def log_path_for(path: str | os.PathLike[str] | None, rank: int) -> str | None:
