@@ -13,10 +13,10 @@ What it decides and why.
   baseline. That delay is the bucket's measured one (how much later ``s`` hands it over) less
   the time stragglerkit's queue of runs is predicted to be busy with the earlier buckets: a rank
   that sleeps before its backward leaves no delay after the first bucket, a slow GPU (every
-  bucket's gradients computed late) leaves some for each. For degraded ranks OptCC or the balanced ring likewise (the faster in the model),
-  given their ``l``. Only algorithms whose predicate accepts the situation are considered
-  (StragglAR: even n >= 4; OptCC: n >= 3 with more healthy than degraded ranks), so the plan
-  never names one that does not apply.
+  bucket's gradients computed late) leaves some for each. For degraded ranks OptCC or the
+  balanced ring likewise (the faster in the model), given their ``l``. Only algorithms whose
+  predicate accepts the situation are considered (StragglAR: even n >= 4; OptCC: n >= 3 with
+  more healthy than degraded ranks), so the plan never names one that does not apply.
 * **Remapping.** StragglAR is built with the straggler as logical rank n-1, OptCC and the
   balanced ring with the degraded ranks last: the plan's rank map says which group rank plays
   each logical rank, so the schedule (and its cache entry) is the same whoever is late.
