@@ -380,8 +380,8 @@ class Controller(ProbeSchedule, SwitchVerifier):
             # A straggler that sleeps before its backward hands every bucket over late by the same
             # delay: the first run's end covers it and the later buckets see none. A slow GPU
             # computes every bucket's gradients late: each later bucket is later still.
-            delay = arrival if queue_free is None else max(0.0, arrival - queue_free)
             starts = 0.0 if queue_free is None else queue_free
+            delay = max(0.0, arrival - starts)
             kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
             best, best_time = cfg.baseline, math.inf
             if nbytes >= cfg.min_bucket_bytes and candidates:
