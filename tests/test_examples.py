@@ -425,7 +425,9 @@ def test_llama_on_the_emulated_cluster_with_a_degraded_nic(tmp_path: Path, check
 def test_an_interrupted_run_leaves_a_folder_the_report_reads(tmp_path: Path, checkpoint: str) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--loopback", "--world-size", "2", "--steps", "400", "--hook-warmup", "2", "--checkpoint", checkpoint]
+    # far more steps than can run before the interrupt, however the machine's load shifts the
+    # moment the first window line appears (with 400 a loaded machine once finished the run first)
+    args = ["--loopback", "--world-size", "2", "--steps", "20000", "--hook-warmup", "2", "--checkpoint", checkpoint]
     proc = subprocess.Popen(
         [sys.executable, str(LLAMA), *args, "--run-dir", str(run_dir), *LLAMA_TINY],
         env=env,
