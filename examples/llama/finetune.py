@@ -189,13 +189,18 @@ class LlamaFortunes:
         loss: torch.Tensor = model(input_ids=batch, labels=batch).loss
         return loss
 
-    def evaluate(self, model: nn.Module, rank: int, world_size: int) -> dict[str, float]:
-        """Non-overlapping windows of the held-out text (the first ``eval_windows``), dealt to the ranks."""
+    def held_out_windows(self, rank: int, world_size: int) -> list[torch.Tensor]:
+        """Non-overlapping windows of the held-out text (the first ``eval_windows``), dealt to the
+        ranks: ``rank``'s, each ``[1, seq_length]``."""
         count = min(self.eval_windows, len(self.held_out) // self.length)
-        mine = list(range(count))[rank::world_size]
+        return [
+            self.held_out[index * self.length : (index + 1) * self.length].unsqueeze(0)
+            for index in range(rank, count, world_size)
+        ]
+
+    def evaluate(self, model: nn.Module, rank: int, world_size: int) -> dict[str, float]:
         nll, tokens = 0.0, 0.0
-        for index in mine:
-            window = self.held_out[index * self.length : (index + 1) * self.length].unsqueeze(0)
+        for window in self.held_out_windows(rank, world_size):
             predicted = self.length - 1
             nll += float(model(input_ids=window, labels=window).loss) * predicted
             tokens += predicted
@@ -218,10 +223,9 @@ class LlamaFortunes:
         return {"optimizer": "adam", "lr": self.lr, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999}
 
     def megatron_evaluate(self, module: nn.Module, rank: int, world_size: int) -> dict[str, float]:
-        count = min(self.eval_windows, len(self.held_out) // self.length)
         nll, tokens = 0.0, 0.0
-        for index in list(range(count))[rank::world_size]:
-            window = self._shifted(self.held_out[index * self.length : (index + 1) * self.length].unsqueeze(0))
+        for held_out in self.held_out_windows(rank, world_size):
+            window = self._shifted(held_out)
             losses = module(window["tokens"], window["position_ids"], None, labels=window["labels"])
             nll += float(losses.float().sum())
             tokens += losses.numel()
