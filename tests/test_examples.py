@@ -318,21 +318,24 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("llama") / "pretrained.pt")
 
 
+def _llama(run_dir: Path, checkpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The tiny Llama example with ``args``, the shared checkpoint and 8 held-out windows; it must succeed."""
+    done = _run(LLAMA, *args, "--checkpoint", checkpoint, "--eval-windows", "8", "--run-dir", str(run_dir), *LLAMA_TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @needs_transformers
 @needs_fortunes
 def test_llama_ddp_loopback_4_ranks_delay_auto(tmp_path: Path, checkpoint: str) -> None:
     """4 ranks, rank 3 slow by --delay auto (measured before training): the pretraining is made
     and checkpointed, the fine-tuning reaches a loose target, perplexity is reported."""
     run_dir = tmp_path / "run"
-    done = _run(
-        LLAMA,
-        *"--loopback --world-size 4 --steps 4 --steps-per-block 2 --straggler 3 --target-loss 10 --checkpoint".split(),
+    done = _llama(
+        run_dir,
         checkpoint,
-        *"--eval-windows 8 --run-dir".split(),
-        str(run_dir),
-        *LLAMA_TINY,
+        *"--loopback --world-size 4 --steps 4 --steps-per-block 2 --straggler 3 --target-loss 10".split(),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     assert "pretraining 10 steps on the Python language reference" in done.stderr
     assert Path(checkpoint).is_file()
     data = _checked(run_dir, 4, "ddp")
@@ -348,15 +351,9 @@ def test_llama_ddp_loopback_4_ranks_delay_auto(tmp_path: Path, checkpoint: str) 
 @needs_horovod
 def test_llama_horovod_loopback(tmp_path: Path, checkpoint: str) -> None:
     run_dir = tmp_path / "run"
-    done = _run(
-        LLAMA,
-        *"--loopback --world-size 2 --framework horovod --steps 4 --straggler 0 --delay 20 --checkpoint".split(),
-        checkpoint,
-        *"--eval-windows 8 --run-dir".split(),
-        str(run_dir),
-        *LLAMA_TINY,
+    _llama(
+        run_dir, checkpoint, *"--loopback --world-size 2 --framework horovod --steps 4 --straggler 0 --delay 20".split()
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     data = _checked(run_dir, 4, "horovod")
     assert data["evaluation"]["plain"]["perplexity"] == pytest.approx(data["evaluation"]["hooked"]["perplexity"])
 
@@ -378,17 +375,12 @@ def test_llama_megatron_loopback_2_ranks(tmp_path: Path, checkpoint: str) -> Non
     """megatron-core's GPTModel, DDP, schedule and optimizer, plain against the flag, rank 1's
     backward slowed: the same checks as DDP's, and the held-out perplexity of both copies."""
     run_dir = tmp_path / "run"
-    done = _run(
-        LLAMA,
+    _llama(
+        run_dir,
+        checkpoint,
         *"--loopback --world-size 2 --framework megatron --steps 4 --steps-per-block 2".split(),
         *"--straggler 1 --delay 20".split(),
-        "--checkpoint",
-        checkpoint,
-        *"--eval-windows 8 --run-dir".split(),
-        str(run_dir),
-        *LLAMA_TINY,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     data = _checked(run_dir, 4, "megatron")
     assert "(megatron-core" not in data["model"]["layers"] and "Llama 2 layers x 64" in data["model"]["layers"]
     plain, hooked = data["evaluation"]["plain"], data["evaluation"]["hooked"]
@@ -405,16 +397,11 @@ def test_llama_on_the_emulated_cluster_with_a_degraded_nic(tmp_path: Path, check
     if not ok:
         pytest.skip(reason)
     run_dir = tmp_path / "run"
-    done = _run(
-        LLAMA,
-        *"--world-size 3 --bandwidth 50MB/s --steps 4 --steps-per-block 2 --degrade 1:2 --from-step 2".split(),
-        "--checkpoint",
+    _llama(
+        run_dir,
         checkpoint,
-        *"--eval-windows 8 --run-dir".split(),
-        str(run_dir),
-        *LLAMA_TINY,
+        *"--world-size 3 --bandwidth 50MB/s --steps 4 --steps-per-block 2 --degrade 1:2 --from-step 2".split(),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     data = _checked(run_dir, 4, "ddp")
     assert data["header"]["mode"] == "emulated"
     assert len(data["header"]["cluster"]["degraded_links"]) == 1
