@@ -6,10 +6,12 @@ Reads the examples' ``train.json`` files from run folders named
 copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
 not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
 the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
-copy's parameters were identical on every rank, and the held-out figures. Each entry carries its
-own ``measured`` stamp (command, commit, date, load); entries of the previous summary that these
-runs do not measure are kept with theirs, so the table can be measured an example, a framework or
-a scenario at a time (a run of the whole matrix takes hours on a small machine).
+copy's parameters were identical on every rank, and the held-out figures. Each run keeps its own
+``measured`` stamp (the example's command line, commit and date, from its train.json), and each
+entry a ``measured`` stamp of its own: the bench command that measures that entry alone, its
+runs' commits and dates. Entries of the previous summary that these runs do not measure are kept
+with theirs, so the table can be measured an example, a framework or a scenario at a time (a run
+of the whole matrix takes hours on a small machine), and resumed with ``KEEP``.
 
 Example::
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ TARGETS = {
 
 
 def _one(data: dict[str, Any]) -> dict[str, Any]:
-    reached = data["time_to_target"]
+    reached, header = data["time_to_target"], data["header"]
     return {
         "speedup_to_target": data["speedup_to_target"],
         "time_to_target_s": {name: reached[name]["time_s"] for name in ("plain", "hooked")},
@@ -51,18 +52,37 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
         "identical_on_all_ranks": data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"],
         "evaluation": data["evaluation"],
         "load_average": data["header"]["load_average"],
+        "measured": {
+            "command": header.get("command"),
+            "commit": header.get("source", {}).get("commit"),
+            "date": header.get("date"),
+        },
+    }
+
+
+def _entry_stamp(key: str, runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """How an entry was measured: the bench command for it alone, its runs' commits and dates."""
+    name, framework, scenario = key.split("/")
+    dates = sorted(str(r["measured"]["date"]) for r in runs if r["measured"]["date"])
+    return {
+        "command": f"RUNS={len(runs)} STEPS={steps} EXAMPLES={name} FRAMEWORKS={framework} "
+        f"SCENARIOS={scenario} bash profiling/bench_finetune.sh",
+        "commits": sorted({str(r["measured"]["commit"]) for r in runs if r["measured"]["commit"]}),
+        "dates": [dates[0], dates[-1]] if dates else [],
     }
 
 
 def summarize(paths: list[Path]) -> dict[str, Any]:
     groups: dict[str, list[dict[str, Any]]] = {}
     targets: dict[str, float] = {}
+    steps: dict[str, int] = {}
     for path in sorted(paths):
         name, framework, *scenario, _ = path.parent.name.split("_")
         key = f"{name}/{framework}/{'_'.join(scenario)}"
         data = json.loads(path.read_text(encoding="utf-8"))
         groups.setdefault(key, []).append(_one(data))
         targets[key] = data["header"]["config"]["target_loss"]
+        steps[key] = data["header"]["config"]["steps"]
     out: dict[str, Any] = {}
     for key, runs in groups.items():
         scenario = key.rsplit("/", 1)[1]
@@ -80,6 +100,7 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
             ),
             "all_checks_passed": all(r["losses_agree"] and r["identical_on_all_ranks"] for r in runs),
             "runs": runs,
+            "measured": _entry_stamp(key, runs, steps[key]),
         }
     return out
 
@@ -99,17 +120,7 @@ def main() -> int:
     parser.add_argument("--command", default=None)
     parser.add_argument("--out", default=str(RESULTS / "bench_finetune.json"))
     args = parser.parse_args()
-    from _env import command_line, source_revision, utc_now
-
     results = summarize(args.files)
-    stamp = {
-        "command": args.command or command_line(),
-        "source": source_revision(),
-        "date": utc_now(),
-        "load_average_1min": round(os.getloadavg()[0], 2),
-    }
-    for entry in results.values():
-        entry["measured"] = stamp
     for key, entry in results.items():
         ratio = entry["median_speedup_to_target"]
         print(
@@ -117,7 +128,10 @@ def main() -> int:
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
             f"target: {entry['target']}, met: {entry['met']}"
         )
-    note = "entries may come from several launches of the script: each entry's command, commit and date in 'measured'"
+    note = (
+        "entries may come from several launches of the script (KEEP resumes): each entry's 'measured' names "
+        "the command that measures it alone and its runs' commits and dates; each run's, the example's own command"
+    )
     write_summary(
         args.out, "bench_finetune", {"note": note, "results": keep_unmeasured(Path(args.out), results)}, args.command
     )

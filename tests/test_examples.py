@@ -103,11 +103,17 @@ def test_time_to_target_uses_the_running_mean_and_says_when_not_reached() -> Non
     assert not missed["reached"] and missed["time_s"] is None and missed["best_loss"] == 1.75
 
 
-def _run_json(speedup: float | None, target_loss: float) -> dict[str, Any]:
+def _run_json(speedup: float | None, target_loss: float, commit: str, date: str) -> dict[str, Any]:
     """The fields of an example's train.json that the bench summary reads."""
     reached = {"time_s": None if speedup is None else 10.0, "best_loss": 0.5}
     return {
-        "header": {"config": {"target_loss": target_loss}, "load_average": [1.0, 1.0, 1.0]},
+        "header": {
+            "config": {"target_loss": target_loss, "steps": 60},
+            "load_average": [1.0, 1.0, 1.0],
+            "command": f"python examples/bert/finetune.py --target-loss {target_loss}",
+            "source": {"commit": commit},
+            "date": date,
+        },
         "speedup_to_target": speedup,
         "time_to_target": {"plain": reached, "hooked": reached},
         "speedup_steady": speedup,
@@ -125,9 +131,10 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
 
     def summarize(runs: dict[str, float | None], command: str) -> dict[str, Any]:
         files = []
-        for name, speedup in runs.items():
+        for i, (name, speedup) in enumerate(runs.items()):
             (tmp_path / name).mkdir()
-            (tmp_path / name / "train.json").write_text(json.dumps(_run_json(speedup, 0.3)))
+            run = _run_json(speedup, 0.3, f"commit-{command}", f"2026-01-0{i + 1}")
+            (tmp_path / name / "train.json").write_text(json.dumps(run))
             files.append(str(tmp_path / name / "train.json"))
         summary = ROOT / "profiling" / "_finetune_summary.py"
         done = subprocess.run(
@@ -145,12 +152,22 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
     )
     entry = first["bert/ddp/straggler"]
     assert entry["median_speedup_to_target"] == 1.15 and entry["met"] and entry["runs_reaching_target"] == "3/3"
-    assert entry["measured"]["command"] == "first"
+    # each entry names the command that measures it alone, and its runs' commits and dates
+    assert entry["measured"] == {
+        "command": "RUNS=3 STEPS=60 EXAMPLES=bert FRAMEWORKS=ddp SCENARIOS=straggler bash profiling/bench_finetune.sh",
+        "commits": ["commit-first"],
+        "dates": ["2026-01-01", "2026-01-03"],
+    }
+    assert entry["runs"][0]["measured"]["command"] == "python examples/bert/finetune.py --target-loss 0.3"
     second = summarize({"bert_horovod_degraded_run1": None, "bert_ddp_no_fault_run1": 0.97}, "second")
     assert set(second) == {"bert/ddp/straggler", "bert/ddp/no_fault", "bert/horovod/degraded"}
     assert second["bert/ddp/straggler"] == entry  # kept, with its own stamp
     assert (
-        second["bert/ddp/no_fault"]["met"] is False and second["bert/ddp/no_fault"]["measured"]["command"] == "second"
+        second["bert/ddp/no_fault"]["met"] is False
+        and second["bert/ddp/no_fault"]["measured"]["commits"] == ["commit-second"]
+        and second["bert/ddp/no_fault"]["measured"]["command"].startswith(
+            "RUNS=1 STEPS=60 EXAMPLES=bert FRAMEWORKS=ddp SCENARIOS=no_fault "
+        )
     )
     missed = second["bert/horovod/degraded"]
     assert (

@@ -129,7 +129,7 @@ def pretrain(options: dict[str, Any], path: Path) -> None:
         optimizer.step()
         if step % 25 == 0 or step == steps - 1:
             print(
-                f"examples/llama: pretraining step {step}/{steps}: loss {float(loss):.3f} "
+                f"examples/llama: pretraining step {step}/{steps}: loss {loss.item():.3f} "
                 f"({time.monotonic() - start:.0f} s)",
                 file=sys.stderr,
             )
