@@ -8,6 +8,7 @@ import math
 import random
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -441,6 +442,29 @@ def test_online_fit_recovers_alpha_and_beta() -> None:
     assert at == pytest.approx(0.95 * model.predict("ring", big), rel=0.05)
 
 
+def test_the_first_sample_replaces_the_priors_bandwidth() -> None:
+    """A prior of 10 Gbit/s on a 1 Gbit/s cluster: the first probe already fits beta (alpha held
+    at the prior), so the first decisions are not made ten times too optimistic; alpha comes with
+    the third sample of a second size."""
+    truth = OnlineModel(8, CostModel.Config(alpha=50e-6, beta=1 / 1.25e8))
+    model = OnlineModel(8, CostModel.Config(alpha=50e-6, beta=1 / 1.25e9))
+    big = 27 << 20
+    assert model.predict("ring", big) == pytest.approx(truth.predict("ring", big) / 10, rel=0.05)
+    assert not model.refit()["fitted"]  # no sample: the prior as is
+    model.add("ring", big, truth.predict("ring", big))
+    info = model.refit()
+    assert info["fitted"] and info["params"] == "beta (1 sample: alpha held at the prior)"
+    assert 1 / model.config.beta == pytest.approx(1.25e8, rel=1e-3)
+    # (within 5 %: the critical path is traced with the prior's weights, docs/detection.md)
+    assert model.predict("stragglar", big, straggler=7, delay=0.5) == pytest.approx(
+        truth.predict("stragglar", big, straggler=7, delay=0.5), rel=0.05
+    )
+    model.add("ring", big, truth.predict("ring", big))
+    assert model.refit()["params"] == "beta (2 samples: alpha held at the prior)"
+    model.add("ring", 1 << 20, truth.predict("ring", 1 << 20))
+    assert model.refit()["params"] == "alpha, beta"
+
+
 def test_samples_of_a_degraded_cluster_fit_the_healthy_nic() -> None:
     """Ring runs measured while rank 3's NIC ran at 1/2: with ``slowest=2`` the fit finds the healthy
     bandwidth again; fitted as if healthy they read as a NIC of half the speed."""
@@ -469,6 +493,12 @@ def test_samples_of_a_degraded_cluster_fit_the_healthy_nic() -> None:
         one_size.add("ring", big, seconds, slowest=slowest)
     assert one_size.refit()["params"].startswith("beta (one bucket size")
     assert 1 / one_size.config.beta == pytest.approx(5e9, rel=1e-2)
+
+
+def fix_the_model(controller: Controller) -> None:
+    """20 us and 1 GB/s, kept: the model takes no samples, so no fitting noise."""
+    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    controller.model.samples = deque(maxlen=0)
 
 
 # -- controller -------------------------------------------------------------------------------------
@@ -508,12 +538,11 @@ def run_controller(
 ):
     config = ControllerConfig(warmup_steps=4, min_gain=0.0, **cfg)
     controller = Controller(n, 0, config)
-    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)  # fixed: no fitting noise
+    fix_the_model(controller)
     decisions = []
     for start in range(0, steps, 2):
         stats = window(n, range(start, start + 2), late, delay, sizes, slow)
         stats.hosts = hosts or list(range(n))
-        controller.model.samples.clear()
         decision = controller.observe(stats, start + 4)
         if decision is not None:
             controller.apply(decision)
@@ -544,7 +573,7 @@ def test_the_controller_tells_compute_from_inherited_lateness_with_each_ranks_ow
     n, late = 4, 3
     rng = random.Random(11)
     controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
-    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    fix_the_model(controller)
     clocks = np.arange(n) * 1000.0
     for step in range(60):
         stats = window(n, range(step, step + 1), late, 0.03, [8 << 20])
@@ -557,7 +586,6 @@ def test_the_controller_tells_compute_from_inherited_lateness_with_each_ranks_ow
         stats.arrival_wall = (arrival + clocks)[None, :]
         finish = np.full(n, 0.1 * (step + 1)) + (0.03 * (np.arange(n) == late) if cause == "previous_allreduce" else 0)
         stats.finish_wall = (finish + clocks)[None, :]
-        controller.model.samples.clear()
         decision = controller.observe(stats, step + 4)
         if decision is not None:
             controller.apply(decision)
@@ -614,12 +642,11 @@ def test_a_slow_gpu_is_found_by_its_idle_time_and_gets_stragglar_for_its_late_bu
     n, late, sizes = 8, 7, [1 << 20, 8 << 20, 16 << 20]
     rng = random.Random(5)
     controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
-    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    fix_the_model(controller)
     for step in range(60):
         stats = slow_gpu_window(step, n, late, [0.005, 0.150, 0.300], sizes, rng)
         if not idle_known:
             stats.idle = None
-        controller.model.samples.clear()
         decision = controller.observe(stats, step + 4)
         if decision is not None:
             controller.apply(decision)
@@ -857,12 +884,11 @@ def run_switch(
     detector = DetectorConfig(window=detector_window)
     config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=verify_steps, detector=detector)
     controller = Controller(8, 0, config)
-    controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)
+    fix_the_model(controller)
     switched: int | None = None
     for start in range(0, 80, 2):
         stats = window(8, range(start, start + 2), 3, 0.05, [8 << 20])
         change(stats, switched is not None and start >= switched)
-        controller.model.samples.clear()
         decision = controller.observe(stats, start + 4)
         if decision is not None:
             controller.apply(decision)
@@ -1023,6 +1049,7 @@ def like_the_hook(controller: Controller, stop: int, late: int | None = None, la
     """Exchanges up to step ``stop`` scheduled as ``DDPState`` schedules them: each at the interval in
     force after the previous one, carrying the steps since it; the decision rank 0 takes on one
     exchange travels with the next and is adopted a step later (with its new interval)."""
+    fix_the_model(controller)
     decisions: list[Decision] = []
     last, upcoming = 0, controller.exchange_every
     to_ship: Decision | None = None
@@ -1033,8 +1060,6 @@ def like_the_hook(controller: Controller, stop: int, late: int | None = None, la
             controller.apply(to_ship)
             decisions.append(to_ship)
             upcoming = last + controller.exchange_every
-        controller.model.config = CostModel.Config(alpha=20e-6, beta=1 / 1e9)  # fixed: no fitting noise
-        controller.model.samples.clear()
         to_ship = controller.observe(stats, upcoming + 1)
     return decisions
 

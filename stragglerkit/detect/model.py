@@ -22,7 +22,9 @@ slowdowns. The parameters come from the job itself:
   re-tags them once it knows (:meth:`OnlineModel.rescale`, by the step each sample came from).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
-  at the prior (``ControllerConfig.prior``); before the first fit the prior is used as is. When
+  at the prior (``ControllerConfig.prior``). So it is with fewer than three samples: from the
+  first probe on, beta comes from the job (the prior's bandwidth can be ten times off and would
+  steer the first decisions); the prior is used as is only before any sample. When
   the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
   the model is latency-only (beta = 1e-12 s/B) and says so in ``fit_info``.
 * **Which model.** The same samples also fit the richer models of
@@ -196,15 +198,22 @@ class OnlineModel:
             return self.fit_info
         self._fitted_revision = self._revision
         rows = [(self._scaled_terms(a, b, slowest), s) for a, b, s, slowest, _ in self.samples]
-        if len(rows) < 3:
+        if not rows:
             return self.fit_info
-        one_size = len({(a, b) for a, b, *_ in self.samples}) < 2
-        base, described, rms = self._fit_alpha_beta(rows, one_size)
+        # beta alone from the first sample on: one probe puts the bandwidth within its noise, where
+        # the prior can be ten times off (10 Gbit/s against a 1 Gbit/s cluster) and would steer
+        # the first decisions; alpha and beta together need three samples of two sizes
+        beta_only = (
+            f"{len(rows)} sample{'s' if len(rows) > 1 else ''}"
+            if len(rows) < 3
+            else ("one bucket size" if len({(a, b) for a, b, *_ in self.samples}) < 2 else None)
+        )
+        base, described, rms = self._fit_alpha_beta(rows, beta_only)
         fits: dict[str, tuple[CostModel.Config, str]] = {"alpha-beta": (base, described)}
         for name, wanted in MODELS.items():
             if name in fits:
                 continue
-            fits[name] = (base, "as alpha-beta (one bucket size)") if one_size else self._fit_more(rows, wanted, base)
+            fits[name] = (base, f"as alpha-beta ({beta_only})") if beta_only else self._fit_more(rows, wanted, base)
         self._candidates = {name: config for name, (config, _) in fits.items()}
         chosen = self._choose()
         config, described = fits[chosen]
@@ -234,14 +243,15 @@ class OnlineModel:
         return self.fit_info
 
     def _fit_alpha_beta(
-        self, rows: list[tuple[CostTerms, float]], one_size: bool
+        self, rows: list[tuple[CostTerms, float]], beta_only: str | None
     ) -> tuple[CostModel.Config, str, float]:
-        """Alpha and beta (or beta alone with one bucket size, see the module docstring)."""
+        """Alpha and beta, or beta alone for the reason ``beta_only`` (fewer than three samples,
+        or one bucket size; see the module docstring)."""
         try:
-            if one_size:
+            if beta_only:
                 # one bucket size: scaling by l must not pass for a second size (alpha and beta
                 # would be told apart by the slowdowns' noise alone)
-                raise ValueError("one bucket size")
+                raise ValueError(beta_only)
             result = fit(rows, params=("alpha", "beta"))
             alpha, beta, rms = result.config.alpha, result.config.beta, result.relative_rms
             params = "alpha, beta"
@@ -254,7 +264,7 @@ class OnlineModel:
             y = 1.0 - terms[:, 0] * alpha / seconds
             beta = float(max((x @ y) / max(x @ x, 1e-300), 0.0))
             rms = float(np.sqrt(np.mean(((terms @ [alpha, beta]) / seconds - 1.0) ** 2)))
-            params = "beta (one bucket size: alpha held at the prior)"
+            params = f"beta ({beta_only or 'alpha and beta inseparable'}: alpha held at the prior)"
         if beta <= 0:  # noise hid the bandwidth term (latency-bound buckets): a latency-only model
             beta = UNRESOLVED_BETA
             params += "; bandwidth unresolved, taken as 1 TB/s"
