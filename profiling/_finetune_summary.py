@@ -151,6 +151,7 @@ def main() -> int:
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
             f"target: {entry['target']}, met: {entry['met']}; steady step {_x(entry['median_speedup_steady'])}, "
             f"control {_x(entry['median_compute_speedup_steady'])}"
+            + ("" if entry["all_checks_passed"] else "; CHECKS FAILED (losses or parameters: see the runs)")
         )
     note = (
         "entries may come from several launches of the script (KEEP resumes): each entry's 'measured' names "

@@ -41,6 +41,7 @@ declare -A SCENARIO=(
 example() {  # tried a second time if the first fails (the shaping check refuses a busy machine's links)
   "$PY" "$@" || "$PY" "$@"
 }
+failed=()  # a run that fails twice (a check that did not hold, say) is named at the end; the rest go on
 for i in $(seq 1 "$RUNS"); do
   for name in ${EXAMPLES:-bert llama}; do
     for framework in ${FRAMEWORKS:-ddp horovod}; do
@@ -52,11 +53,17 @@ for i in $(seq 1 "$RUNS"); do
         fi
         echo "== run $i/$RUNS: $name, $framework, $scenario" >&2
         # shellcheck disable=SC2086
-        example "examples/$name/finetune.py" --world-size 8 --bandwidth 1Gbit --framework "$framework" \
-          --steps "$STEPS" --target-loss "${TARGET[$name]}" ${SCENARIO[$scenario]} "$@" --run-dir "$run_dir"
+        if ! example "examples/$name/finetune.py" --world-size 8 --bandwidth 1Gbit --framework "$framework" \
+          --steps "$STEPS" --target-loss "${TARGET[$name]}" ${SCENARIO[$scenario]} "$@" --run-dir "$run_dir"; then
+          failed+=("$name/$framework/$scenario run $i ($run_dir)")
+        fi
       done
     done
   done
 done
 "$PY" profiling/_finetune_summary.py "$SCRATCH"/*_run*/train.json \
   --command "RUNS=$RUNS STEPS=$STEPS EXAMPLES='${EXAMPLES:-bert llama}' FRAMEWORKS='${FRAMEWORKS:-ddp horovod}' SCENARIOS='${SCENARIOS:-no_fault straggler degraded}' bash profiling/bench_finetune.sh $*"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'bench_finetune: failed twice (the run folder and the output above say why): %s\n' "${failed[@]}" >&2
+  exit 1
+fi
