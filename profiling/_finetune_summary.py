@@ -55,7 +55,7 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
         "losses_agree": data["losses_agree"],
         "identical_on_all_ranks": data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"],
         "evaluation": data["evaluation"],
-        "load_average": data["header"]["load_average"],
+        "load_average": header["load_average"],
         "measured": {
             "command": header.get("command"),
             "commit": header.get("source", {}).get("commit"),

@@ -203,11 +203,11 @@ class OnlineModel:
         # beta alone from the first sample on: one probe puts the bandwidth within its noise, where
         # the prior can be ten times off (10 Gbit/s against a 1 Gbit/s cluster) and would steer
         # the first decisions; alpha and beta together need three samples of two sizes
-        beta_only = (
-            f"{len(rows)} sample{'s' if len(rows) > 1 else ''}"
-            if len(rows) < 3
-            else ("one bucket size" if len({(a, b) for a, b, *_ in self.samples}) < 2 else None)
-        )
+        beta_only: str | None = None
+        if len(rows) < 3:
+            beta_only = f"{len(rows)} sample{'s' if len(rows) > 1 else ''}"
+        elif len({(a, b) for a, b, *_ in self.samples}) < 2:
+            beta_only = "one bucket size"
         base, described, rms = self._fit_alpha_beta(rows, beta_only)
         fits: dict[str, tuple[CostModel.Config, str]] = {"alpha-beta": (base, described)}
         for name, wanted in MODELS.items():
@@ -249,8 +249,8 @@ class OnlineModel:
         or one bucket size; see the module docstring)."""
         try:
             if beta_only:
-                # one bucket size: scaling by l must not pass for a second size (alpha and beta
-                # would be told apart by the slowdowns' noise alone)
+                # too few samples, or one bucket size (scaling by l must not pass for a second
+                # size: alpha and beta would be told apart by the slowdowns' noise alone)
                 raise ValueError(beta_only)
             result = fit(rows, params=("alpha", "beta"))
             alpha, beta, rms = result.config.alpha, result.config.beta, result.relative_rms
