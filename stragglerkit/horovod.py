@@ -4,8 +4,9 @@
 behaves like it: it *is* Horovod's optimizer class (broadcasts, ``synchronize()``,
 ``skip_synchronize()``, ``backward_passes_per_step``, its checks and messages), with one method
 changed: where Horovod hands each gradient to its allreduce, this one collects the gradients in
-buckets of about 25 MiB (reverse parameter order, as DDP does: the order a backward pass makes
-them) and hands each full bucket, in bucket order, to the loop of :mod:`stragglerkit.loop.loop`.
+buckets (an eighth of the gradients each, from 1 to 25 MiB, in the order the first step made them
+ready: :mod:`stragglerkit.integrations.optimizer_buckets`) and hands each full bucket, in bucket
+order, to the loop of :mod:`stragglerkit.loop.loop`.
 While nothing is wrong the loop's baseline is Horovod's own allreduce of the bucket (its fusion,
 compression, averaging and pre/post-scaling); when the loop finds a persistent straggler or a
 degraded NIC, the buckets switch at the same step on every rank to StragglAR / OptCC / the

@@ -59,6 +59,25 @@ class _SparseModel(nn.Module):
         return self.head(self.embedding(indices).mean(1))
 
 
+class _NormFirst(nn.Module):
+    """Registers its norm last but applies it first, as a transformer block does its input norm:
+    the norm's gradients come last in a backward pass, not first as reverse registration order guesses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(64, 192)
+        self.down = nn.Linear(192, 8)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+
+SMALL_BUCKET_BYTES = 256
+"""Buckets of one or two parameters each, so that the order of the parameters decides when each starts."""
+
+
 def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
@@ -137,12 +156,21 @@ def train_side_by_side(
     Float64Compression.calls = 0
     if case.get("sparse"):
         reference, ours = _SparseModel(), _SparseModel()
+    elif case.get("norm_first"):
+        reference, ours = _NormFirst(), _NormFirst()
     else:
         reference, ours = _model(0), _model(0)
     lr = 0.05 if average else 0.05 / n
     opt_reference = torch.optim.SGD(reference.parameters(), lr=lr)
     opt_ours = _make_ours(ours, lr, case.get("form", "instance"), options, _config())
     sync = opt_ours._stragglerkit
+    names = {p: name for name, p in ours.named_parameters()}
+    if case.get("norm_first"):
+        from stragglerkit.integrations.optimizer_buckets import GradientBuckets
+
+        assert sync.buckets is not None
+        sync.buckets = GradientBuckets(list(ours.parameters()), sync.buckets.loop, bucket_bytes=SMALL_BUCKET_BYTES)
+    layouts = []  # per step: the buckets, as parameter names, that the step ran with
     ran: set[str] = set()
     diffs = []
     for step in range(steps):
@@ -164,6 +192,8 @@ def train_side_by_side(
         else:
             opt_ours.step()
         opt_ours.zero_grad(set_to_none=not case.get("in_place_zero", False))
+        if sync.buckets is not None and step < 3:
+            layouts.append([[names[p] for p in bucket] for bucket in sync.buckets.buckets])
         diffs.append(float((_flat(reference) - _flat(ours)).abs().max()))
         ran.update(t.algorithm for t in sync.loop.profiler.buckets(step))
     sync.loop.close()
@@ -176,6 +206,7 @@ def train_side_by_side(
         "class": type(opt_ours).__name__,
         "is_sgd": isinstance(opt_ours, torch.optim.SGD),
         "compress_calls": Float64Compression.calls,
+        "layouts": layouts,
     }
 
 

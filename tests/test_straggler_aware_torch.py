@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from _dist import run_group
 
 import stragglerkit
+from stragglerkit.integrations.optimizer_buckets import BUCKET_BYTES, bucket_cap
 
 CASES: dict[str, dict[str, Any]] = {
     "instance": {},
@@ -34,6 +35,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fp16_compression": {"compression": "fp16"},
     "sparse_gradients": {"sparse": True},
 }
+
 
 DIFFERENCES = {
     "shape": "parameter 2: rank 1 has '2.weight' of shape (9, 192) float32, rank 0 has '2.weight' of shape (8, 192)",
@@ -64,6 +66,31 @@ def test_trains_like_data_parallelism_by_hand_in_every_form_and_option(n: int) -
             # nothing is wrong: the group's own all_reduce (on 3 ranks, and the ring's link probes)
             assert "allreduce" in result["ran"] and set(result["ran"]) <= {"allreduce", "ring"}, (name, result["ran"])
     assert results[0]["float64_compression"]["compress_calls"] >= steps
+
+
+def test_buckets_take_the_order_the_first_step_made_the_gradients_ready() -> None:
+    """A model that registers its norm last but applies it first, in 256-byte buckets: the first
+    step's buckets go in reverse registration order (the norm first); from the second step on,
+    every rank's buckets go in rank 0's ready order (the norm last), and the model still trains
+    like data parallelism by hand, identically on every rank."""
+    steps, n = 6, 3
+    results = run_group(n, straggler_aware_bodies.cases_side_by_side, steps, {"norm_first": {"norm_first": True}})
+    by_rank = {rank: results[rank]["norm_first"] for rank in range(n)}
+    _check_same_training("norm_first", by_rank, steps)
+    first, second, third = by_rank[0]["layouts"]
+    assert len(first) > 2, first  # several buckets, or the order could not matter
+    order = [name for bucket in first for name in bucket]
+    learned = [name for bucket in second for name in bucket]
+    assert {*order[:2]} == {"norm.weight", "norm.bias"}, order
+    assert {*learned[:2]} == {"down.weight", "down.bias"} and {*learned[-2:]} == {"norm.weight", "norm.bias"}, learned
+    assert third == second, "the layout is learned once, from the first step"
+    assert all(result["layouts"] == by_rank[0]["layouts"] for result in by_rank.values()), "the ranks' buckets differ"
+
+
+def test_the_bucket_cap_is_an_eighth_of_the_gradients_from_1_to_25_mib() -> None:
+    assert bucket_cap(50 << 20) == (50 << 20) // 8
+    assert bucket_cap(4 << 30) == BUCKET_BYTES == 25 << 20
+    assert bucket_cap(3 << 20) == bucket_cap(0) == 1 << 20
 
 
 def test_a_late_rank_switches_the_buckets_to_stragglar_with_the_same_parameters() -> None:

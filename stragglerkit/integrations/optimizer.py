@@ -9,11 +9,11 @@ What the result does, as Horovod's does:
 
 * A hook on each parameter (``Tensor.register_post_accumulate_grad_hook``) counts its backward
   passes; after ``backward_passes_per_step`` of them the gradient (the sum of those passes) joins
-  its bucket (:mod:`stragglerkit.integrations.optimizer_buckets`: about 25 MiB, reverse parameter
-  order, started strictly in bucket order) and each full bucket goes to the loop. While nothing is
-  wrong the loop runs the group's own ``all_reduce`` of the bucket; when it finds a persistent
-  straggler or a degraded NIC every rank switches at the same step to StragglAR, OptCC or the
-  balanced ring (:mod:`stragglerkit.loop.loop`).
+  its bucket (:mod:`stragglerkit.integrations.optimizer_buckets`: an eighth of the gradients, from
+  1 to 25 MiB, in the order the first step made them ready, started strictly in bucket order) and
+  each full bucket goes to the loop. While nothing is wrong the loop runs the group's own
+  ``all_reduce`` of the bucket; when it finds a persistent straggler or a degraded NIC every rank
+  switches at the same step to StragglAR, OptCC or the balanced ring (:mod:`stragglerkit.loop.loop`).
 * ``step()`` first calls ``synchronize()``: the buckets not started yet (a parameter that got no
   gradient is reduced as zeros, as another rank may have one) are handed over, every bucket is
   waited for and each gradient is replaced by its reduced value. ``synchronize()`` can be called
@@ -424,7 +424,7 @@ def _check_arguments(op: str, compression: Any, passes: Any, predivide: Any, num
         which = "groups" if groups else "num_groups"
         raise ConfigError(
             f"{which} asks for Horovod's grouped allreduce, which exists only under Horovod: without Horovod "
-            "the gradients go in buckets of about 25 MiB (DDP's order); drop it, or call hvd.init() first"
+            "the gradients go in buckets of their own (optimizer_buckets); drop it, or call hvd.init() first"
         )
 
 
