@@ -36,7 +36,6 @@ CASES: dict[str, dict[str, Any]] = {
     "sparse_gradients": {"sparse": True},
 }
 
-
 DIFFERENCES = {
     "shape": "parameter 2: rank 1 has '2.weight' of shape (9, 192) float32, rank 0 has '2.weight' of shape (8, 192)",
     "dtype": "parameter 0: rank 1 has '0.weight' of shape (192, 64) float64, rank 0 has '0.weight' of shape (192, 64)",

@@ -203,20 +203,16 @@ class GradientBuckets:
 
     def _learn_layout(self, seen: list[torch.Tensor]) -> None:
         """After the first step: every rank takes rank 0's ready order for the next step's layout
-        (collective on the session's side group; every rank ends its first step here)."""
-        index = {p: i for i, p in enumerate(self.order)}
-        mine = [index[p] for p in seen]
-        shared: list[Any] = [mine]
+        (collective on the session's side group; every rank ends its first step here). ``seen``
+        holds every parameter once, and the ranks' parameters agree (:func:`check_same_parameters`
+        at construction), so rank 0's order, as positions in the current layout, fits every rank."""
+        current = self.order
+        index = {p: i for i, p in enumerate(current)}
+        shared: list[Any] = [[index[p] for p in seen]]
         if self.loop.world_size > 1:
             dist.broadcast_object_list(shared, src=0, group=self.loop.session.side_group)
-        order = shared[0]
-        if sorted(order) != list(range(len(index))):  # rank 0 has other parameters: the check at construction
-            raise ConfigError(
-                "stragglerkit: rank 0's gradients are not this rank's parameters; build the same model and "
-                "optimizer on every rank"
-            )
+        order: list[int] = shared[0]
         if order != sorted(order):
-            current = self.order
             self.next_layout = [current[i] for i in order]
 
     def _start(self, bucket: int) -> None:
