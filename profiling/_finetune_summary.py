@@ -6,8 +6,10 @@ Reads the examples' ``train.json`` files from run folders named
 copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
 not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
 the control (the two copies' ratio for the part of the step without stragglerkit code: the
-noise between them), the step at which stragglerkit switched, whether the copies' losses agreed at every step and each
-copy's parameters were identical on every rank, and the held-out figures. Each run keeps its own
+noise between them), for a fault, how much it lengthened the plain copy's steady step against the
+no-fault runs (``fault_cost``: what a switch can win back), the step at which stragglerkit
+switched, whether the copies' losses agreed at every step and each copy's parameters were
+identical on every rank, and the held-out figures. Each run keeps its own
 ``measured`` stamp (the example's command line, commit and date, from its train.json), and each
 entry a ``measured`` stamp of its own: the bench command that measures that entry alone, its
 runs' commits and dates. Entries of the previous summary that these runs do not measure are kept
@@ -49,6 +51,7 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
         "time_to_target_s": {name: reached[name]["time_s"] for name in ("plain", "hooked")},
         "best_loss": {name: reached[name]["best_loss"] for name in ("plain", "hooked")},
         "speedup_steady": data["speedup_steady"],
+        "plain_steady_ms": data["plain_steady_ms"],
         "compute_speedup_steady": _control(data),
         "switched_step": data["switched_step"],
         "algorithm": data["algorithm"],
@@ -117,11 +120,26 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
             "runs_reaching_target": f"{len(ratios)}/{len(runs)}",
             "median_speedup_steady": _median([r["speedup_steady"] for r in runs]),
             "median_compute_speedup_steady": _median([r["compute_speedup_steady"] for r in runs]),
+            "median_plain_steady_ms": _median([r["plain_steady_ms"] for r in runs]),
             "all_checks_passed": all(r["losses_agree"] and r["identical_on_all_ranks"] for r in runs),
             "runs": runs,
             "measured": _entry_stamp(key, runs, steps[key]),
         }
     return out
+
+
+def add_fault_costs(results: dict[str, Any]) -> dict[str, Any]:
+    """Each fault entry's ``fault_cost``: how much longer the fault made the *plain* copy's steady
+    step than in the no-fault runs of the same example and framework (medians; 0.10: 10 %
+    longer). That is what a switch can win back per step, so it bounds the speedups; None where
+    either median is missing."""
+    for key, entry in results.items():
+        name, framework, scenario = key.split("/")
+        base = results.get(f"{name}/{framework}/no_fault", {}).get("median_plain_steady_ms")
+        faulty = entry.get("median_plain_steady_ms")
+        if scenario != "no_fault":
+            entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
+    return results
 
 
 def keep_unmeasured(path: Path, results: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +162,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS / "bench_finetune.json"))
     args = parser.parse_args()
     results = summarize(args.files)
+    everything = add_fault_costs(keep_unmeasured(Path(args.out), results))
     for key, entry in results.items():
         ratio = entry["median_speedup_to_target"]
         print(
@@ -151,15 +170,14 @@ def main() -> int:
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
             f"target: {entry['target']}, met: {entry['met']}; steady step {_x(entry['median_speedup_steady'])}, "
             f"control {_x(entry['median_compute_speedup_steady'])}"
+            + ("" if entry.get("fault_cost") is None else f"; the fault made plain's step {entry['fault_cost']:+.1%}")
             + ("" if entry["all_checks_passed"] else "; CHECKS FAILED (losses or parameters: see the runs)")
         )
     note = (
         "entries may come from several launches of the script (KEEP resumes): each entry's 'measured' names "
         "the command that measures it alone and its runs' commits and dates; each run's, the example's own command"
     )
-    write_summary(
-        args.out, "bench_finetune", {"note": note, "results": keep_unmeasured(Path(args.out), results)}, args.command
-    )
+    write_summary(args.out, "bench_finetune", {"note": note, "results": everything}, args.command)
     return 0
 
 

@@ -117,6 +117,7 @@ def _run_json(speedup: float | None, target_loss: float, commit: str, date: str)
         "speedup_to_target": speedup,
         "time_to_target": {"plain": reached, "hooked": reached},
         "speedup_steady": speedup,
+        "plain_steady_ms": 1000.0 * (speedup or 1.0),  # any figure that differs between the runs
         "compute_speedup_steady": None if speedup is None else 1.0 + (speedup - 1.0) / 10,
         "switched_step": None,
         "algorithm": "allreduce",
@@ -154,6 +155,7 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
     entry = first["bert/ddp/straggler"]
     assert entry["median_speedup_to_target"] == 1.15 and entry["met"] and entry["runs_reaching_target"] == "3/3"
     assert entry["median_compute_speedup_steady"] == pytest.approx(1.015)  # the control's median
+    assert entry["median_plain_steady_ms"] == 1150.0 and entry["fault_cost"] is None  # no no-fault runs yet
     # each entry names the command that measures it alone, and its runs' commits and dates
     assert entry["measured"] == {
         "command": "RUNS=3 STEPS=60 EXAMPLES=bert FRAMEWORKS=ddp SCENARIOS=straggler bash profiling/bench_finetune.sh",
@@ -163,7 +165,11 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
     assert entry["runs"][0]["measured"]["command"] == "python examples/bert/finetune.py --target-loss 0.3"
     second = summarize({"bert_horovod_degraded_run1": None, "bert_ddp_no_fault_run1": 0.97}, "second")
     assert set(second) == {"bert/ddp/straggler", "bert/ddp/no_fault", "bert/horovod/degraded"}
-    assert second["bert/ddp/straggler"] == entry  # kept, with its own stamp
+    kept = second["bert/ddp/straggler"]
+    # kept, with its own stamp; its fault cost now has the no-fault runs' plain step to go by
+    assert {k: v for k, v in kept.items() if k != "fault_cost"} == {k: v for k, v in entry.items() if k != "fault_cost"}
+    assert kept["fault_cost"] == pytest.approx(1150.0 / 970.0 - 1.0)
+    assert "fault_cost" not in second["bert/ddp/no_fault"]
     assert (
         second["bert/ddp/no_fault"]["met"] is False
         and second["bert/ddp/no_fault"]["measured"]["commits"] == ["commit-second"]
