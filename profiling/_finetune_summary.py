@@ -135,10 +135,11 @@ def add_fault_costs(results: dict[str, Any]) -> dict[str, Any]:
     either median is missing."""
     for key, entry in results.items():
         name, framework, scenario = key.split("/")
+        if scenario == "no_fault":
+            continue
         base = results.get(f"{name}/{framework}/no_fault", {}).get("median_plain_steady_ms")
         faulty = entry.get("median_plain_steady_ms")
-        if scenario != "no_fault":
-            entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
+        entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
     return results
 
 
