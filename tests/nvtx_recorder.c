@@ -3,7 +3,7 @@
  * NVTX (v3) loads the library named by NVTX_INJECTION64_PATH at a process's first NVTX call and
  * calls its InitializeInjectionNvtx2, which fills NVTX's function table with the tool's entry
  * points. This one implements the domain functions of the CORE2 module (what the `nvtx` Python
- * package calls) and appends one line per call to STRAGGLERKIT_NVTX_RECORD.<pid>:
+ * package calls) and appends one line per call to NVTX_RECORDER_OUTPUT.<pid>:
  *
  *   <thread id> \t push  \t <domain> \t <message>
  *   <thread id> \t pop   \t <domain>
@@ -66,7 +66,7 @@ static uint64_t next_range = 1;
 static void record(const char* what, const void* domain, const char* text, uint64_t id, int with_id) {
   pthread_mutex_lock(&lock);
   if (out == NULL) {
-    const char* base = getenv("STRAGGLERKIT_NVTX_RECORD");
+    const char* base = getenv("NVTX_RECORDER_OUTPUT");
     char path[4096];
     snprintf(path, sizeof(path), "%s.%d", base ? base : "nvtx_record", (int)getpid());
     out = fopen(path, "a");
