@@ -9,6 +9,7 @@ import pytest
 
 from stragglerkit.errors import ScheduleError
 from stragglerkit.schedules import ScheduleBuilder, check, direct, rhd, ring
+from stragglerkit.schedules.ring import add_ring_reduce_scatter
 from stragglerkit.sim import CostModel, Network, auto_delay, simulate
 
 ALPHA, BW, GIB = 3e-6, 450e9, 2**30
@@ -138,6 +139,28 @@ def test_ring_with_a_straggler_costs_the_whole_ring_after_it_arrives(n: int) -> 
         assert f.start >= max(arrivals[f.src], arrivals[f.dst]) + ALPHA - 1e-15
         assert f.end > f.start
     assert res.phase_done["reduce_scatter"] < res.phase_done["allgather"] == pytest.approx(res.makespan)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
+def test_ring_reduce_scatter_already_meets_the_bound_a_late_or_slow_rank_sets(n: int) -> None:
+    """Why megatron-core's reduce-scatter (the distributed optimizer's) stays its own (docs/megatron.md).
+
+    With equal shards, a rank's contribution to every shard but its own exists only on that rank
+    and must leave its NIC: (n-1)/n of the buffer. For a rank that arrives late this takes
+    (n-1)/n S/B after its arrival; for a NIC at 1/l, l (n-1)/n S/B. The ring reduce-scatter takes
+    exactly that in the bandwidth term, so a straggler- or NIC-aware reduce-scatter could save
+    only latency (at most n-2 alphas)."""
+    members = list(range(n))
+    builder = ScheduleBuilder(n, n)
+    add_ring_reduce_scatter(builder, members, members)
+    reduce_scatter = builder.build("ring_reduce_scatter")
+    bound = (n - 1) / n * GIB / BW
+    late = [0.0] * (n - 1) + [0.05]
+    res = simulate(reduce_scatter, GIB, Network.uniform(n, alpha=ALPHA, bandwidth=BW), arrivals=late)
+    assert res.time_from_last_arrival == pytest.approx(bound + (n - 1) * ALPHA, rel=1e-9)
+    slow_nic = Network.uniform(n, alpha=ALPHA, bandwidth=BW, slowdowns={n // 2: 2.0})
+    res = simulate(reduce_scatter, GIB, slow_nic)
+    assert res.makespan == pytest.approx(2 * bound + (n - 1) * ALPHA, rel=1e-9)
 
 
 def test_absent_rank_leaves_the_others_waiting() -> None:
