@@ -59,6 +59,7 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
         "identical_on_all_ranks": data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"],
         "evaluation": data["evaluation"],
         "load_average": header["load_average"],
+        "cpu_model": header.get("machine", {}).get("cpu_model"),
         "measured": {
             "command": header.get("command"),
             "commit": header.get("source", {}).get("commit"),
@@ -128,18 +129,34 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
+def _cpu_models(entry: dict[str, Any]) -> set[str] | None:
+    """The CPU models an entry's runs ran on; None if a run predates the record (unknown)."""
+    models = [run.get("cpu_model") for run in entry.get("runs", [])]
+    return None if not models or None in models else set(models)
+
+
 def add_fault_costs(results: dict[str, Any]) -> dict[str, Any]:
     """Each fault entry's ``fault_cost``: how much longer the fault made the *plain* copy's steady
     step than in the no-fault runs of the same example and framework (medians; 0.10: 10 %
     longer). That is what a switch can win back per step, so it bounds the speedups; None where
-    either median is missing."""
+    either median is missing, or where the two entries' runs are known to have run on different
+    CPU models (``fault_cost_why`` says so): step times of two machines do not compare."""
     for key, entry in results.items():
         name, framework, scenario = key.split("/")
         if scenario == "no_fault":
             continue
-        base = results.get(f"{name}/{framework}/no_fault", {}).get("median_plain_steady_ms")
+        entry.pop("fault_cost_why", None)
+        no_fault = results.get(f"{name}/{framework}/no_fault", {})
+        base = no_fault.get("median_plain_steady_ms")
         faulty = entry.get("median_plain_steady_ms")
         entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
+        ours, theirs = _cpu_models(entry), _cpu_models(no_fault)
+        if entry["fault_cost"] is not None and ours is not None and theirs is not None and ours != theirs:
+            entry["fault_cost"] = None
+            entry["fault_cost_why"] = (
+                f"the no-fault runs ran on {', '.join(sorted(theirs))} and these on {', '.join(sorted(ours))}: "
+                f"measure {name}/{framework}/no_fault on the machine of this entry"
+            )
     return results
 
 
@@ -172,6 +189,7 @@ def main() -> int:
             f"target: {entry['target']}, met: {entry['met']}; steady step {_x(entry['median_speedup_steady'])}, "
             f"control {_x(entry['median_compute_speedup_steady'])}"
             + ("" if entry.get("fault_cost") is None else f"; the fault made plain's step {entry['fault_cost']:+.1%}")
+            + ("" if not entry.get("fault_cost_why") else f"; no fault cost: {entry['fault_cost_why']}")
             + ("" if entry["all_checks_passed"] else "; CHECKS FAILED (losses or parameters: see the runs)")
         )
     note = (

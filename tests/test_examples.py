@@ -103,11 +103,16 @@ def test_time_to_target_uses_the_running_mean_and_says_when_not_reached() -> Non
     assert not missed["reached"] and missed["time_s"] is None and missed["best_loss"] == 1.75
 
 
-def _run_json(speedup: float | None, target_loss: float, commit: str, date: str) -> dict[str, Any]:
-    """The fields of an example's train.json that the bench summary reads."""
+def _run_json(
+    speedup: float | None, target_loss: float, commit: str, date: str, cpu_model: str | None = None
+) -> dict[str, Any]:
+    """The fields of an example's train.json that the bench summary reads (runs made before the
+    header recorded the CPU model have no ``machine.cpu_model``)."""
     reached = {"time_s": None if speedup is None else 10.0, "best_loss": 0.5}
+    machine = {} if cpu_model is None else {"machine": {"cpu_model": cpu_model}}
     return {
         "header": {
+            **machine,
             "config": {"target_loss": target_loss, "steps": 60},
             "load_average": [1.0, 1.0, 1.0],
             "command": f"python examples/bert/finetune.py --target-loss {target_loss}",
@@ -181,6 +186,39 @@ def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tm
     assert (
         missed["median_speedup_to_target"] is None and missed["met"] is None and missed["runs_reaching_target"] == "0/1"
     )
+
+
+def test_bench_summary_gives_no_fault_cost_across_cpu_models(tmp_path: Path) -> None:
+    """A fault entry's cost compares plain step times with the no-fault entry's: only where both
+    ran on one CPU model (runs that do not record theirs are taken as they are)."""
+    out = tmp_path / "bench_finetune.json"
+
+    def summarize(runs: dict[str, tuple[float, str]]) -> dict[str, Any]:
+        files = []
+        for name, (speedup, cpu) in runs.items():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "train.json").write_text(json.dumps(_run_json(speedup, 0.3, "c", "2026-01-01", cpu)))
+            files.append(str(tmp_path / name / "train.json"))
+        summary = ROOT / "profiling" / "_finetune_summary.py"
+        done = subprocess.run(
+            [sys.executable, str(summary), *files, "--out", str(out), "--command", "bench"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())["results"]
+
+    first = summarize({"llama_ddp_no_fault_run1": (1.0, "CPU A"), "llama_ddp_straggler_run1": (1.2, "CPU A")})
+    assert first["llama/ddp/straggler"]["fault_cost"] == pytest.approx(0.2)
+    assert first["llama/ddp/straggler"]["runs"][0]["cpu_model"] == "CPU A"
+    # the no-fault cell measured again, on another machine
+    moved = summarize({"llama_ddp_no_fault_run2": (0.9, "CPU B")})["llama/ddp/straggler"]
+    assert moved["fault_cost"] is None
+    assert "no-fault runs ran on CPU B and these on CPU A" in moved["fault_cost_why"], moved
+    back = summarize({"llama_ddp_straggler_run3": (1.35, "CPU B")})["llama/ddp/straggler"]
+    assert back["fault_cost"] == pytest.approx(1350.0 / 900.0 - 1.0) and "fault_cost_why" not in back
 
 
 def test_compute_slowdown_spreads_the_delay_over_the_backward() -> None:

@@ -41,7 +41,7 @@ from stragglerkit.errors import NotApplicableError
 from stragglerkit.report.critical_path import critical_path
 from stragglerkit.units import format_bytes
 
-__all__ = ["header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
+__all__ = ["cpu_model", "header_record", "plot_rows", "print_table", "rows_from_cases", "write_json"]
 
 _MTU_PAYLOAD = (1500 - 52) / (1500 + 14)  # TCP payload share of a frame at MTU 1500 (docs/testbed.md)
 
@@ -195,6 +195,19 @@ def rows_from_cases(config: BenchConfig, launched: LaunchResult) -> list[dict[st
     return rows
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo's "model name"), or None where the system does not say.
+    Step times are comparable only between runs on the same CPU model."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
+
+
 def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) -> dict[str, Any]:
     """Command line, machine, date, load average, mode and the verified shaping of the links."""
     try:
@@ -208,6 +221,7 @@ def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) ->
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "processor": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
