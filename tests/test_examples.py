@@ -133,26 +133,37 @@ def _run_json(
     }
 
 
+def _summarize(out: Path, runs: dict[Path, dict[str, Any]], command: str) -> dict[str, Any]:
+    """Write each run's train.json (``runs``: run folder -> its contents), run the bench summary
+    over them into ``out`` and return its entries."""
+    for folder, run in runs.items():
+        folder.mkdir()
+        (folder / "train.json").write_text(json.dumps(run))
+    summary = ROOT / "profiling" / "_finetune_summary.py"
+    files = [str(folder / "train.json") for folder in runs]
+    done = subprocess.run(
+        [sys.executable, str(summary), *files, "--out", str(out), "--command", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(out.read_text())["results"])
+
+
 def test_bench_summary_takes_medians_and_keeps_the_entries_it_did_not_measure(tmp_path: Path) -> None:
     out = tmp_path / "bench_finetune.json"
 
     def summarize(runs: dict[str, float | None], command: str) -> dict[str, Any]:
-        files = []
-        for i, (name, speedup) in enumerate(runs.items()):
-            (tmp_path / name).mkdir()
-            run = _run_json(speedup, 0.3, f"commit-{command}", f"2026-01-0{i + 1}")
-            (tmp_path / name / "train.json").write_text(json.dumps(run))
-            files.append(str(tmp_path / name / "train.json"))
-        summary = ROOT / "profiling" / "_finetune_summary.py"
-        done = subprocess.run(
-            [sys.executable, str(summary), *files, "--out", str(out), "--command", command],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
+        return _summarize(
+            out,
+            {
+                tmp_path / name: _run_json(speedup, 0.3, f"commit-{command}", f"2026-01-0{i + 1}")
+                for i, (name, speedup) in enumerate(runs.items())
+            },
+            command,
         )
-        assert done.returncode == 0, done.stderr
-        return json.loads(out.read_text())["results"]
 
     first = summarize(
         {"bert_ddp_straggler_run1": 1.2, "bert_ddp_straggler_run2": 1.0, "bert_ddp_straggler_run3": 1.15}, "first"
@@ -194,21 +205,8 @@ def test_bench_summary_gives_no_fault_cost_across_cpu_models(tmp_path: Path) -> 
     out = tmp_path / "bench_finetune.json"
 
     def summarize(runs: dict[str, tuple[float, str]]) -> dict[str, Any]:
-        files = []
-        for name, (speedup, cpu) in runs.items():
-            (tmp_path / name).mkdir()
-            (tmp_path / name / "train.json").write_text(json.dumps(_run_json(speedup, 0.3, "c", "2026-01-01", cpu)))
-            files.append(str(tmp_path / name / "train.json"))
-        summary = ROOT / "profiling" / "_finetune_summary.py"
-        done = subprocess.run(
-            [sys.executable, str(summary), *files, "--out", str(out), "--command", "bench"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(out.read_text())["results"]
+        made = {tmp_path / name: _run_json(ratio, 0.3, "c", "2026-01-01", cpu) for name, (ratio, cpu) in runs.items()}
+        return _summarize(out, made, "bench")
 
     first = summarize({"llama_ddp_no_fault_run1": (1.0, "CPU A"), "llama_ddp_straggler_run1": (1.2, "CPU A")})
     assert first["llama/ddp/straggler"]["fault_cost"] == pytest.approx(0.2)
