@@ -36,6 +36,8 @@ __all__ = [
 
 def machine_info() -> dict[str, Any]:
     """Processor, core count, load and library versions."""
+    from stragglerkit.bench.results import cpu_model
+
     try:
         import torch
 
@@ -49,7 +51,7 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numpy is a dependency
         numpy_version = None
     return {
-        "processor": platform.processor() or _cpu_model(),
+        "processor": platform.processor() or cpu_model() or "",
         "machine": platform.machine(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
@@ -58,16 +60,6 @@ def machine_info() -> dict[str, Any]:
         "torch": torch_version,
         "numpy": numpy_version,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def command_line() -> str:

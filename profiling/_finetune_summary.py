@@ -149,14 +149,14 @@ def add_fault_costs(results: dict[str, Any]) -> dict[str, Any]:
         no_fault = results.get(f"{name}/{framework}/no_fault", {})
         base = no_fault.get("median_plain_steady_ms")
         faulty = entry.get("median_plain_steady_ms")
-        entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
         ours, theirs = _cpu_models(entry), _cpu_models(no_fault)
-        if entry["fault_cost"] is not None and ours is not None and theirs is not None and ours != theirs:
-            entry["fault_cost"] = None
+        if ours is not None and theirs is not None and ours != theirs:
+            base = None
             entry["fault_cost_why"] = (
                 f"the no-fault runs ran on {', '.join(sorted(theirs))} and these on {', '.join(sorted(ours))}: "
                 f"measure {name}/{framework}/no_fault on the machine of this entry"
             )
+        entry["fault_cost"] = None if base is None or faulty is None else faulty / base - 1.0
     return results
 
 
