@@ -1,8 +1,10 @@
 """What every benchmark summary records about its run, and the helpers the benchmarks share.
 
 Each benchmark of the suite overwrites one summary JSON under ``profiling/results/``; it starts
-with :func:`provenance` (the benchmark, the command, the ``STRAGGLERKIT_*`` settings, the commit,
-the machine and the date), then the figures. :func:`write_summary` writes it.
+with :func:`provenance` (the benchmark, the command, the ``STRAGGLERKIT_*`` settings, the commit
+and whether the tree was modified, the machine with its CPU model, kernel and load, the date, and
+the paths whose code the benchmark measures), then the figures. :func:`write_summary` writes it;
+``profiling/render_results.py`` turns the summaries into the tables of the results pages.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = [
 
 
 def machine_info() -> dict[str, Any]:
-    """Processor, core count, load and library versions."""
+    """CPU model, core count, kernel, load and library versions."""
     from stragglerkit.bench.results import cpu_model
 
     try:
@@ -51,8 +53,10 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numpy is a dependency
         numpy_version = None
     return {
+        "cpu_model": cpu_model(),
         "processor": platform.processor() or cpu_model() or "",
         "machine": platform.machine(),
+        "kernel": platform.release(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
@@ -84,7 +88,11 @@ def utc_now() -> str:
 
 def provenance(benchmark: str, command: str | None = None) -> dict[str, Any]:
     """The fields every summary starts with: the benchmark's name, the command, the settings, the
-    commit, the machine and the date."""
+    commit, the machine, the date and the measured paths (``_provenance.MEASURED_PATHS``)."""
+    from _provenance import MEASURED_PATHS
+
+    if benchmark not in MEASURED_PATHS:
+        raise KeyError(f"benchmark {benchmark!r} names no measured paths: add it to profiling/_provenance.py")
     return {
         "benchmark": benchmark,
         "command": command or command_line(),
@@ -92,6 +100,7 @@ def provenance(benchmark: str, command: str | None = None) -> dict[str, Any]:
         "source": source_revision(),
         "machine": machine_info(),
         "date": utc_now(),
+        "measured_paths": list(MEASURED_PATHS[benchmark]),
     }
 
 

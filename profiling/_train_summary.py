@@ -93,6 +93,14 @@ def _met(target: Target, median: float, runs: list[dict[str, Any]]) -> bool:
     return speed and same_parameters
 
 
+def _one_machine(scenario: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The machine of a scenario's runs; step times of two CPU models are not one figure."""
+    models = {r["header"].get("machine", {}).get("cpu_model") for r in runs}
+    if len(models) > 1:
+        raise SystemExit(f"{scenario}: the runs ran on different CPU models {sorted(map(str, models))}")
+    return dict(runs[0]["header"].get("machine", {}))
+
+
 def summarise(paths: list[Path], framework: str = "ddp") -> dict[str, Any]:
     targets = TARGETS[framework]
     by_scenario: dict[str, list[dict[str, Any]]] = {}
@@ -113,6 +121,7 @@ def summarise(paths: list[Path], framework: str = "ddp") -> dict[str, Any]:
                 "description": target.description,
                 "command": runs[0]["header"]["command"],
                 "commit": (runs[0]["header"].get("source") or {}).get("commit"),
+                "machine": _one_machine(name, runs),
                 "model": runs[0]["model"]["layers"],
                 "gradient_bytes": runs[0]["model"]["gradient_bytes"],
                 "target": target.text,

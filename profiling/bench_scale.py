@@ -267,15 +267,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _keep_other_stages(path: Path, summary: dict[str, Any], stages: list[str]) -> None:
-    """Stamp each case measured now with this run's command, commit and date (``measured``), and
+    """Stamp each case measured now with this run's command, commit, date and machine (``measured``), and
     carry over from the previous ``path`` every (stage, case) this run did not measure, with its
     own stamp: the growth table is one file, measured a stage or a case at a time."""
-    from _env import command_line, source_revision, utc_now
+    from _env import command_line, machine_info, source_revision, utc_now
 
     stamp = {
         "command": command_line(),
         "source": source_revision(),
         "date": utc_now(),
+        "machine": machine_info(),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }
     for cases in summary["stages"].values():

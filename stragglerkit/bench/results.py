@@ -224,6 +224,7 @@ def header_record(config: RunConfig, launched: LaunchResult, argv: list[str]) ->
             "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
+            "kernel": platform.release(),
             "python": platform.python_version(),
             "torch": torch_version,
         },
