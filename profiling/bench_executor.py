@@ -1,15 +1,17 @@
 """Executor vs gloo on loopback: our plan interpreter against torch.distributed.all_reduce.
 
-Spawns ``--world-size`` gloo ranks on 127.0.0.1 and, for each bucket size, alternates a gloo
-``all_reduce`` and ``stragglerkit.all_reduce(algorithm=...)`` on the same data, ``--repeats`` times
-(the order flips every repetition). A repetition's time is the slowest rank's time between a
-barrier and the end of its call. Reported the nccl-tests way: size, count, median time, algbw,
-busbw (GB = 1e9, busbw = algbw·2(n-1)/n), #wrong (results that differ from gloo's by more than the
-float32 rounding bound), plus the ratio of medians ours/gloo and p10/p90.
+Spawns ``--world-size`` gloo ranks on 127.0.0.1 and, for each bucket size, interleaves a gloo
+``all_reduce``, a second gloo ``all_reduce`` (the A/A control: two identical copies, whose ratio
+says how far this machine moves a figure by itself) and ``stragglerkit.all_reduce(algorithm=...)``
+on the same data, ``--repeats`` times (the order rotates every repetition). A repetition's time is
+the slowest rank's time between a barrier and the end of its call. Reported the nccl-tests way:
+size, count, median time, algbw, busbw (GB = 1e9, busbw = algbw·2(n-1)/n), #wrong (results that
+differ from gloo's by more than the float32 rounding bound), plus the ratio of medians ours/gloo,
+the control's gloo/gloo and p10/p90.
 
 Overwrites ``profiling/results/bench_executor.json`` (``--out``). Targets: 64 MiB at most 1.25x
-gloo's time, 1 KiB at most 2x gloo's latency. About 3 minutes on a 2-core machine with the
-defaults below, 8 with ``--repeats 101``.
+gloo's time, 1 KiB at most 2x gloo's latency. About 4 minutes on a 2-core machine with the
+defaults below, 12 with ``--repeats 101``.
 
 Example::
 
@@ -35,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _env import RESULTS, ROOT, write_summary
 
+COPIES = ("gloo", "gloo_control", "ours")
+"""What each repetition runs, in rotating order: gloo, gloo again (the A/A control), ours."""
+
 
 def _rank_main(rank: int, n: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
     sys.path.insert(0, str(ROOT))
@@ -49,28 +54,27 @@ def _rank_main(rank: int, n: int, store_path: str, args: argparse.Namespace, que
         numel = max(1, nbytes // 4)
         data = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         for algorithm in args.algorithms:
-            gloo_times: list[float] = []
-            ours_times: list[float] = []
+            times: dict[str, list[float]] = {copy: [] for copy in COPIES}
             wrong = 0
             for rep in range(args.warmup + args.repeats):
-                order = ("gloo", "ours") if rep % 2 == 0 else ("ours", "gloo")
+                order = COPIES[rep % 3 :] + COPIES[: rep % 3]
                 results: dict[str, torch.Tensor] = {}
                 for which in order:
                     x = data.clone()
                     dist.barrier()
                     start = time.perf_counter()
-                    if which == "gloo":
-                        dist.all_reduce(x)
-                    else:
+                    if which == "ours":
                         stragglerkit.all_reduce(x, algorithm=algorithm)
+                    else:
+                        dist.all_reduce(x)
                     elapsed = time.perf_counter() - start
                     results[which] = x
                     if rep >= args.warmup:
-                        (gloo_times if which == "gloo" else ours_times).append(elapsed)
+                        times[which].append(elapsed)
                 bound = 2 * n * torch.finfo(torch.float32).eps * (data.abs().max().item() * n) + 1e-30
                 if rep >= args.warmup and (results["gloo"] - results["ours"]).abs().max().item() > bound:
                     wrong += 1
-            out[f"{nbytes}/{algorithm}"] = {"gloo": gloo_times, "ours": ours_times, "wrong": wrong}
+            out[f"{nbytes}/{algorithm}"] = {**times, "wrong": wrong}
     queue.put((rank, out))
     dist.barrier()
 
@@ -114,9 +118,8 @@ def main() -> None:
         nbytes = int(nbytes_text)
         reps = len(per_rank[0][key]["gloo"])
         # a repetition takes as long as its slowest rank
-        gloo = [max(per_rank[r][key]["gloo"][i] for r in range(n)) for i in range(reps)]
-        ours = [max(per_rank[r][key]["ours"][i] for r in range(n)) for i in range(reps)]
-        g, o = _summary(gloo), _summary(ours)
+        slowest = {copy: [max(per_rank[r][key][copy][i] for r in range(n)) for i in range(reps)] for copy in COPIES}
+        g, c, o = (_summary(slowest[copy]) for copy in COPIES)
         algbw = nbytes / o["median_s"] / 1e9
         rows.append(
             {
@@ -125,7 +128,9 @@ def main() -> None:
                 "algorithm": algorithm,
                 "gloo": g,
                 "ours": o,
+                "gloo_control": c,
                 "ratio_of_medians": o["median_s"] / g["median_s"],
+                "control_ratio_of_medians": c["median_s"] / g["median_s"],
                 "ours_algbw_GBps": algbw,
                 "ours_busbw_GBps": algbw * 2 * (n - 1) / n,
                 "gloo_algbw_GBps": nbytes / g["median_s"] / 1e9,
@@ -140,11 +145,13 @@ def main() -> None:
         "rows": rows,
     }
     write_summary(args.out, "executor_loopback", result)
-    print(f"{'size':>10} {'alg':>8} {'gloo med':>10} {'ours med':>10} {'ratio':>6} {'busbw':>7} {'wrong':>5}")
+    columns = ("size", "alg", "gloo med", "ours med", "ratio", "A/A", "busbw", "wrong")
+    print(" ".join(f"{c:>{w}}" for c, w in zip(columns, (10, 8, 10, 10, 6, 6, 7, 5), strict=True)))
     for row in rows:
         print(
             f"{row['size_bytes']:>10} {row['algorithm']:>8} {row['gloo']['median_s'] * 1e3:>9.3f}m "
-            f"{row['ours']['median_s'] * 1e3:>9.3f}m {row['ratio_of_medians']:>6.2f} {row['ours_busbw_GBps']:>7.2f} "
+            f"{row['ours']['median_s'] * 1e3:>9.3f}m {row['ratio_of_medians']:>6.2f} "
+            f"{row['control_ratio_of_medians']:>6.2f} {row['ours_busbw_GBps']:>7.2f} "
             f"{row['wrong']:>5}"
         )
 
