@@ -352,9 +352,12 @@ def scale(stages: Sequence[str]) -> Callable[[], str]:
                     text = fsec(r["seconds"])
                     cells.append(f"**{text}**" if p == 1024 else text)
                 slope = _slope(case["rows"], record["slope_from_p"])
-                rows.append(Row([stage, case["case"], *cells, "-" if slope is None else f"{slope:.2f}"],
+                done = [r for r in case["rows"] if r.get("seconds") is not None and r.get("rss_mb") is not None]
+                memory = "-" if not done else f"{done[-1]['rss_mb']:,.0f} MB (p = {done[-1]['p']})"
+                rows.append(Row([stage, case["case"], *cells, "-" if slope is None else f"{slope:.2f}", memory],
                                 stamp_of(record, case.get("measured"))))
-        return table(f"scale-{'-'.join(stages)}", ["stage", "case", *[f"p = {p}" for p in sizes], "slope"], rows)
+        header = ["stage", "case", *[f"p = {p}" for p in sizes], "slope", "peak RSS, largest p measured"]
+        return table(f"scale-{'-'.join(stages)}", header, rows)
 
     return render
 
