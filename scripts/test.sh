@@ -8,4 +8,9 @@ echo "[test] ruff"
 echo "[test] mypy"
 .venv/bin/mypy
 echo "[test] pytest"
-.venv/bin/python -m pytest -q tests "$@"
+started=$SECONDS
+status=0
+.venv/bin/python -m pytest -q tests "$@" || status=$?
+took=$((SECONDS - started))
+echo "[test] pytest took $((took / 60)).$((took % 60 * 10 / 60)) min"
+exit "$status"
