@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from typing import Any
 
 import torch
@@ -14,8 +13,8 @@ SIZES = (0, 1, 7, 1000, (1 << 20) + 3)
 
 
 def algorithms_for(n: int, slowdowns: dict[int, float] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """Every registry algorithm that applies at world size n (present in this checkout), with its
-    arguments; ``slowdowns`` (default: rank 1 at l = 3 from 3 ranks on) for those built for them."""
+    """Every registry algorithm that applies at world size n, with its arguments; ``slowdowns``
+    (default: rank 1 at l = 3 from 3 ranks on) for those built for them."""
     from stragglerkit.schedules.registry import Situation, applicable
 
     straggler = n // 2
@@ -24,8 +23,6 @@ def algorithms_for(n: int, slowdowns: dict[int, float] | None = None) -> list[tu
     situation = Situation(world_size=n, straggler=straggler, slowdowns=slowdowns)
     out: list[tuple[str, dict[str, Any]]] = []
     for name in applicable(situation):
-        if importlib.util.find_spec(f"stragglerkit.schedules.{name}") is None:
-            continue
         kwargs: dict[str, Any] = {}
         if name in ("stragglar", "direct"):
             kwargs["straggler"] = straggler

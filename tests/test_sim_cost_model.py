@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import numpy as np
 import pytest
 
-from stragglerkit.schedules import ScheduleBuilder, direct, rhd, ring
+from stragglerkit.schedules import ScheduleBuilder, direct, rhd, ring, stragglar
 from stragglerkit.sim import CostModel, CostTerms, cost_terms, fit
 
 ALPHA, BETA, S = 3e-6, 1 / 450e9, 2**30
 AB = CostModel(CostModel.Config(alpha=ALPHA, beta=BETA))
-HAS_STRAGGLAR = importlib.util.find_spec("stragglerkit.schedules.stragglar") is not None
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 24, 32])
@@ -49,11 +47,8 @@ def test_direct_with_hidden_pre_allreduce_is_log_n_broadcast(n: int) -> None:
     assert whole == pytest.approx(predicted + 2 * (n - 2) * (ALPHA + S / (n - 1) * BETA), rel=1e-12)
 
 
-@pytest.mark.skipif(not HAS_STRAGGLAR, reason="StragglAR generator not present")
 @pytest.mark.parametrize("n", [4, 8, 16, 32, 64])
 def test_stragglar_matches_table_1_with_pre_phase_hidden(n: int) -> None:
-    from stragglerkit.schedules.stragglar import stragglar
-
     rounds = n + int(math.log2(n)) - 2
     sched = stragglar(n)
     terms = cost_terms(sched, S, hidden_phases=("reduce_scatter",))

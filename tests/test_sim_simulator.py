@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stragglerkit.errors import ScheduleError
-from stragglerkit.schedules import ScheduleBuilder, check, direct, rhd, ring
+from stragglerkit.schedules import ScheduleBuilder, check, direct, rhd, ring, stragglar
 from stragglerkit.schedules.ring import add_ring_reduce_scatter
 from stragglerkit.sim import CostModel, Network, auto_delay, simulate
 
@@ -237,8 +237,7 @@ PAPER_SPEEDUP_OVER_RING = {4: 1.13, 8: 1.36, 16: 1.57, 256: 1.94}  # stragglar.t
 
 @pytest.mark.parametrize("n", sorted(PAPER_SPEEDUP_OVER_RING))
 def test_stragglar_reproduces_the_papers_speedup_over_ring(n: int) -> None:
-    stragglar_module = pytest.importorskip("stragglerkit.schedules.stragglar")
-    sched = stragglar_module.stragglar(n)
+    sched = stragglar(n)
     net = Network.uniform(n, alpha=ALPHA, bandwidth=BW)
     straggler = int(sched.params["straggler"])
     delay = auto_delay(sched, GIB, net)
@@ -257,8 +256,7 @@ def test_stragglar_reproduces_the_papers_speedup_over_ring(n: int) -> None:
 
 @pytest.mark.parametrize("n", [4, 6, 10])
 def test_stragglar_events_engine_and_dataflow(n: int) -> None:
-    stragglar_module = pytest.importorskip("stragglerkit.schedules.stragglar")
-    sched = stragglar_module.stragglar(n)
+    sched = stragglar(n)
     net = Network.uniform(n, alpha=ALPHA, bandwidth=BW)
     arrivals = np.zeros(n)
     arrivals[n - 1] = auto_delay(sched, GIB, net)

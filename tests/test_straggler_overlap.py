@@ -16,8 +16,8 @@ def test_punctual_ranks_work_while_the_straggler_is_late(algorithm: str) -> None
     from stragglerkit.schedules.registry import Situation, applicable
 
     n, straggler, delay = 4, 1, 1.0
-    if algorithm not in applicable(Situation(world_size=n, straggler=straggler)):
-        pytest.skip(f"{algorithm} does not apply at n={n}")
+    applies = applicable(Situation(world_size=n, straggler=straggler))
+    assert algorithm in applies, f"{algorithm} must apply at n={n} with a straggler; only {applies} do"
     pre_phase = {"direct": "pre_allreduce", "stragglar": "reduce_scatter"}[algorithm]
     results = run_group(n, fault_bodies.straggler_overlap, algorithm, straggler, delay)
     arrival = results[straggler]["arrival"]
