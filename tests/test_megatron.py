@@ -16,13 +16,15 @@ from typing import Any
 import megatron_bodies
 import pytest
 from _dist import run_group
+from _require import needs
 
 from stragglerkit.errors import ConfigError
 
 pytestmark = [
-    pytest.mark.skipif(
+    needs(
+        "megatron-core",
         importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-        reason="megatron-core is not installed: pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
+        "pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
     ),
     # megatron-core's import-time notes on a machine without Transformer Engine and Apex
     pytest.mark.filterwarnings("ignore:.*(Transformer Engine|Apex):UserWarning"),

@@ -24,6 +24,7 @@ import profiler_bodies as body
 import pytest
 import torch
 from _dist import run_group
+from _require import require_or_skip
 
 from stragglerkit.report import nvtx
 from stragglerkit.runtime.executor import PlanRanges, _range_callback, phase_range_name
@@ -34,6 +35,11 @@ from stragglerkit.schedules.ring import ring
 ROOT = Path(__file__).resolve().parent.parent
 RECORDER = Path(__file__).resolve().parent / "nvtx_recorder.c"
 CAPTURE = ROOT / "profiling" / "nsys_capture.sh"
+
+
+def _require_nvtx() -> None:
+    if importlib.util.find_spec("nvtx") is None:
+        require_or_skip("the nvtx package", "pip install nvtx (scripts/setup.sh does)")
 
 
 @pytest.fixture
@@ -51,8 +57,8 @@ def recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/nvtx_recorder.c as a shared library (an NVTX tool)."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        pytest.skip("no C compiler to build the NVTX recorder with")
-    pytest.importorskip("nvtx")
+        require_or_skip("a C compiler (cc or gcc)", "it builds the NVTX recorder: apt-get install gcc")
+    _require_nvtx()
     library = tmp_path_factory.mktemp("nvtx") / "libnvtx_recorder.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(RECORDER), "-lpthread"], check=True)
     return library
@@ -117,7 +123,7 @@ def test_profiler_without_backend_is_a_no_op(clean_env: pytest.MonkeyPatch) -> N
 
 
 def test_forcing_off_wins(clean_env: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("nvtx")
+    _require_nvtx()
     clean_env.setenv("NSYS_PROFILING_SESSION_ID", "42")
     assert nvtx.refresh() is True and nvtx.backend() == "nvtx"
     assert nvtx.configure(False) is False
@@ -276,7 +282,7 @@ def test_a_failed_call_closes_its_ranges(recorder: Path, tmp_path: Path, monkeyp
 def _bash() -> str:
     bash = shutil.which("bash")
     if bash is None:
-        pytest.skip("no bash")
+        require_or_skip("bash", "it runs profiling/nsys_capture.sh")
     return bash
 
 

@@ -23,6 +23,7 @@ import profiler_bodies as body
 import pytest
 from _dist import run_group
 from _horovod import HOROVODRUN, horovodrun_env
+from _require import require_or_skip
 
 Event = dict[str, Any]
 
@@ -156,7 +157,7 @@ def test_horovod_baseline_on_two_ranks(tmp_path: Path) -> None:
     the baseline, started on the training thread and seen complete on a waiter thread; its range
     ends there, before the next step, and every step is marked once."""
     if importlib.util.find_spec("horovod") is None or not Path(HOROVODRUN).exists():
-        pytest.skip("Horovod is not installed: bash scripts/install_horovod.sh (scripts/setup.sh runs it)")
+        require_or_skip("Horovod", "bash scripts/install_horovod.sh (scripts/setup.sh runs it)")
     n, steps = 2, 4
     body_file = Path(__file__).with_name("horovod_trace_body.py")
     env = horovodrun_env()

@@ -1,0 +1,45 @@
+"""What a test does when something it needs from outside the project is missing (a package, a
+tool, root for network namespaces, the peer suites in ../shared/peers): on a developer's machine it
+is skipped with the reason and what to install; under ``CI=true``, where scripts/setup.sh installs
+everything, it fails, so that no integration goes untested without a red run.
+
+GPU tests are the one exception: they skip on CPU machines and name scripts/gpu_check.sh instead.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+import pytest
+
+__all__ = ["IN_CI", "needs", "require_or_skip"]
+
+IN_CI = os.environ.get("CI") == "true"
+"""Whether this run is CI's (``CI=true``, as scripts/setup.sh reads it too)."""
+
+
+def require_or_skip(what: str, reason: str) -> NoReturn:
+    """``what`` is missing, ``reason`` says why and how to get it: fail the test under ``CI=true``,
+    skip it elsewhere.
+
+    Example::
+
+        ok, reason = EmulatedCluster.available()
+        if not ok:
+            require_or_skip("the emulated cluster", reason)
+    """
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI=true but missing: {reason}", pytrace=False)
+    pytest.skip(f"{what} is missing: {reason}")
+
+
+def needs(what: str, missing: bool, reason: str) -> pytest.MarkDecorator:
+    """A mark for a test, or a module's ``pytestmark``, that needs ``what``: where ``missing``, the
+    test calls :func:`require_or_skip` before it starts (tests/conftest.py).
+
+    Example::
+
+        pytestmark = needs("Chromium", CHROMIUM is None, "apt-get install chromium")
+    """
+    return pytest.mark.needs(what=what, missing=missing, reason=reason)
