@@ -2,7 +2,7 @@
 
 ``RECORD_TEST_TIMES=1 bash scripts/test.sh`` runs pytest with ``--junitxml`` and then this script,
 which overwrites ``profiling/results/test_times.json``: pytest's wall time, the number of tests,
-and per group of test files (``tests/test_<group>*.py``, the word after ``test_``) their tests and
+and per group of test files (``tests/test_<group>.py`` and ``tests/test_<group>_*.py``) their tests and
 summed time, slowest first. docs/results.md renders it ("Test suite").
 
 Example::
@@ -25,10 +25,11 @@ from _env import RESULTS, write_summary
 
 
 def group_of(classname: str) -> str:
-    """``tests.test_sim_fast.TestX`` -> ``test_sim*``: the test file's first word names its group."""
+    """``tests.test_sim_fast.TestX`` -> ``sim``: the first word after ``test_`` of the test file's
+    name names its group (tests/test_sim.py and tests/test_sim_*.py)."""
     module = next((part for part in classname.split(".") if part.startswith("test_")), classname)
     words = module.split("_")
-    return f"tests/{words[0]}_{words[1]}*.py" if len(words) > 1 else f"tests/{module}.py"
+    return words[1] if len(words) > 1 else module
 
 
 def summarise(junit: Path) -> dict[str, Any]:

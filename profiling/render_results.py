@@ -508,9 +508,10 @@ def test_times() -> str:
     stamp = stamp_of(record)
     rows = [Row([f"`{g['group']}`", str(g["tests"]), f"{g['seconds'] / 60:.1f} min"], stamp)
             for g in record["groups"]]
-    rows.append(Row(["**all of pytest**", str(record["tests"]), f"**{record['pytest_seconds'] / 60:.1f} min**"],
-                    stamp))
-    return table("test-times", ["test files", "tests", "time"], rows, stamp)
+    outcomes = ", ".join(f"{count} {outcome}" for outcome, count in sorted(record["outcomes"].items()))
+    rows.append(Row([f"**all of pytest** ({outcomes})", str(record["tests"]),
+                     f"**{record['pytest_seconds'] / 60:.1f} min**"], stamp))
+    return table("test-times", ["group: tests/test_&lt;group&gt;[_*].py", "tests", "time"], rows, stamp)
 
 
 # --- README -----------------------------------------------------------------------------------
