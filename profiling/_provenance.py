@@ -151,6 +151,11 @@ def staleness(stamp: Stamp, repo: Path = ROOT) -> str | None:
         return "stale: no commit recorded"
     changed = _changed_paths(stamp.commit, stamp.measured_paths, repo.resolve())
     if changed is None:
+        if _git(["rev-parse", "--is-shallow-repository"], repo).stdout.strip() == "true":
+            raise RuntimeError(
+                f"commit {stamp.short_commit} is not in this shallow clone, so whether its figures are "
+                "stale cannot be told: fetch the whole history (git fetch --unshallow) and render again"
+            )
         return f"stale: `{stamp.short_commit}` is not in this history"
     if changed:
         return f"stale since `{stamp.short_commit}`"
