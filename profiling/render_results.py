@@ -209,6 +209,20 @@ def train(name: str) -> Callable[[], str]:
     return render
 
 
+HOOK_TARGET = 0.98
+"""Plain DDP's step over the hook's with nothing wrong: the hook costs at most 2 %."""
+
+
+def _hook_noise(record: dict[str, Any]) -> float:
+    """The A/A spread: how far torch's own hook, which does plain DDP's work, lands from one."""
+    return max(
+        abs(r["plain_over_copy_median"] - 1.0)
+        for run in record["per_run"]
+        for r in run["rows"]
+        if r["copy"] == "builtin_allreduce_hook"
+    )
+
+
 def hook_overhead() -> str:
     record = load("bench_hook_overhead.json")
     stamp = stamp_of(record)
@@ -219,14 +233,8 @@ def hook_overhead() -> str:
         "hook_exchange_only": "the same with the stats exchange and the controller",
         "hook_default": "stragglerkit's hook, defaults (exchange, probes)",
     }
-    # the A/A spread: how far torch's own hook, which does plain DDP's work, lands from 1 per launch
-    noise = max(
-        abs(r["plain_over_copy_median"] - 1.0)
-        for run in record["per_run"]
-        for r in run["rows"]
-        if r["copy"] == "builtin_allreduce_hook"
-    )
-    target = record.get("target_plain_over_copy", 0.98)
+    noise = _hook_noise(record)
+    target = HOOK_TARGET
     rows = []
     for r in record["rows"]:
         if r["copy"] == "plain":
@@ -560,8 +568,9 @@ def readme_results() -> str:
                            " / ".join(f["target"] for f in near), " / ".join(verdict(f["met"]) for f in near),
                            [acc_stamp]))
     lines.append(_headline("Hook cost, nothing wrong", "hook-overhead", "DDP hook with defaults, 8 ranks, 8 MiB model",
-                           f"{hook_default['plain_over_copy_median']:.3f}x plain DDP's step", ">= 0.98x",
-                           verdict(hook_default["plain_over_copy_median"] >= 0.98), [stamp_of(hook)]))
+                           f"{hook_default['plain_over_copy_median']:.3f}x plain DDP's step", f">= {HOOK_TARGET}x",
+                           verdict(hook_default["plain_over_copy_median"] >= HOOK_TARGET, _hook_noise(hook),
+                                   hook_default["plain_over_copy_median"], HOOK_TARGET), [stamp_of(hook)]))
     for name, capability, section in (
         ("bench_train.json", "DDP training", "training-with-ddp-on-the-emulated-cluster"),
         ("bench_train_horovod.json", "Horovod training", "training-with-horovod-on-the-emulated-cluster"),
