@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -331,18 +330,6 @@ def schedules() -> str:
     return table("schedules", ["what", "size", "time (median)", "reference"], rows, stamp)
 
 
-def _slope(rows: list[dict[str, Any]], from_p: int) -> float | None:
-    import math
-
-    pts = [(math.log(r["p"]), math.log(r["seconds"])) for r in rows if r["p"] >= from_p and r.get("seconds")]
-    if len(pts) < 2:
-        return None
-    mx = statistics.fmean(x for x, _ in pts)
-    my = statistics.fmean(y for _, y in pts)
-    den = sum((x - mx) ** 2 for x, _ in pts)
-    return None if den == 0 else sum((x - mx) * (y - my) for x, y in pts) / den
-
-
 def scale(stages: Sequence[str]) -> Callable[[], str]:
     def render() -> str:
         record = load("scale.json")
@@ -359,7 +346,7 @@ def scale(stages: Sequence[str]) -> Callable[[], str]:
                         continue
                     text = fsec(r["seconds"])
                     cells.append(f"**{text}**" if p == 1024 else text)
-                slope = _slope(case["rows"], record["slope_from_p"])
+                slope = case.get("slope")  # bench_scale.py's least squares of log time on log p
                 done = [r for r in case["rows"] if r.get("seconds") is not None and r.get("rss_mb") is not None]
                 memory = "-" if not done else f"{done[-1]['rss_mb']:,.0f} MB (p = {done[-1]['p']})"
                 rows.append(Row([stage, case["case"], *cells, "-" if slope is None else f"{slope:.2f}", memory],
