@@ -3,7 +3,7 @@
 # emulated cluster (250 Mbit/s, 1 Gbit/s, 2 Gbit/s) and loopback, 4/6/8 ranks, 4 KiB..64 MiB, with
 # no fault, a straggler and a NIC at 1/2, then fits alpha-beta, alpha-beta-gamma and GenModel on
 # two thirds of the samples and reports their errors on the rest (docs/bench.md, "--mode
-# calibrate"). About 45 min; needs root and iproute2, and a quiet machine.
+# calibrate"). 45-90 min; needs root and iproute2, and a quiet machine.
 # Overwrites profiling/results/calibration.json and keeps its raw samples, compressed, beside it
 # (profiling/results/calibration_samples.json.gz), so that the fit can be re-derived:
 #   gunzip -k profiling/results/calibration_samples.json.gz
