@@ -104,12 +104,14 @@ def machine_line(stamps: Sequence[Stamp], table: str) -> str:
     if machine is None:
         return ""
     loads = [s.load for s in stamps if s.load is not None]
-    load = "" if not loads else f", load {min(loads):.1f}" + ("" if max(loads) == min(loads) else f"-{max(loads):.1f}")
+    load_text = "" if not loads else f", load {min(loads):.1f}" + (
+        "" if max(loads) == min(loads) else f"-{max(loads):.1f}"
+    )
     kernel = f", Linux {machine.kernel}" if machine.kernel else ""
     cores = f", {machine.cores} cores" if machine.cores else ""
     modified = any(s.modified for s in stamps)
     commands = list(dict.fromkeys(s.command for s in stamps if s.command))
-    text = f"*Machine: {machine.cpu}{cores}{kernel}{load}.*"
+    text = f"*Machine: {machine.cpu}{cores}{kernel}{load_text}.*"
     if modified:
         text += " *Measured on a tree with uncommitted changes.*"
     if len(commands) == 1:
@@ -431,6 +433,18 @@ _FT_SCENARIO = {"no_fault": "no fault", "straggler": "rank 7's backward slowed (
 _FT_TARGET = {"no_fault": 0.98, "straggler": 1.1, "degraded": 1.2}
 
 
+def _cell_stamp(stamps: Sequence[Stamp]) -> Stamp:
+    """A figure of several runs: stale if any of its runs is (that run's stamp), else its newest run's."""
+    return next((s for s in stamps if staleness(s)), None) or max(stamps, key=lambda s: s.date)
+
+
+def _finetune_verdict(scenario: str, entry: dict[str, Any]) -> str:
+    """A cell's verdict, with its runs' controls as the A/A spread."""
+    controls = [r["compute_speedup_steady"] for r in entry["runs"] if r.get("compute_speedup_steady") is not None]
+    noise = max((abs(c - 1.0) for c in controls), default=None)
+    return verdict(entry["met"], noise, entry["median_speedup_to_target"], _FT_TARGET.get(scenario))
+
+
 def _run_stamp(record: dict[str, Any], run: dict[str, Any]) -> Stamp:
     measured = dict(run["measured"])
     if run.get("cpu_model"):
@@ -445,12 +459,7 @@ def finetune() -> str:
         example, framework, scenario = key.split("/")
         runs = e["runs"]
         controls = [r["compute_speedup_steady"] for r in runs if r.get("compute_speedup_steady") is not None]
-        noise = max((abs(c - 1.0) for c in controls), default=None)
         ratio = e["median_speedup_to_target"]
-        stamps = [_run_stamp(record, r) for r in runs]
-        # the cell's stamp: its newest run's; the cell is stale if any of its runs is
-        newest = max(stamps, key=lambda s: s.date)
-        stale = next((s for s in stamps if staleness(s)), None)
         switched = sorted({f"{r['algorithm']} at {r['switched_step']}" for r in runs if r.get("switched_step")})
         rows.append(
             Row(
@@ -462,9 +471,9 @@ def finetune() -> str:
                     f"{fx(e['median_speedup_steady'])} ({', '.join(fx(r['speedup_steady']) for r in runs)})",
                     f"{fx(e['median_compute_speedup_steady'])} ({', '.join(fx(c) for c in controls)})",
                     "; ".join(switched) or "nothing",
-                    verdict(e["met"], noise, ratio, _FT_TARGET.get(scenario)),
+                    _finetune_verdict(scenario, e),
                 ],
-                stale or newest,
+                _cell_stamp([_run_stamp(record, r) for r in runs]),
             )
         )
     return table(
@@ -485,12 +494,11 @@ def finetune_costs() -> str:
             continue
         base = results.get(f"{example}/{framework}/no_fault", {})
         stamps = [_run_stamp(record, r) for r in e["runs"]]
-        stale = next((s for s in stamps if staleness(s)), None)
         cost = e.get("fault_cost")
         rows.append(Row([f"{example}, {framework}", _FT_SCENARIO.get(scenario, scenario),
                          f"{base.get('median_plain_steady_ms', 0):.0f} ms",
                          f"{e.get('median_plain_steady_ms', 0):.0f} ms",
-                         "-" if cost is None else fpct(cost)], stale or max(stamps, key=lambda s: s.date)))
+                         "-" if cost is None else fpct(cost)], _cell_stamp(stamps)))
     return table("finetune-costs", ["example, framework", "fault", "plain step, no fault (median)",
                                     "plain step, fault (median)", "fault cost"], rows)
 
@@ -514,9 +522,7 @@ def test_times() -> str:
 
 def _headline(capability: str, section: str, setting: str, measured: str, target: str, met: str,
               stamps: Iterable[Stamp]) -> str:
-    stamps = list(stamps)
-    stale = next((s for s in stamps if staleness(s)), None)
-    s = stale or max(stamps, key=lambda x: x.date)
+    s = _cell_stamp(list(stamps))
     return (f"| [{capability}](docs/results.md#{section}) | {setting} | {measured} | {target} | {met} | "
             f"{_stamp_cell(s)} |")
 
@@ -575,9 +581,7 @@ def readme_results() -> str:
     counts = {"yes": 0, "**no**": 0, "noise": 0}
     ft_stamps = []
     for key, e in ft["results"].items():
-        controls = [r["compute_speedup_steady"] for r in e["runs"] if r.get("compute_speedup_steady") is not None]
-        noise = max((abs(c - 1.0) for c in controls), default=None)
-        v = verdict(e["met"], noise, e["median_speedup_to_target"], _FT_TARGET.get(key.rsplit("/", 1)[1]))
+        v = _finetune_verdict(key.rsplit("/", 1)[1], e)
         counts["noise" if v.startswith("noise") else v] += 1
         ft_stamps += [_run_stamp(ft, r) for r in e["runs"]]
     lines.append(_headline("Fine-tuning, time to target", "fine-tuning-examples-time-to-a-target-loss",
