@@ -18,7 +18,7 @@ and incast is charged by the epsilon term instead. ``hidden_phases`` names phase
 before the last rank arrives (StragglAR's ``reduce_scatter``, direct's ``pre_allreduce``): their
 ops count as done at time 0, which is how the StragglAR paper's Table 1 counts.
 
-The critical path is chosen with the weights of a :class:`CostModel.Config` (``weights``; the
+The critical path is chosen with the weights of a :class:`CostModelParams` (``weights``; the
 defaults when omitted), since which path is heaviest can depend on alpha versus beta.
 
 Measured runs (``arrivals``, ``slowdowns``): each rank starts at its arrival (a message when both
@@ -41,7 +41,7 @@ from scipy.optimize import nnls
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.sim.graph import FloatArray, TaskGraph, build_task_graph, longest_path
 
-__all__ = ["CostModel", "CostTerms", "FitResult", "cost_terms", "fit", "graph_cost_terms"]
+__all__ = ["CostModel", "CostModelParams", "CostTerms", "FitResult", "cost_terms", "fit", "graph_cost_terms"]
 
 _RECV_REDUCE_CODE = 2
 _PARAMS = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -71,40 +71,51 @@ class CostTerms:
     """Seconds: the arrival of the rank the critical path starts on (0 without ``arrivals``)."""
 
 
+@dataclass(kw_only=True, slots=True)
+class CostModelParams:
+    """The weights of GenModel's terms (:class:`CostModel`'s parameters).
+
+    Example::
+
+        CostModel(CostModelParams(alpha=3e-6, beta=1 / 450e9))
+    """
+
+    alpha: float = 3e-6
+    """Seconds per message (latency), default: NVLink-class 3 us (StragglAR paper, §4.3)."""
+    beta: float = 1.0 / 450e9
+    """Seconds per byte on a link, default: 1 / 450 GB/s (H100 NVLink, one direction)."""
+    gamma: float = 0.0
+    """Seconds per byte reduced (0: reductions hidden or free)."""
+    delta: float = 0.0
+    """Seconds per byte of local memory traffic."""
+    epsilon: float = 0.0
+    """Extra seconds per byte on the critical path per flow of incast above the threshold."""
+    incast_threshold: float = 1.0
+    """w_t: incast degree the fabric absorbs without the epsilon penalty."""
+
+    def __post_init__(self) -> None:
+        for name in (*_PARAMS, "incast_threshold"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"CostModelParams.{name} = {value!r} must be a finite number >= 0")
+
+
 class CostModel:
     """Predicts a schedule's time with GenModel (see the module docstring).
 
     Example::
 
-        model = CostModel(CostModel.Config(alpha=3e-6, beta=1 / 450e9))
+        model = CostModel(CostModelParams(alpha=3e-6, beta=1 / 450e9))
         seconds = model.predict(ring(8), 2**30)
     """
 
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        alpha: float = 3e-6
-        """Seconds per message (latency), default: NVLink-class 3 us (StragglAR paper, §4.3)."""
-        beta: float = 1.0 / 450e9
-        """Seconds per byte on a link, default: 1 / 450 GB/s (H100 NVLink, one direction)."""
-        gamma: float = 0.0
-        """Seconds per byte reduced (0: reductions hidden or free)."""
-        delta: float = 0.0
-        """Seconds per byte of local memory traffic."""
-        epsilon: float = 0.0
-        """Extra seconds per byte on the critical path per flow of incast above the threshold."""
-        incast_threshold: float = 1.0
-        """w_t: incast degree the fabric absorbs without the epsilon penalty."""
-
-        def __post_init__(self) -> None:
-            for name in (*_PARAMS, "incast_threshold"):
-                value = getattr(self, name)
-                if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                    raise ValueError(f"CostModel.Config.{name} = {value!r} must be a finite number >= 0")
+    Config = CostModelParams
+    """Deprecated name of :class:`CostModelParams` (kept for code and pickles that name it)."""
 
     __slots__ = ("config",)
 
-    def __init__(self, config: CostModel.Config | None = None) -> None:
-        self.config = config if config is not None else CostModel.Config()
+    def __init__(self, config: CostModelParams | None = None) -> None:
+        self.config = config if config is not None else CostModelParams()
 
     def predict(self, schedule: Schedule, size_bytes: float, hidden_phases: Sequence[str] = ()) -> float:
         """Predicted seconds for ``schedule`` on ``size_bytes`` (from the last arrival, if phases are hidden).
@@ -138,7 +149,7 @@ def cost_terms(
     size_bytes: float,
     hidden_phases: Sequence[str] = (),
     *,
-    weights: CostModel.Config | None = None,
+    weights: CostModelParams | None = None,
     sync_rounds: bool = True,
     arrivals: Sequence[float] | None = None,
     slowdowns: Mapping[int, float] | None = None,
@@ -167,7 +178,7 @@ def graph_cost_terms(
     size_bytes: float,
     hidden_phases: Sequence[str] = (),
     *,
-    weights: CostModel.Config | None = None,
+    weights: CostModelParams | None = None,
     arrivals: Sequence[float] | None = None,
     slowdowns: Mapping[int, float] | None = None,
 ) -> CostTerms:
@@ -192,14 +203,14 @@ def graph_cost_terms(
     unknown = [p for p in hidden_phases if p not in graph.phases]
     if unknown:
         raise ValueError(f"hidden phase {unknown[0]!r} is not a phase of the schedule (its phases: {graph.phases})")
-    return _critical_path(graph, size_bytes, tuple(hidden_phases), weights or CostModel.Config(), arrival, slow)
+    return _critical_path(graph, size_bytes, tuple(hidden_phases), weights or CostModelParams(), arrival, slow)
 
 
 def _critical_path(
     graph: TaskGraph,
     size_bytes: float,
     hidden: tuple[str, ...],
-    cfg: CostModel.Config,
+    cfg: CostModelParams,
     arrival: FloatArray,
     slow: FloatArray,
 ) -> CostTerms:
@@ -301,7 +312,7 @@ class FitResult:
         model = result.model()
     """
 
-    config: CostModel.Config
+    config: CostModelParams
     """The fitted parameters (``incast_threshold`` as given to :func:`fit`)."""
     relative_rms: float
     """Root mean square of (predicted - measured) / measured over the samples."""
@@ -380,7 +391,7 @@ def fit(
     solution, _ = nnls(scaled, np.ones(len(rows)))
     estimate = np.zeros(len(_PARAMS))
     estimate[used] = solution / norms
-    config = CostModel.Config(
+    config = CostModelParams(
         **{name: float(estimate[j]) for j, name in enumerate(_PARAMS)}, incast_threshold=incast_threshold
     )
     relative = design @ estimate / measured - 1.0
