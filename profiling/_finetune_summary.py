@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _env import RESULTS, write_summary
 
-from stragglerkit.bench.train_report import compute_speedup
+from profiling.lab.train_report import compute_speedup
 
 TARGETS = {
     "no_fault": ("time to target within 2 % of plain", 0.98),
@@ -69,7 +69,7 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _control(data: dict[str, Any]) -> float | None:
-    """The run's ``compute_speedup_steady`` (stragglerkit.bench.train_report), computed from its
+    """The run's ``compute_speedup_steady`` (profiling.lab.train_report), computed from its
     per-rank times where the run predates the field."""
     if data.get("compute_speedup_steady") is not None:
         return float(data["compute_speedup_steady"])

@@ -45,7 +45,7 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
     "selective_sim": ("stragglerkit/selective", "stragglerkit/sim", "stragglerkit/cli",
                       "profiling/bench_selective_sim.sh", "profiling/_selective_summary.py"),
     "train_selective": ("csrc", "stragglerkit/selective", "stragglerkit/runtime", "stragglerkit/testbed",
-                        "stragglerkit/bench/train_selective.py", "profiling/bench_train_selective.sh",
+                        "profiling/lab/train_selective.py", "profiling/bench_train_selective.sh",
                         "profiling/_selective_train_summary.py"),
     "calibration": ("csrc", "stragglerkit/runtime", "stragglerkit/schedules", "stragglerkit/sim",
                     "stragglerkit/testbed", "stragglerkit/bench/calibrate.py", "stragglerkit/detect/model.py",

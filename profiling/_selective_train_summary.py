@@ -111,7 +111,7 @@ def main() -> int:
     summary = summarise(runs)
     write_summary(args.out, "train_selective", summary, args.command)
     if args.plot:
-        from stragglerkit.bench.train_selective import plot
+        from profiling.lab.train_selective import plot
 
         plot(runs[0], args.plot)
         print(f"wrote {args.plot}")

@@ -4,7 +4,7 @@ gloo ranks, side by side with the same model under ``stragglerkit.megatron.insta
 Every body builds its models from the same seed on every rank, feeds each rank its own inputs
 (seeded by rank, step and micro-batch) and returns plain data: the largest difference between the
 two models' reduced gradients per step, and what the loop ran. megatron-core's DDP is built on the
-CPU with :func:`stragglerkit.megatron.cpu_shim.cuda_calls_on_cpu` (it asks CUDA for the device of
+CPU with :func:`examples.megatron.cpu_shim.cuda_calls_on_cpu` (it asks CUDA for the device of
 its gradient buffers while it is constructed); nothing else needs it here.
 """
 
@@ -50,7 +50,7 @@ def _megatron_ddp(ddp_fields: dict[str, Any], dtype: torch.dtype, bucket_size: i
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
+    from examples.megatron.cpu_shim import cuda_calls_on_cpu
 
     torch.manual_seed(0)
     width = 32  # with bucket_size 600: three buckets (megatron-core makes one without overlap_grad_reduce)
@@ -82,7 +82,7 @@ def _train_step(
 
 def _force(state: Any, plan: Any, step: int) -> None:
     """Every rank adopts ``plan`` from ``step`` on, as a decision shipped by rank 0 would."""
-    from stragglerkit.detect.plans import Decision
+    from stragglerkit.plans import Decision
 
     state.loop.controller.apply(Decision(10_000 + step, step, plan, []))
 
@@ -92,7 +92,7 @@ def _ran(state: Any, step: int) -> list[str]:
 
 
 def _plan(spec: dict[str, Any]) -> Any:
-    from stragglerkit.detect.plans import Plan
+    from stragglerkit.plans import Plan
 
     slowdowns = tuple((int(rank), float(slowdown)) for rank, slowdown in spec.get("slowdowns", []))
     return Plan(spec["default"], tuple(spec.get("buckets", ())), None, slowdowns)
@@ -239,7 +239,7 @@ def llama_as_gpt_model(rank: int, n: int, example: str) -> dict[str, float]:
 
     from megatron.core import tensor_parallel
 
-    from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
+    from examples.megatron.cpu_shim import cuda_calls_on_cpu
 
     _setup()
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)

@@ -310,7 +310,7 @@ def bench_allreduce_json(path: Path, world_size: int = 4, iterations: int = 5) -
 
 
 def bench_train_json(path: Path, world_size: int = 4, steps: int = 40) -> Path:
-    """A training bench JSON (``{"header", <summary>}`` as stragglerkit/bench/train_report.py writes it)."""
+    """A training bench JSON (``{"header", <summary>}`` as profiling/lab/train_report.py writes it)."""
     rng = random.Random(5)
     switch = 18
     hooked = [0.30 + rng.uniform(0, 0.01) - (0.04 if s >= switch else 0.0) for s in range(steps)]

@@ -1,4 +1,4 @@
-"""stragglerkit bench --mode train: options, the summary's arithmetic, and small end-to-end runs.
+"""The training bench (python -m profiling.lab.train): options, the summary's arithmetic, and small end-to-end runs.
 
 The loopback run always happens (4 ranks, 40 steps, about 20 s); the emulated-cluster run needs
 root and iproute2 and is skipped otherwise with EmulatedCluster.available()'s reason (it fails
@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from _require import needs, require_or_skip
 
-from stragglerkit.bench.train import given_options, run_train
-from stragglerkit.bench.train_config import TrainConfig, parse_jitter
-from stragglerkit.bench.train_report import compute_speedup, group_step_times, print_summary, summarize
-from stragglerkit.bench.train_worker import hidden_width
+from profiling.lab.copies import hidden_width
+from profiling.lab.train import main as train_main
+from profiling.lab.train import run_train
+from profiling.lab.train_config import TrainConfig, parse_jitter
+from profiling.lab.train_report import compute_speedup, group_step_times, print_summary, summarize
 from stragglerkit.cli import main
 from stragglerkit.testbed import EmulatedCluster
 
@@ -105,45 +106,43 @@ def test_option_parsers() -> None:
     assert parse_jitter("5ms") == pytest.approx(0.005)
     with pytest.raises(ValueError, match="--jitter"):
         parse_jitter("lots")
-    assert given_options(["--steps", "5", "--sizes=1MiB", "--from-step"], ["--sizes", "--steps", "--from-step"]) == [
-        "--steps",
-        "--sizes",
-        "--from-step",
-    ]
-    # --degrade (both modes) is not --degraded-threshold (train only); the parser takes no abbreviations
-    assert given_options(["--degrade", "3:2", "--steps-per-block", "4"], ["--degraded-threshold", "--steps"]) == []
     for size in (2**20, 8 * 2**20, 32 * 2**20):
         width = hidden_width(size)
         numel = width * width + 274 * width + 16
         assert abs(4 * numel - size) / size < 0.02
 
 
-def test_cli_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--mode", "train", "--loopback", "--sizes", "1MiB"]) == 2
-    assert "--sizes: only for the AllReduce bench" in capsys.readouterr().err
-    assert main(["bench", "--loopback", "--steps", "10"]) == 2
-    assert "--steps: only for --mode train" in capsys.readouterr().err
-    # --degrade belongs to both modes: only the train option is named, not --degraded-threshold
-    assert main(["bench", "--loopback", "--degrade", "1:2", "--steps", "10"]) == 2
-    assert "error: --steps: only for --mode train" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # no abbreviations
-        main(["bench", "--loopback", "--degr", "1:2"])
+def test_command_reports_bad_options_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert train_main(["--loopback", "--plot", "x.png"]) == 2
+    assert "--plot: only with --sync selective" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the AllReduce bench's options are not the training's
+        train_main(["--loopback", "--sizes", "1MiB"])
+    assert "unrecognized arguments: --sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no abbreviations: --degr is neither --degrade nor --degraded-threshold
+        train_main(["--loopback", "--degr", "1:2"])
     assert "unrecognized arguments: --degr" in capsys.readouterr().err
-    assert main(["bench", "--mode", "train", "--loopback", "--degrade", "1:2"]) == 2
+    assert train_main(["--loopback", "--degrade", "1:2"]) == 2
     assert "emulated cluster" in capsys.readouterr().err
-    assert main(["bench", "--mode", "train", "--loopback", "--move-straggler-at", "50", "1"]) == 2
+    assert train_main(["--loopback", "--move-straggler-at", "50", "1"]) == 2
     assert "needs --straggler" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["bench", "--mode", "train", "--jitter", "often"])
+        train_main(["--jitter", "often"])
     assert "--jitter" in capsys.readouterr().err
+
+
+def test_stragglerkit_bench_says_where_the_training_mode_went(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--mode", "train", "--loopback", "--steps", "10"])
+    err = capsys.readouterr().err
+    assert "--mode train left the installed package" in err and "python -m profiling.lab.train" in err, err
 
 
 def test_cli_refuses_a_bad_send_buffer_before_starting_ranks(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STRAGGLERKIT_TCP_SEND_BUFFER", "lots")
-    for mode in ("allreduce", "train"):
-        assert main(["bench", "--mode", mode, "--loopback"]) == 2
+    for run in (lambda: main(["bench", "--loopback"]), lambda: train_main(["--loopback"])):
+        assert run() == 2
         err = capsys.readouterr().err
         assert "STRAGGLERKIT_TCP_SEND_BUFFER='lots'" in err and "cannot read 'lots' as a size" in err, err
 
@@ -285,12 +284,12 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
         model_bytes=2**20,
         timeout=180,
     )
-    summary = run_train(config, argv=["--mode", "train", "--loopback"], json_path=str(json_path), out=out)
+    summary = run_train(config, argv=["--loopback"], json_path=str(json_path), out=out)
     assert summary is not None
     data = json.loads(json_path.read_text())
     assert FIELDS <= set(data)
     assert {"command", "machine", "date", "load_average", "config"} <= set(data["header"])
-    assert data["header"]["command"].startswith("stragglerkit bench --mode train")
+    assert data["header"]["command"] == "python -m profiling.lab.train --loopback"
     assert data["max_param_diff"] <= 1e-5 * max(data["param_scale"], 1.0)
     assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
     assert data["detected_step"] is not None and data["detected_step"] > 2
@@ -395,7 +394,7 @@ def _loopback_train_with_rank_3_late(tmp_path: Path, framework: str) -> tuple[di
         model_bytes=2 * 2**20,
         timeout=240,
     )
-    summary = run_train(config, argv=["--mode", "train", "--framework", framework], json_path=str(json_path), out=out)
+    summary = run_train(config, argv=["--framework", framework], json_path=str(json_path), out=out)
     assert summary is not None
     data = json.loads(json_path.read_text())
     assert FIELDS <= set(data)
@@ -451,7 +450,7 @@ def test_horovod_train_on_the_emulated_cluster_meets_across_hosts(tmp_path: Path
 
 
 def test_progress_lines_say_what_each_verdict_measured() -> None:
-    from stragglerkit.bench.train_worker import _describe_event
+    from profiling.lab.copies import describe_event
 
     verified = {
         "step": 75,
@@ -470,7 +469,7 @@ def test_progress_lines_say_what_each_verdict_measured() -> None:
         "verified: after the switch at step 61 the step period was 620.1 ms against 652.7 ms before "
         "(allreduce part 220.1 ms against 252.7 ms): kept"
     )
-    assert _describe_event(verified) == expected
+    assert describe_event(verified) == expected
     # without wall clocks the AllReduce part is what was judged
     judged_on_allreduce = dict(
         verified,
@@ -481,15 +480,15 @@ def test_progress_lines_say_what_each_verdict_measured() -> None:
             "measured_after_s": 0.22,
         },
     )
-    assert _describe_event(judged_on_allreduce) == (
+    assert describe_event(judged_on_allreduce) == (
         "verified: after the switch at step 61 the allreduce part was 220.0 ms against 250.0 ms before: kept"
     )
     rollback = dict(verified, kind="rollback", algorithm="allreduce")
-    assert _describe_event(rollback).endswith("rolled back, now allreduce")
+    assert describe_event(rollback).endswith("rolled back, now allreduce")
     probing = {"step": 45, "kind": "probing", "algorithm": "allreduce", "evidence": {"every": 64, "reason": "healthy"}}
-    assert _describe_event(probing) == "probing every 64 steps: healthy"
+    assert describe_event(probing) == "probing every 64 steps: healthy"
     # other ranks see the decision without rank 0's figures
-    assert _describe_event(dict(verified, evidence={"decided_by": 0})) == "verified, now optcc"
+    assert describe_event(dict(verified, evidence={"decided_by": 0})) == "verified, now optcc"
 
 
 # ------------------------------------------------------------------------------------- megatron-core
@@ -523,7 +522,7 @@ def test_megatron_config_defaults_to_one_sequence_per_step_and_round_trips() -> 
 
 
 def test_gpt_hidden_size_matches_the_gradient_size() -> None:
-    from stragglerkit.bench.train_megatron import HEAD_SIZE, gpt_hidden_size, gpt_parameters
+    from profiling.lab.train_megatron import HEAD_SIZE, gpt_hidden_size, gpt_parameters
 
     assert gpt_hidden_size(32 * 2**20) == 576 and gpt_parameters(576) == 8_587_008
     for size in (8 * 2**20, 32 * 2**20, 128 * 2**20):
@@ -538,7 +537,7 @@ def test_megatron_loopback_train_switches_with_megatron_cores_parameters(tmp_pat
     """--framework megatron over loopback: the GPT copy with stragglerkit.megatron.install finds
     the late rank, switches to StragglAR and trains the parameters that megatron-core's own DDP
     trains, identical on every rank."""
-    from stragglerkit.bench.train_megatron import gpt_hidden_size, gpt_parameters
+    from profiling.lab.train_megatron import gpt_hidden_size, gpt_parameters
 
     data, out = _loopback_train_with_rank_3_late(tmp_path, "megatron")
     assert data["model"]["layers"].startswith("GPT 2 layers")

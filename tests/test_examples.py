@@ -31,8 +31,8 @@ import pytest
 from _dist import run_group
 from _require import needs, require_or_skip
 
-from stragglerkit.bench.finetune import time_to_target
-from stragglerkit.bench.workload import ComputeSlowdown
+from profiling.lab.finetune import time_to_target
+from profiling.lab.workload import ComputeSlowdown
 from stragglerkit.testbed import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,7 +355,7 @@ def _example(path: Path) -> ModuleType:
 def test_missing_packages_give_one_line_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stragglerkit.bench.finetune import example_main
+    from profiling.lab.finetune import example_main
 
     bert = _example(BERT)
 

@@ -1,4 +1,4 @@
-"""Progress output: a bar on a terminal, plain lines elsewhere; ``bench --mode train --event-log``.
+"""Progress output: a bar on a terminal, plain lines elsewhere; ``python -m profiling.lab.train --event-log``.
 
 The bench runs on 2 loopback ranks with stderr piped (as in CI): its progress must be plain
 lines, one per status, without a carriage return, and the event-log folder must hold every
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from profiling.lab.train_config import TrainConfig
 from stragglerkit.bench.progress import Progress, is_terminal
-from stragglerkit.bench.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,10 +79,7 @@ def test_bench_train_prints_plain_lines_and_writes_every_rank_s_event_log(tmp_pa
     command = [
         sys.executable,
         "-m",
-        "stragglerkit.cli",
-        "bench",
-        "--mode",
-        "train",
+        "profiling.lab.train",
         "--loopback",
         "-n",
         "2",

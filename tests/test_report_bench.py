@@ -1,4 +1,4 @@
-"""Real ``stragglerkit bench --json`` output, both modes, into ``stragglerkit report``.
+"""Real ``stragglerkit bench --json`` and training bench output into ``stragglerkit report``.
 
 The benches run small (3 and 4 ranks over loopback, a straggler on the last rank) so that the
 report is tested on the JSON the bench really writes, not on a copy of its format; the training
@@ -25,6 +25,14 @@ def _bench(*args: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def _train(*args: str) -> None:
+    """The training bench, from the repository root (profiling/__init__.py)."""
+    command = [sys.executable, "-m", "profiling.lab.train", *args]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_the_allreduce_bench_s_json(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     _bench(
@@ -46,8 +54,8 @@ def test_the_allreduce_bench_s_json(tmp_path: Path) -> None:
 def test_the_training_bench_s_json_and_its_event_logs(tmp_path: Path) -> None:
     """The JSON alone, then with the hooked copy's event logs (``--event-log``) in the same folder."""
     path = tmp_path / "train.json"
-    _bench(
-        "--mode", "train", "--loopback", "--world-size", "4", "--steps", "30", "--straggler", "3",
+    _train(
+        "--loopback", "--world-size", "4", "--steps", "30", "--straggler", "3",
         "--delay", "40ms", "--model-size", "1MiB", "--event-log", str(tmp_path), "--json", str(path),
     )  # fmt: skip
     data = json.loads(path.read_text())

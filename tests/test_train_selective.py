@@ -1,4 +1,4 @@
-"""``stragglerkit bench --mode train --sync selective``: the options, the figures' arithmetic, and a
+"""``python -m profiling.lab.train --sync selective``: the options, the figures' arithmetic, and a
 short real run of all three methods over loopback (the emulated cluster run with shaped NICs is
 the benchmark's, profiling/bench_train_selective.sh)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from stragglerkit.bench.train_selective import SelectiveTrainConfig, draw_rates, summarise
-from stragglerkit.cli import main
+from profiling.lab.train import main
+from profiling.lab.train_selective import SelectiveTrainConfig, draw_rates, summarise
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ from stragglerkit.cli import main
     ],
 )
 def test_bad_options_give_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--mode", "train", "--loopback", *argv]) == 2
+    assert main(["--loopback", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -72,7 +72,7 @@ def test_the_figures_take_each_sync_s_longest_member_and_only_finished_syncs() -
 
 def test_three_methods_train_over_loopback(tmp_path: Path) -> None:
     out = tmp_path / "selective.json"
-    argv = ["bench", "--mode", "train", "--sync", "selective", "--loopback", "--world-size", "3"]
+    argv = ["--sync", "selective", "--loopback", "--world-size", "3"]
     argv += ["--duration", "3", "--model-size", "64KiB", "--json", str(out), "--plot", str(tmp_path / "loss.png")]
     assert main(argv) == 0
     summary = json.loads(out.read_text())

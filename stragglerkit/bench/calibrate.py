@@ -326,9 +326,9 @@ def add_calibrate_arguments(bench: Any) -> None:
 
 def cmd_calibrate(args: Any, argv: list[str]) -> int:
     """``stragglerkit bench --mode calibrate``: measure (or read) the samples, fit, compare, report."""
-    from stragglerkit.bench.train import TRAIN_ONLY, given_options
+    from stragglerkit.bench.config import given_options
 
-    wrong = given_options(argv, (*TRAIN_ONLY, "--algorithms", "--straggler", "--degrade", "--delay", "--dtype"))
+    wrong = given_options(argv, ("--algorithms", "--straggler", "--degrade", "--delay", "--dtype"))
     if wrong:
         raise ValueError(
             f"{', '.join(wrong)}: not for --mode calibrate, which measures its own grid of algorithms and "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -26,6 +26,7 @@ __all__ = [
     "argument_type",
     "check_setting",
     "check_slowdowns",
+    "given_options",
     "parse_algorithms",
     "parse_degrade",
     "parse_delay_option",
@@ -38,8 +39,27 @@ BASELINE = "gloo"
 DTYPES = ("float32", "float64", "bfloat16", "float16", "int32", "int64")
 MODES = ("emulated", "loopback", "torchrun", "horovodrun")
 """Where the ranks run; ``horovodrun``: this process is one of ``horovodrun``'s ranks (only the
-training bench's workloads run that way, :mod:`stragglerkit.bench.finetune`)."""
+fine-tuning bench runs that way: python -m profiling.lab.finetune, from a checkout)."""
 _MAX_RANGE_STEPS = 40
+
+
+def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
+    """Which of ``options`` appear in ``argv``, as ``--opt`` or ``--opt=value``.
+
+    Whole names only: the bench parser takes no abbreviations.
+
+    Example::
+
+        given_options(["--sizes=1MiB", "--iters", "3"], ("--sizes", "--world-sizes"))    # ["--sizes"]
+    """
+    found = []
+    for token in argv:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if name in options and name not in found:
+            found.append(name)
+    return found
 
 
 def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -148,7 +168,7 @@ def check_setting(
     delay: float | None,
     degrade: dict[int, float],
 ) -> None:
-    """The checks both benches (:class:`BenchConfig`, :class:`~stragglerkit.bench.train_config.TrainConfig`)
+    """The checks both benches (:class:`BenchConfig`, the training bench's ``TrainConfig`` in profiling/lab)
     make: the ranks, the mode, the NIC rate, and one fault scenario on ranks of the world."""
     n = world_size
     if not isinstance(n, int) or n < 2:

@@ -10,8 +10,8 @@
 A group of ranks runs one :class:`~stragglerkit.bench.worker.Job`; each rank is
 ``stragglerkit.bench.worker.main``; rank 0 writes the case records to a file that the launcher
 reads. Every process started here is ended, and every namespace removed, on the way out. The
-training bench (:mod:`stragglerkit.bench.train`) starts its ranks with the same functions
-(:func:`run_ranks`, :func:`loopback_ranks`, :func:`cluster_ranks`, :func:`torchrun_device`).
+training bench (``profiling/lab/train.py``, outside the package) starts its ranks with the same
+functions (:func:`run_ranks`, :func:`loopback_ranks`, :func:`cluster_ranks`, :func:`torchrun_device`).
 """
 
 from __future__ import annotations

@@ -51,20 +51,11 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         return cmd_calibrate(args, list(argv))
     from stragglerkit.bench.calibrate import CALIBRATE_ONLY
-    from stragglerkit.bench.train import given_options
+    from stragglerkit.bench.config import given_options
 
     misplaced = given_options(argv, CALIBRATE_ONLY)
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)}: only for --mode calibrate; add --mode calibrate or leave out")
-    if args.mode == "train":
-        from stragglerkit.bench.train import cmd_train
-
-        return cmd_train(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
-    from stragglerkit.bench.train import TRAIN_ONLY
-
-    wrong = given_options(argv, TRAIN_ONLY)
-    if wrong:
-        raise ValueError(f"{', '.join(wrong)}: only for --mode train (a training run); add --mode train or leave out")
     config = BenchConfig(
         world_size=world_size,
         bandwidth=bandwidth,
@@ -83,6 +74,21 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+MOVED_TRAIN_MODE = (
+    "--mode train left the installed package: the side-by-side training comparison is part of the "
+    "repository's benchmarks now; in a checkout, from its root: python -m profiling.lab.train with the same "
+    "options (docs/bench.md). To train with stragglerkit on your cluster: examples/bert/train.py"
+)
+"""What ``--mode train`` says."""
+
+
+def _mode(text: str) -> str:
+    """``--mode``: ``train`` gets where it went instead of argparse's list of choices."""
+    if text == "train":
+        raise argparse.ArgumentTypeError(MOVED_TRAIN_MODE)
+    return text
+
+
 def os_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -94,7 +100,7 @@ def add_parser(sub: Any) -> None:
     bench = command_parser(
         sub,
         "bench",
-        # whole option names only: --degrade is also the start of --degraded-threshold (train mode)
+        # whole option names only, as given_options reads them
         allow_abbrev=False,
         help="measure AllReduce algorithms against gloo on real ranks",
         description="Measure the algorithms on real ranks, nccl-tests style, against the process group's own "
@@ -104,9 +110,9 @@ def add_parser(sub: Any) -> None:
         epilog="examples:\n  stragglerkit bench --world-size 8 --bandwidth 1Gbit --sizes 32MiB\n"
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,stragglar --straggler 7 --delay auto\n"
         "  stragglerkit bench --sizes 32MiB --algorithms gloo,ring,optcc --degrade 3:2\n"
-        "  stragglerkit bench --mode train --straggler 7 --delay auto --from-step 20 --steps 120\n"
         "  stragglerkit bench --mode calibrate --json calibration.json\n"
-        "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB",
+        "  torchrun --nproc-per-node 8 -m stragglerkit.cli bench --sizes 1MiB..256MiB\n"
+        "training, plain and with stragglerkit: examples/bert/train.py, examples/llama/train.py (docs/bench.md)",
     )
     bench.add_argument("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
     bench.add_argument(
@@ -137,7 +143,7 @@ def add_parser(sub: Any) -> None:
         type=unit(parse_delay_option),
         metavar="MS|auto",
         help="the straggler's delay: milliseconds, a time like 20ms, or auto (default: the others' "
-        "pre-phase ReduceScatter time, measured in the run; --mode train: twice that)",
+        "pre-phase ReduceScatter time, measured in the run)",
     )
     bench.add_argument(
         "--degrade",
@@ -185,15 +191,12 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
     bench.add_argument(
         "--mode",
-        choices=("allreduce", "train", "calibrate"),
+        type=_mode,
+        choices=("allreduce", "calibrate"),
         default="allreduce",
-        help="allreduce (default): the algorithms on buffers; train: a short DDP training, plain and with the "
-        "stragglerkit hook, side by side; calibrate: every algorithm on a grid, then the cost models fitted and "
-        "compared on held-out samples (docs/bench.md)",
+        help="allreduce (default): the algorithms on buffers; calibrate: every algorithm on a grid, then the cost "
+        "models fitted and compared on held-out samples (docs/bench.md)",
     )
-    from stragglerkit.bench.train import add_train_arguments
-
-    add_train_arguments(bench)
     from stragglerkit.bench.calibrate import add_calibrate_arguments
 
     add_calibrate_arguments(bench)

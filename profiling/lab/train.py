@@ -1,4 +1,4 @@
-"""``stragglerkit bench --mode train``: does stragglerkit pay off in training, on this cluster?
+"""``python -m profiling.lab.train``: does stragglerkit pay off in training, on this cluster?
 
 Runs a short training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
 ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook`` (``--framework ddp``), or
@@ -9,17 +9,21 @@ megatron-core, its ``DistributedDataParallel`` with and without ``stragglerkit.m
 data and the same injected faults (a persistent straggler that may move, degraded NICs from a
 given step, random jitter). Reports the per-step times of both, when the hook detected the fault
 and switched, the steady-state speedup and the largest parameter difference between the two
-models (:mod:`stragglerkit.bench.train_report`). How the ranks train: :mod:`.train_worker`.
+models (:mod:`profiling.lab.train_report`). How the ranks train: :mod:`.train_worker`.
 
 Where the ranks run is chosen as for the AllReduce bench (:func:`stragglerkit.bench.detect_mode`):
 under torchrun, on the emulated cluster, or over loopback. On the emulated cluster ``--degrade``
 reshapes the hosts' links at ``--from-step``: rank 0 writes a request file in a control folder,
 the launcher (this process, outside the namespaces) reshapes and verifies the links, and answers.
 
-Example::
+Run from the repository root (``profiling/__init__.py`` says why)::
 
-    from stragglerkit.bench.train import run_train
-    from stragglerkit.bench.train_config import TrainConfig
+    python -m profiling.lab.train --world-size 8 --bandwidth 1Gbit --straggler 7 --delay auto --from-step 20
+
+or from Python::
+
+    from profiling.lab.train import run_train
+    from profiling.lab.train_config import TrainConfig
     summary = run_train(TrainConfig(world_size=4, mode="loopback", steps=40, straggler=3, delay=0.03))
 """
 
@@ -35,7 +39,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stragglerkit.bench.config import argument_type, parse_degrade
+from profiling.lab.train_config import FRAMEWORKS, TrainConfig, parse_jitter
+from profiling.lab.train_report import print_summary, summarize, write_json
+from stragglerkit.bench.config import argument_type, given_options, parse_degrade, parse_delay_option
 from stragglerkit.bench.launch import (
     EnvFor,
     LaunchResult,
@@ -48,42 +54,17 @@ from stragglerkit.bench.launch import (
     torchrun_finish,
 )
 from stragglerkit.bench.results import header_record
-from stragglerkit.bench.train_config import FRAMEWORKS, TrainConfig, parse_jitter
-from stragglerkit.bench.train_report import print_summary, summarize, write_json
 from stragglerkit.errors import StragglerKitError
-from stragglerkit.units import parse_size
+from stragglerkit.units import parse_bandwidth, parse_size
 
-__all__ = ["ALLREDUCE_ONLY", "TRAIN_ONLY", "add_train_arguments", "cmd_train", "given_options", "run_train"]
+__all__ = ["add_train_arguments", "build_parser", "cmd_train", "main", "run_train"]
 
-TRAIN_ONLY = (
-    "--framework",
-    "--steps",
-    "--from-step",
-    "--recover-at",
-    "--reshape-at",
-    "--move-straggler-at",
-    "--jitter",
-    "--seed",
-    "--model-size",
-    "--batch",
-    "--hook-warmup",
-    "--degraded-threshold",
-    "--steps-per-block",
-    "--gradient-as-bucket-view",
-    "--no-gradient-as-bucket-view",
-    "--event-log",
-    "--sync",
-    "--duration",
-    "--compute",
-)
-"""Options of ``bench`` that only ``--mode train`` reads."""
 SELECTIVE_READS = (
     "--sync",
     "--duration",
     "--compute",
     "--seed",
     "--model-size",
-    "--mode",
     "--world-size",
     "--bandwidth",
     "--loopback",
@@ -91,35 +72,70 @@ SELECTIVE_READS = (
     "--json",
     "--plot",
 )
-"""The options that ``--mode train --sync selective`` reads; any other is an error there."""
-ALLREDUCE_ONLY = (
-    "--sizes",
-    "--dtype",
-    "--iters",
-    "--warmup",
-    "--algorithms",
-    "--alpha",
-    "--tcp-send-buffer",
-    "--tcp-congestion-control",
-    "--tcp-slow-start-after-idle",
-    "--no-tcp-slow-start-after-idle",
-    "--fair-queueing",
-    "--no-fair-queueing",
-    "--no-fault-free-baseline",
-    "--plot",
-)
-"""Options of ``bench`` that ``--mode train`` does not read."""
-
-
+"""The options that ``--sync selective`` reads; any other is an error there."""
 # --------------------------------------------------------------------------- command line
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m profiling.lab.train``: where the ranks run and the fault, as
+    ``stragglerkit bench`` takes them, and the training's own options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m profiling.lab.train",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        # whole option names only: --degrade is also the start of --degraded-threshold
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--world-size", "-n", type=int, help="number of ranks (default 8; torchrun: WORLD_SIZE)")
+    add("--bandwidth", type=argument_type(parse_bandwidth), help="each host's NIC rate (emulated: default 1Gbit)")
+    add("--straggler", type=int, metavar="RANK", help="this rank enters every AllReduce late")
+    add(
+        "--delay",
+        type=argument_type(parse_delay_option),
+        metavar="MS|auto",
+        help="the straggler's delay: milliseconds, a time like 20ms, or auto (default: twice the others' "
+        "pre-phase ReduceScatter time, measured before training)",
+    )
+    add("--degrade", type=argument_type(parse_degrade), action="append", metavar="RANK:L", help="RANK's NIC at 1/L")
+    add("--timeout", type=float, default=600.0, help="seconds to wait for the ranks (default 600)")
+    add("--json", metavar="FILE", help="write the header and the summary as JSON")
+    add("--plot", metavar="FILE.png", help="with --sync selective: plot the loss against time")
+    add("--loopback", action="store_true", help="run over loopback even when the emulated cluster works")
+    add_train_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, pick where the ranks run (torchrun, emulated cluster, loopback), train, print."""
+    from stragglerkit.bench.launch import detect_mode
+    from stragglerkit.config import Config
+
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    try:
+        Config.from_env()  # a bad configuration stops here, not in every rank
+        mode, why = detect_mode(args.loopback)
+        world_size = args.world_size if args.world_size is not None else 8
+        if mode == "torchrun":
+            world_size = int(os.environ["WORLD_SIZE"])
+            if args.world_size not in (None, world_size):
+                raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
+        bandwidth = args.bandwidth
+        if bandwidth is None and mode == "emulated":
+            bandwidth = parse_bandwidth("1Gbit")
+        return cmd_train(args, given, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
+    except (ValueError, StragglerKitError) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+
+
 def add_train_arguments(bench: argparse.ArgumentParser) -> None:
-    """The ``--mode train`` options of ``stragglerkit bench`` (defaults: TrainConfig's)."""
+    """The training's options (defaults: TrainConfig's)."""
 
     checked = argument_type
     group = bench.add_argument_group(
-        "--mode train", "a short training with the plain framework and with stragglerkit, side by side"
+        "training", "a short training with the plain framework and with stragglerkit, side by side"
     )
     group.add_argument(
         "--framework",
@@ -218,22 +234,6 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
-def given_options(argv: Sequence[str], options: Sequence[str]) -> list[str]:
-    """Which of ``options`` appear in ``argv``, as ``--opt`` or ``--opt=value``.
-
-    Whole names only: the bench parser takes no abbreviations (``--degrade`` is an option of its own
-    and also the start of ``--degraded-threshold``).
-    """
-    found = []
-    for token in argv:
-        if token == "--":
-            break
-        name = token.split("=", 1)[0]
-        if name in options and name not in found:
-            found.append(name)
-    return found
-
-
 def _reshape(recover_at: int | None, reshape_at: list[str] | None) -> dict[str, Any]:
     """TrainConfig fields for ``--recover-at STEP`` or ``--reshape-at STEP RANK:L`` (one of them)."""
     if recover_at is not None and reshape_at is not None:
@@ -252,17 +252,14 @@ def _reshape(recover_at: int | None, reshape_at: list[str] | None) -> dict[str, 
 def cmd_train(
     args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
 ) -> int:
-    """``stragglerkit bench --mode train``: build the TrainConfig, run, print; ValueError on bad options."""
+    """Build the TrainConfig, run, print; ValueError on bad options."""
     if args.sync == "selective":
         return _cmd_selective(args, argv, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
     wrong = given_options(argv, ("--duration", "--compute"))
     if wrong:
         raise ValueError(f"{', '.join(wrong)}: only with --sync selective")
-    wrong = given_options(argv, ALLREDUCE_ONLY)
-    if wrong:
-        raise ValueError(
-            f"{', '.join(wrong)}: only for the AllReduce bench (--mode allreduce); leave out with --mode train"
-        )
+    if given_options(argv, ("--plot",)):
+        raise ValueError("--plot: only with --sync selective")
     chosen = {
         "framework": args.framework,
         "steps": args.steps,
@@ -290,11 +287,11 @@ def cmd_train(
         **{k: v for k, v in chosen.items() if v is not None},
     )
     if mode != "torchrun" or int(os.environ.get("RANK", "0")) == 0:
-        print(f"stragglerkit bench --mode train: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
+        print(f"profiling.lab.train: running {world_size} ranks on {mode}: {why}", file=sys.stderr)
     try:
         run_train(config, why=why, argv=list(argv), json_path=args.json)
     except StragglerKitError as err:
-        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        print(f"profiling.lab.train: error: {err}", file=sys.stderr)
         return 1
     return 0
 
@@ -302,8 +299,8 @@ def cmd_train(
 def _cmd_selective(
     args: argparse.Namespace, argv: Sequence[str], *, mode: str, why: str, world_size: int, bandwidth: float | None
 ) -> int:
-    """``--mode train --sync selective``: the three partial-synchronisation methods (bench.train_selective)."""
-    from stragglerkit.bench.train_selective import SelectiveTrainConfig, plot, print_summary, run_selective_train
+    """``--sync selective``: the three partial-synchronisation methods (:mod:`.train_selective`)."""
+    from profiling.lab.train_selective import SelectiveTrainConfig, plot, print_summary, run_selective_train
 
     known = [arg.split("=")[0] for arg in argv if arg.startswith("--")]
     wrong = sorted({arg for arg in known if arg not in SELECTIVE_READS})
@@ -322,14 +319,14 @@ def _cmd_selective(
         **{k: v for k, v in chosen.items() if v is not None},
     )
     print(
-        f"stragglerkit bench --mode train --sync selective: {world_size} ranks on {mode}: {why}; "
+        f"profiling.lab.train --sync selective: {world_size} ranks on {mode}: {why}; "
         f"{len(config.methods)} methods x {config.duration:g} s",
         file=sys.stderr,
     )
     try:
         summary = run_selective_train(config)
     except StragglerKitError as err:
-        print(f"stragglerkit bench: error: {err}", file=sys.stderr)
+        print(f"profiling.lab.train: error: {err}", file=sys.stderr)
         return 1
     print_summary(summary)
     if args.json:
@@ -363,6 +360,7 @@ def run_train(
         return None
     summary = summarize(config, record)
     header = header_record(config, launched, list(argv or []))
+    header["command"] = " ".join(["python", "-m", "profiling.lab.train", *(argv or [])])
     header.pop("alpha_s", None)  # the AllReduce bench's model latency: not used here
     header.pop("model_bandwidth_Bps", None)
     print_summary(summary, header, out=out)
@@ -405,7 +403,7 @@ def _run_ranks(
     config_path, out_path = workdir / "train-config.json", workdir / "train-out.json"
     config_path.write_text(config.to_json(), encoding="utf-8")
     args = [str(config_path), str(out_path), *([str(control)] if control else [])]
-    module = "stragglerkit.bench.train_worker"
+    module = "profiling.lab.train_worker"
     run_ranks(config.world_size, config.timeout, module, args, ranks, workdir / "train", f"train, {config.scenario}")
     record: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
     return record
@@ -413,7 +411,7 @@ def _run_ranks(
 
 def _launch_loopback(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, dict[str, Any]]:
     if config.framework == "horovod":
-        from stragglerkit.bench.horovod_launch import loopback_rendezvous
+        from profiling.lab.horovod_launch import loopback_rendezvous
 
         rendezvous, start = loopback_rendezvous(config.world_size, workdir)
         with rendezvous:
@@ -455,7 +453,7 @@ class _Reshaper:
         return "recovered_links" if healthy else "reshaped_links"
 
     def _serve(self) -> None:
-        from stragglerkit.bench.train_worker import RESHAPE, RESHAPE_AGAIN, control_files
+        from profiling.lab.train_worker import RESHAPE, RESHAPE_AGAIN, control_files
         from stragglerkit.testbed import NicDegradation
 
         phases = [(RESHAPE, self.degrade, "degraded_links")]
@@ -489,7 +487,7 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
     with EmulatedCluster(cluster_config) as cluster, contextlib.ExitStack() as stack:
         description = cluster.describe()
         if config.framework == "horovod":
-            from stragglerkit.bench.horovod_launch import cluster_rendezvous
+            from profiling.lab.horovod_launch import cluster_rendezvous
 
             rendezvous, start = cluster_rendezvous(cluster, workdir)
             ranks = stack.enter_context(rendezvous).ranks(start)
@@ -506,7 +504,7 @@ def _launch_emulated(config: TrainConfig, workdir: Path) -> tuple[LaunchResult, 
 
 
 def _launch_torchrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any] | None]:
-    from stragglerkit.bench.train_worker import train
+    from profiling.lab.train_worker import train
 
     backend, device = torchrun_device(config.world_size, timeout=config.timeout)
     record = train(config, device)
@@ -520,7 +518,7 @@ def _launch_horovodrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any
     import torch
     import torch.distributed as dist
 
-    from stragglerkit.bench.train_worker import train
+    from profiling.lab.train_worker import train
 
     hvd.init()
     if hvd.size() != config.world_size:
@@ -534,3 +532,7 @@ def _launch_horovodrun(config: TrainConfig) -> tuple[LaunchResult, dict[str, Any
         if dist.is_initialized():
             dist.destroy_process_group()
     return LaunchResult(mode="horovodrun", why="gloo", is_reporter=reporter), record if reporter else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

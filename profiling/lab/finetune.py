@@ -1,9 +1,9 @@
 """The fine-tuning examples' shared entry: options, launch, time to a target loss, the run folder.
 
 ``examples/bert/finetune.py`` and ``examples/llama/finetune.py`` each define a
-:class:`~stragglerkit.bench.workload.Workload` (model, data, loss, optimizer, held-out
+:class:`~profiling.lab.workload.Workload` (model, data, loss, optimizer, held-out
 evaluation) and call :func:`example_main`. Everything else is the training bench's
-(:mod:`stragglerkit.bench.train`): the ranks run on the emulated cluster (root: one network
+(:mod:`profiling.lab.train`): the ranks run on the emulated cluster (root: one network
 namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over loopback
 (``--loopback``, or where no cluster can be made), or as the ranks of ``torchrun`` (RANK,
 WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains two copies
@@ -17,7 +17,7 @@ of each rank's batch loss (the loss of the whole global batch: every rank's batc
 size). The loss that is compared with ``--target-loss`` is its running mean over the last
 :data:`TARGET_WINDOW` steps (fewer at the start), so that one lucky batch does not count as
 reaching it. A copy's *time to target* is the sum of its step times (the group's pace, as the
-bench measures it: :mod:`stragglerkit.bench.train_report`) up to and including the first step at
+bench measures it: :mod:`profiling.lab.train_report`) up to and including the first step at
 which that running mean is at or below the target. A target not reached within ``--steps`` is
 reported as not reached, with the best running mean seen.
 
@@ -34,7 +34,7 @@ bench's JSON plus the fields above), ``loss_vs_time.png``; ``stragglerkit report
 Example::
 
     import sys
-    from stragglerkit.bench.finetune import example_main
+    from profiling.lab.finetune import example_main
     sys.exit(example_main(__file__, "fine-tune X", add_arguments=None, options=lambda args: {}))
 """
 
@@ -52,9 +52,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from profiling.lab.train_config import TrainConfig
 from stragglerkit.bench.config import argument_type, parse_degrade, parse_delay_option
 from stragglerkit.bench.launch import detect_mode
-from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.errors import StragglerKitError
 from stragglerkit.units import parse_bandwidth
 
@@ -141,8 +141,8 @@ def example_main(
     """Run the example whose workload factory is ``workload`` in the file ``path``; the exit status
     (0, 1: a check failed or the ranks failed, 2: bad options or a missing package, said in one line).
     ``frameworks``: what ``--framework`` takes (``megatron`` for a
-    :class:`~stragglerkit.bench.workload.MegatronWorkload`)."""
-    from stragglerkit.bench.workload import MegatronWorkload, load_workload, spec_of
+    :class:`~profiling.lab.workload.MegatronWorkload`)."""
+    from profiling.lab.workload import MegatronWorkload, load_workload, spec_of
 
     name = Path(path).resolve().parent.name
     parser = example_parser(description, prog=f"examples/{name}/{Path(path).name}", frameworks=frameworks)
@@ -204,9 +204,9 @@ def example_main(
 
 
 def _run(config: TrainConfig, args: argparse.Namespace, argv: list[str], prog: str, run_dir: Path, say: Any) -> int:
+    from profiling.lab.train import launch_train
+    from profiling.lab.train_report import print_summary, summarize, write_json
     from stragglerkit.bench.results import header_record
-    from stragglerkit.bench.train import launch_train
-    from stragglerkit.bench.train_report import print_summary, summarize, write_json
 
     try:
         launched, record = launch_train(config)
@@ -295,9 +295,9 @@ def time_to_target(losses: list[float], step_s: list[float], target: float | Non
 
 def summarize_one(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run of one copy (``--stragglerkit on|off``): what
-    :func:`~stragglerkit.bench.train_report.summarize` gives of a side-by-side run, less every
+    :func:`~profiling.lab.train_report.summarize` gives of a side-by-side run, less every
     comparison (no steady-state speedup, no parameter difference)."""
-    from stragglerkit.bench.train_report import group_step_times, loop_figures
+    from profiling.lab.train_report import group_step_times, loop_figures
 
     (name,) = record["copies"]
     times = group_step_times(record[f"{name}_end_s"], record["block_starts"])

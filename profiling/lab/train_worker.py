@@ -1,4 +1,4 @@
-"""One rank of ``stragglerkit bench --mode train``: the plain framework and stragglerkit, side by side.
+"""One rank of the training bench (``python -m profiling.lab.train``): plain and stragglerkit, side by side.
 
 Every rank builds two copies of the same MLP (same seed, so the same initial parameters). With
 ``framework="ddp"`` one is wrapped in plain ``DistributedDataParallel`` (the process group's own
@@ -7,7 +7,7 @@ all_reduce, the baseline) and one with ``stragglerkit.DDPState`` + ``stragglerki
 ``stragglerkit.straggler_aware`` (the "hooked" copy), both broadcast from rank 0 as a Horovod
 script does; the backward's time then includes the optimizer's ``synchronize()``. With
 ``framework="megatron"`` the two copies are a small GPT on megatron-core's DDP, schedule and
-optimizer, one with ``stragglerkit.megatron.install`` (:mod:`stragglerkit.bench.train_megatron`).
+optimizer, one with ``stragglerkit.megatron.install`` (:mod:`profiling.lab.train_megatron`).
 Both train on the same batches (``torch.Generator`` seeded by (seed, step, rank)), taking turns in
 blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 
@@ -26,12 +26,12 @@ blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 3. After both: the largest absolute difference between the two models' parameters (both have
    trained the same steps then); every step of the block records it.
 
-A :class:`~stragglerkit.bench.workload.Workload` (``TrainConfig.workload``: the fine-tuning
+A :class:`~profiling.lab.workload.Workload` (``TrainConfig.workload``: the fine-tuning
 examples) replaces the MLP, its random batches, its loss and its SGD, and adds a held-out
 evaluation of both copies after the last step; torch's generator is then seeded by (seed, step,
 rank) before each forward, so that dropout draws the same masks in both copies. With
 ``TrainConfig.slowdown="backward"`` the straggler's delay is spread over its backward pass
-(:class:`~stragglerkit.bench.workload.ComputeSlowdown`) instead of slept before it. Every rank's
+(:class:`~profiling.lab.workload.ComputeSlowdown`) instead of slept before it. Every rank's
 loss per step is gathered into the record (``loss_by_rank``).
 
 With ``--degrade`` on the emulated cluster, rank 0 asks the launcher to reshape the degraded hosts'
@@ -42,7 +42,7 @@ time on a buffer the size of the whole gradient.
 
 :func:`main` (``argv``: CONFIG OUT [CONTROL], as the launcher starts it) runs one rank from the
 environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; for Horovod the variables ``horovodrun``
-sets, :mod:`stragglerkit.bench.horovod_launch`) and writes rank 0's record to OUT (JSON).
+sets, :mod:`profiling.lab.horovod_launch`) and writes rank 0's record to OUT (JSON).
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 import statistics
 import sys
@@ -66,130 +65,33 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import stragglerkit
+from profiling.lab.copies import (
+    INPUTS,
+    OUTPUTS,
+    RESHAPE,
+    RESHAPE_AGAIN,
+    Run,
+    build_model,
+    control_files,
+    describe_event,
+    hidden_width,
+    hook_settings,
+    loop_of,
+    mlp_batch,
+    nothing,
+    to_device,
+    with_event_log,
+)
+from profiling.lab.train_config import TrainConfig
+from profiling.lab.workload import ComputeSlowdown, MegatronWorkload, load_workload
 from stragglerkit.bench.cpu_load import CpuTimes
 from stragglerkit.bench.progress import Progress
-from stragglerkit.bench.train_config import TrainConfig
 from stragglerkit.bench.worker import measure_pre_phase
-from stragglerkit.bench.workload import ComputeSlowdown, MegatronWorkload, Workload, load_workload
 from stragglerkit.config import Config
 from stragglerkit.loop.loop import StragglerLoop
-from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
+from stragglerkit.testbed.inject import JitterInjector
 
-__all__ = [
-    "RESHAPE",
-    "RESHAPE_AGAIN",
-    "batch_generator",
-    "build_model",
-    "control_files",
-    "hidden_width",
-    "main",
-    "train",
-]
-
-INPUTS, OUTPUTS = 256, 16
-RESHAPE, RESHAPE_AGAIN = "reshape", "reshape-again"
-"""The launcher's two link changes: degrade the NICs (at ``from_step``), change them again
-(``reshape_at``: restore them, or to ``reshape_to``)."""
-
-
-def control_files(phase: str) -> tuple[str, str, str]:
-    """The control folder's file names of one link change: (request, done, failed)."""
-    return f"{phase}.request", f"{phase}.done", f"{phase}.failed"
-
-
-def hidden_width(model_bytes: int) -> int:
-    """Hidden width H of the MLP 256 -> H -> H -> 16 whose float32 gradient is about ``model_bytes``.
-
-    Example::
-
-        hidden_width(8 * 2**20)    # 1320: 2.1M parameters
-    """
-    numel = model_bytes / 4  # H^2 + (256 + 16 + 2) H + 16 parameters
-    b = INPUTS + OUTPUTS + 2
-    width = (-b + math.sqrt(b * b + 4 * max(numel - OUTPUTS, 1))) / 2
-    return max(8, round(width / 8) * 8)
-
-
-def build_model(config: TrainConfig) -> nn.Module:
-    """The MLP of the run, initialised from ``config.seed`` (the same on every rank and for both runs)."""
-    width = hidden_width(config.model_bytes)
-    torch.manual_seed(config.seed)
-    return nn.Sequential(
-        nn.Linear(INPUTS, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, OUTPUTS)
-    )
-
-
-def batch_generator(config: TrainConfig, step: int, rank: int) -> torch.Generator:
-    """The generator of ``rank``'s batch at ``step``: the same for both copies, another for every rank and step."""
-    return torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + rank)
-
-
-def _batch(config: TrainConfig, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = batch_generator(config, step, rank)
-    x, y = torch.randn(config.batch, INPUTS, generator=g), torch.randn(config.batch, OUTPUTS, generator=g)
-    return x.to(device), y.to(device)
-
-
-class _Run:
-    """One of the two models: the module, its optimizer, and this rank's step times.
-
-    Under DDP the AllReduce runs inside ``backward()``; under Horovod the backward starts it and the
-    optimizer's ``synchronize()`` waits for it, so :meth:`backward` includes that wait and
-    :meth:`step` skips the synchronisation, as a Horovod script that clips gradients does.
-    megatron-core's GPT: :class:`stragglerkit.bench.train_megatron.MegatronRun`."""
-
-    def __init__(self, name: str, model: nn.Module, opt: Any, framework: str, views: bool) -> None:
-        self.name = name
-        self.model = model
-        self.opt = opt
-        self.framework = framework
-        self.views = views
-        self.times: list[float] = []
-        """Per step: this rank's own step time (from the end of its previous step in the block, or the barrier)."""
-        self.ends: list[float] = []
-        """Per step: when this rank finished it, in seconds from the barrier that started the block."""
-        self.backward_s: list[float] = []
-        self.losses: list[float] = []
-        self.cpu: list[list[int] | None] = []
-        """Per step: [busy, total] CPU ticks of this rank's host during the step (None: not measured)."""
-        self.slowdown: ComputeSlowdown | None = None
-        """With ``TrainConfig.slowdown="backward"``: spreads the straggler's delay over the backward."""
-        self.workload: Workload | None = None
-        """The workload whose loss this copy trains on (None: the MLP's mean squared error)."""
-
-    def zero_grad(self) -> None:
-        if self.framework == "ddp":
-            # gradients set to None would be new tensors that DDP copies into its buckets again
-            self.opt.zero_grad(set_to_none=not self.views)
-        else:
-            self.opt.zero_grad()
-
-    def forward_backward(self, batch: Any, late: float) -> tuple[torch.Tensor, float]:
-        """Forward, ``late`` seconds of sleep, backward until the gradients are reduced; the loss and
-        when the sleep ended (``time.perf_counter()``)."""
-        if self.workload is not None:
-            loss = self.workload.loss(self.model, batch)
-        else:
-            x, y = batch
-            loss = nn.functional.mse_loss(self.model(x), y)
-        if late > 0:
-            sleep_precisely(late)
-        arrived = time.perf_counter()
-        self.backward(loss)
-        return loss, arrived
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward and the gradients' AllReduce, until they are reduced."""
-        loss.backward()
-        if self.framework == "horovod":
-            self.opt.synchronize()
-
-    def step(self) -> None:
-        if self.framework == "horovod":
-            with self.opt.skip_synchronize():
-                self.opt.step()
-        else:
-            self.opt.step()
+__all__ = ["main", "train"]
 
 
 class _TrainRank:
@@ -213,13 +115,13 @@ class _TrainRank:
         views = config.gradient_as_bucket_view
         self.loop: StragglerLoop | None = None
         """The hooked copy's loop (None when only the plain copy trains)."""
-        self.runs: list[_Run]
+        self.runs: list[Run]
         """The copies this rank trains (``config.copies``), plain first."""
-        self.close: Callable[[], None] = _nothing
+        self.close: Callable[[], None] = nothing
         """Ends the hooked copy's loop (every rank, after the last step)."""
         self.hidden = hidden_width(config.model_bytes)
         self.model_layers = f"{INPUTS}-{self.hidden}-{self.hidden}-{OUTPUTS} MLP"
-        self.make_batch: Callable[[TrainConfig, int, int, torch.device], Any] = _batch
+        self.make_batch: Callable[[TrainConfig, int, int, torch.device], Any] = mlp_batch
         self.workload = load_workload(config.workload, config.workload_options) if config.workload else None
         if self.workload is not None:
             self.model_layers = self.workload.describe()
@@ -227,7 +129,7 @@ class _TrainRank:
             self.make_batch = self._workload_batch
         if config.framework == "horovod":
             self.runs = self._horovod_runs(config, device)
-            self.loop = _loop_of(self.runs)
+            self.loop = loop_of(self.runs)
         elif config.framework == "megatron":
             from stragglerkit.bench import train_megatron
 
@@ -237,7 +139,7 @@ class _TrainRank:
                     f"--framework megatron: the workload {config.workload} has no megatron-core model "
                     "(MegatronWorkload's megatron_* methods); use --framework ddp or horovod"
                 )
-            plain, hooked, megatron = train_megatron.megatron_runs(config, device, _hook_settings(config), workload)
+            plain, hooked, megatron = train_megatron.megatron_runs(config, device, hook_settings(config), workload)
             assert megatron.loop is not None
             self.runs, self.loop, self.close = [plain, hooked], megatron.loop, megatron.close
             if workload is not None:
@@ -250,19 +152,19 @@ class _TrainRank:
             self.runs = []
             for name in config.copies:
                 model = DDP(self._new_model().to(device), gradient_as_bucket_view=views)
-                self.runs.append(_Run(name, model, self._new_optimizer(model), "ddp", views))
+                self.runs.append(Run(name, model, self._new_optimizer(model), "ddp", views))
                 if name == "hooked":
                     if not stragglerkit.is_initialized():
                         # collective: every rank builds its _TrainRank at the same point
-                        stragglerkit.init(config=_with_event_log(Config.from_env(), config))
+                        stragglerkit.init(config=with_event_log(Config.from_env(), config))
                     state = stragglerkit.DDPState(None, hook_config)
                     model.register_comm_hook(state, stragglerkit.ddp_hook)
                     self.loop = state.loop
         if self.loop is not None and config.framework != "megatron":
             self.close = self.loop.close
         named = {run.name: run for run in self.runs}
-        self.plain: _Run | None = named.get("plain")
-        self.hooked: _Run | None = named.get("hooked")
+        self.plain: Run | None = named.get("plain")
+        self.hooked: Run | None = named.get("hooked")
         for run in self.runs:
             run.workload = self.workload
             if config.slowdown == "backward":
@@ -284,14 +186,14 @@ class _TrainRank:
         self.rank_maps: list[list[int]] = []
         """Per step: the hooked run's rank map (logical -> physical) after the step."""
 
-    def _horovod_runs(self, config: TrainConfig, device: torch.device) -> list[_Run]:
+    def _horovod_runs(self, config: TrainConfig, device: torch.device) -> list[Run]:
         """Plain ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` over two copies
         of the model (or the one of ``config.copies``), as a Horovod script sets them up (the wrap
         makes the torch.distributed group from Horovod's ranks, across the hosts); then Horovod's
         broadcasts of each."""
         import horovod.torch as hvd
 
-        hook_config = _hook_settings(config)
+        hook_config = hook_settings(config)
         runs = []
         for name in config.copies:
             model = self._new_model().to(device)
@@ -303,7 +205,7 @@ class _TrainRank:
                 opt = stragglerkit.straggler_aware(sgd, named_parameters=named, config=hook_config)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(opt, root_rank=0)
-            runs.append(_Run(name, model, opt, "horovod", views=False))
+            runs.append(Run(name, model, opt, "horovod", views=False))
         return runs
 
     def _new_model(self) -> nn.Module:
@@ -317,11 +219,11 @@ class _TrainRank:
 
     def _workload_batch(self, config: TrainConfig, step: int, rank: int, device: torch.device) -> Any:
         assert self.workload is not None
-        return _to_device(self.workload.batch(step, rank, dist.get_world_size()), device)
+        return to_device(self.workload.batch(step, rank, dist.get_world_size()), device)
 
     def _megatron_workload_batch(self, config: TrainConfig, step: int, rank: int, device: torch.device) -> Any:
         assert isinstance(self.workload, MegatronWorkload)
-        return _to_device(self.workload.megatron_batch(step, rank, dist.get_world_size()), device)
+        return to_device(self.workload.megatron_batch(step, rank, dist.get_world_size()), device)
 
     def evaluate(self) -> None:
         """Each copy on the workload's held-out split: every rank its share, the sums added up."""
@@ -334,7 +236,7 @@ class _TrainRank:
             module.eval()
             with torch.no_grad():
                 if run.framework == "megatron":
-                    from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
+                    from examples.megatron.cpu_shim import cuda_calls_on_cpu
 
                     assert isinstance(self.workload, MegatronWorkload)
                     with cuda_calls_on_cpu():
@@ -410,7 +312,7 @@ class _TrainRank:
             self.reshaped = {**(self.reshaped or {}), **answer}
         dist.barrier()
 
-    def run_block(self, run: _Run, block: range, batches: list[Any]) -> None:
+    def run_block(self, run: Run, block: range, batches: list[Any]) -> None:
         """``run`` trains the steps of ``block`` from one barrier, without a barrier between steps."""
         lateness = [self.lateness(step) for step in block]
         dist.barrier()
@@ -465,7 +367,7 @@ class _TrainRank:
             diffs += [self.max_param_diff()] * len(block)
             events = self.loop.events if self.loop is not None else []
             for event in events[seen_events:]:
-                self.progress.note(f"step {event['step']}: {_describe_event(event)}")
+                self.progress.note(f"step {event['step']}: {describe_event(event)}")
             seen_events = len(events)
             done = block.stop
             due = done // every > block.start // every or done == config.steps
@@ -554,76 +456,7 @@ class _TrainRank:
 
 
 _RUN_SERIES = {"s": "times", "end_s": "ends", "backward_s": "backward_s", "cpu": "cpu"}
-"""The record's per-copy series (``plain_s``, ``hooked_end_s``, ...) and the :class:`_Run` lists they come from."""
-
-
-def _nothing() -> None:
-    """Closes nothing (no hooked copy, so no loop)."""
-
-
-def _loop_of(runs: list[_Run]) -> StragglerLoop | None:
-    """The loop of the hooked Horovod copy among ``runs`` (None without one)."""
-    for run in runs:
-        if run.name == "hooked":
-            loop: StragglerLoop = run.opt._stragglerkit.loop
-            return loop
-    return None
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """A workload's batch (a tensor, or tuples, lists and dicts of them) on ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
-
-
-def _hook_settings(config: TrainConfig) -> Config:
-    """stragglerkit's configuration for the hooked copy where it takes a ``Config`` (Horovod,
-    megatron-core): the defaults with ``--hook-warmup``, ``--degraded-threshold`` and ``--event-log``."""
-    detection: dict[str, Any] = {}
-    if config.hook_warmup is not None:
-        detection["warmup_steps"] = config.hook_warmup
-    if config.degraded_threshold is not None:
-        detection["degraded_threshold"] = config.degraded_threshold
-    return _with_event_log(Config().replace(detection=detection), config)
-
-
-def _with_event_log(settings: Config, config: TrainConfig) -> Config:
-    """``settings`` with ``--event-log DIR``: every rank writes ``DIR/events.rank{rank}.jsonl``."""
-    if config.event_log is None:
-        return settings
-    return settings.replace(report={"event_log": os.path.join(config.event_log, "events.rank{rank}.jsonl")})
-
-
-def _describe_event(event: dict[str, Any]) -> str:
-    kind, evidence = event["kind"], event.get("evidence", {})
-    if kind in ("detected_straggler", "detected_degraded"):
-        ranks = ", ".join(f"rank {r} ({v:.3g})" for r, v in evidence.get("ranks", {}).items())
-        unit = "median delay s" if kind == "detected_straggler" else "l"
-        return f"{kind}: {ranks} [{unit}]"
-    if kind == "switch":
-        to = evidence.get("to", {})
-        return f"switch to {event['algorithm']} (straggler {to.get('straggler')}, slowdowns {to.get('slowdowns')})"
-    if kind in ("verified", "rollback") and "measured_after_s" in evidence:
-        verdict = "kept" if kind == "verified" else f"rolled back, now {event['algorithm']}"
-        measure = evidence.get("measure", "allreduce part")
-        text = (
-            f"{kind}: after the switch at step {evidence.get('switched_at_step')} the {measure} was "
-            f"{1e3 * evidence['measured_after_s']:.1f} ms against {1e3 * evidence['measured_before_s']:.1f} ms before"
-        )
-        if measure != "allreduce part" and "allreduce_after_s" in evidence:
-            text += (
-                f" (allreduce part {1e3 * evidence['allreduce_after_s']:.1f} ms against "
-                f"{1e3 * evidence['allreduce_before_s']:.1f} ms)"
-            )
-        return f"{text}: {verdict}"
-    if kind == "probing" and "every" in evidence:
-        return f"probing every {evidence['every']} steps: {evidence.get('reason', '')}"
-    return f"{kind}, now {event['algorithm']}"
+"""The record's per-copy series (``plain_s``, ``hooked_end_s``, ...) and the :class:`Run` lists they come from."""
 
 
 def train(config: TrainConfig, device: torch.device, control: Path | None = None) -> dict[str, Any]:
@@ -640,7 +473,7 @@ def train(config: TrainConfig, device: torch.device, control: Path | None = None
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3):
-        print("usage: python -m stragglerkit.bench.train_worker CONFIG.json OUT.json [CONTROL_DIR]", file=sys.stderr)
+        print("usage: python -m profiling.lab.train_worker CONFIG.json OUT.json [CONTROL_DIR]", file=sys.stderr)
         return 2
     config = TrainConfig.from_json(Path(args[0]).read_text(encoding="utf-8"))
     control = Path(args[2]) if len(args) == 3 else None

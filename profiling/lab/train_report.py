@@ -1,8 +1,8 @@
-"""From the ranks' record of a ``--mode train`` run to the summary, the table and the JSON.
+"""From the ranks' record of a training bench run to the summary, the table and the JSON.
 
 Per step and run, every rank recorded when its step ended (forward, injected lateness, backward
 with the AllReduce, optimizer step), counted from the barrier that started the step's block
-(:mod:`stragglerkit.bench.train_worker`). A step's time is how much later the last rank finished it
+(:mod:`profiling.lab.train_worker`). A step's time is how much later the last rank finished it
 than the last rank finished the previous step of the block (for a block's first step: than the
 barrier): the group's pace, which in steady state is the training's time per step. In lockstep
 (``steps_per_block=1``) that is the slowest rank's step.
@@ -42,8 +42,8 @@ import statistics
 import sys
 from typing import Any
 
+from profiling.lab.train_config import TrainConfig
 from stragglerkit.bench.cpu_load import CPU_BOUND, CpuTimes, busy_share
-from stragglerkit.bench.train_config import TrainConfig
 
 __all__ = [
     "PLAN_CHANGES",
@@ -307,7 +307,7 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
     def say(line: str = "") -> None:
         print(line, file=stream)
 
-    say(f"# stragglerkit bench --mode train: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})")
+    say(f"# training bench: {config['world_size']} ranks, {header['mode']} ({header['mode_reason']})")
     framework = config.get("framework", "ddp")
     horovod = framework == "horovod"
     owner = {"horovod": "stragglerkit's", "megatron": "megatron-core DDP"}.get(framework, "DDP")

@@ -1,13 +1,13 @@
 """A training workload other than the bench's MLP: what a fine-tuning example plugs into the bench.
 
-The training bench (:mod:`stragglerkit.bench.train_worker`) trains two copies of a model side by
+The training bench (:mod:`profiling.lab.train_worker`) trains two copies of a model side by
 side, plain framework against stragglerkit, in alternating blocks of steps, with the faults
 injected and the links reshaped by the launcher. By default the model is its MLP on random data.
 A :class:`Workload` replaces the model, the batches, the loss, the optimizer and adds a held-out
 evaluation; everything else (launching the ranks on the emulated cluster, loopback or under
 torchrun, the blocks, the reshaping, the event logs, the JSON) stays the bench's.
 
-A workload is named in :class:`~stragglerkit.bench.train_config.TrainConfig` as text, so that it
+A workload is named in :class:`~profiling.lab.train_config.TrainConfig` as text, so that it
 travels to the ranks with the rest of the configuration: ``"path/to/file.py:factory"`` or
 ``"package.module:factory"``, where ``factory(options)`` returns the :class:`Workload` and
 ``options`` is ``TrainConfig.workload_options`` (plain JSON values). Every rank calls the factory.
@@ -29,7 +29,7 @@ on a real slow GPU.
 
 Example::
 
-    from stragglerkit.bench.workload import load_workload
+    from profiling.lab.workload import load_workload
     workload = load_workload("examples/bert/finetune.py:workload", {"max_length": 64})
 """
 
@@ -102,8 +102,8 @@ class MegatronWorkload(Workload, Protocol):
     and the same loss (the mean next-token cross-entropy over every predicted token).
 
     The bench wraps the module in megatron-core's ``DistributedDataParallel`` and trains it with
-    megatron-core's schedule and optimizer (:mod:`stragglerkit.bench.train_megatron`); everything
-    megatron-core is called inside :func:`stragglerkit.megatron.cpu_shim.cuda_calls_on_cpu`.
+    megatron-core's schedule and optimizer (:mod:`profiling.lab.train_megatron`); everything
+    megatron-core is called inside :func:`examples.megatron.cpu_shim.cuda_calls_on_cpu`.
     """
 
     def megatron_model(self) -> tuple[Any, nn.Module]:

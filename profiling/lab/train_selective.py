@@ -1,4 +1,4 @@
-"""``stragglerkit bench --mode train --sync selective``: selective reduce, partial reduce and all-reduce
+"""``python -m profiling.lab.train --sync selective``: selective reduce, partial reduce and all-reduce
 training the same model on real ranks, with the paper's heterogeneous NICs and compute times.
 
 Source: "Progress and Bandwidth Aware Partial Model Synchronization With Selective Reduce",
@@ -34,7 +34,7 @@ and the held-out loss of every rank's final model.
 
 Example::
 
-    stragglerkit bench --mode train --sync selective --world-size 8 --duration 60 --json out.json
+    python -m profiling.lab.train --sync selective --world-size 8 --duration 60 --json out.json
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     """One rank, as the launcher starts it: ``CONFIG.json RATES.json OUT.json``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m stragglerkit.bench.train_selective CONFIG.json RATES.json OUT.json", file=sys.stderr)
+        print("usage: python -m profiling.lab.train_selective CONFIG.json RATES.json OUT.json", file=sys.stderr)
         return 2
     config = SelectiveTrainConfig.from_json(Path(args[0]).read_text(encoding="utf-8"))
     rates = {int(k): float(v) for k, v in json.loads(Path(args[1]).read_text(encoding="utf-8")).items()}
@@ -316,7 +316,7 @@ def run_selective_train(config: SelectiveTrainConfig) -> dict[str, Any]:
         config_path, rates_path, out_path = workdir / "config.json", workdir / "rates.json", workdir / "out.json"
         config_path.write_text(config.to_json(), encoding="utf-8")
         args = [str(config_path), str(rates_path), str(out_path)]
-        module = "stragglerkit.bench.train_selective"
+        module = "profiling.lab.train_selective"
         with contextlib.ExitStack() as stack:
             if config.mode == "emulated":
                 from stragglerkit.testbed import EmulatedCluster, NicDegradation

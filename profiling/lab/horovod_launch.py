@@ -1,4 +1,4 @@
-"""Horovod ranks for ``stragglerkit bench --mode train --framework horovod``, started the way
+"""Horovod ranks for ``python -m profiling.lab.train --framework horovod``, started the way
 ``horovodrun --gloo`` starts them.
 
 ``horovodrun --gloo`` on a launcher machine: it starts Horovod's HTTP rendezvous server
@@ -81,7 +81,7 @@ class HorovodRendezvous:
         self._envs: list[dict[str, str]] = []
 
     def __enter__(self) -> HorovodRendezvous:
-        argv = [sys.executable, "-m", "stragglerkit.bench.horovod_launch", self.hosts, str(self.world_size)]
+        argv = [sys.executable, "-m", "profiling.lab.horovod_launch", self.hosts, str(self.world_size)]
         self._process = self._start_server([*argv, str(self._port_file)], subprocess.PIPE)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not self._port_file.exists():
@@ -170,7 +170,7 @@ def serve(hosts: str, world_size: int, port_file: Path, stop: IO[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m stragglerkit.bench.horovod_launch HOSTS WORLD_SIZE PORT_FILE", file=sys.stderr)
+        print("usage: python -m profiling.lab.horovod_launch HOSTS WORLD_SIZE PORT_FILE", file=sys.stderr)
         return 2
     serve(args[0], int(args[1]), Path(args[2]), sys.stdin)
     return 0

@@ -1,4 +1,4 @@
-"""``stragglerkit bench --mode train --framework megatron``: a small GPT on megatron-core, side by side.
+"""``python -m profiling.lab.train --framework megatron``: a small GPT on megatron-core, side by side.
 
 Every rank builds two copies of the same GPT with megatron-core (``GPTModel`` with the local layer
 spec, tensor- and pipeline-parallel size 1: data-parallel only), each wrapped in megatron-core's
@@ -45,19 +45,19 @@ The choices, and why:
 * **No dropout**, so both copies compute the same forward pass from the same parameters and
   differ only by the AllReduce.
 
-**A fine-tuning workload** (:class:`~stragglerkit.bench.workload.MegatronWorkload`, e.g.
+**A fine-tuning workload** (:class:`~profiling.lab.workload.MegatronWorkload`, e.g.
 ``examples/llama`` with ``--framework megatron``) replaces the GPT, its batches and its optimizer
 settings with its own; the DDP wrapping, the buckets, the schedule, the loss (the mean of the
 ``GPTModel``'s per-token losses) and the install are the same.
 
 On a machine without CUDA, megatron-core's few CUDA-only calls go to the CPU
-(:func:`stragglerkit.megatron.cpu_shim.cuda_calls_on_cpu`, active around model building and each
+(:func:`examples.megatron.cpu_shim.cuda_calls_on_cpu`, active around model building and each
 call into the model, the schedule and the optimizer); where CUDA is available the shim does
 nothing. ``parallel_state.initialize_model_parallel(1, 1)`` runs once per process.
 
 Example::
 
-    from stragglerkit.bench.train_megatron import gpt_hidden_size, gpt_parameters
+    from profiling.lab.train_megatron import gpt_hidden_size, gpt_parameters
     gpt_parameters(gpt_hidden_size(32 * 2**20))    # 8587008
 """
 
@@ -71,12 +71,12 @@ from typing import Any
 
 import torch
 
-from stragglerkit.bench.train_config import TrainConfig
-from stragglerkit.bench.train_worker import _Run, batch_generator
-from stragglerkit.bench.workload import MegatronWorkload
+from examples.megatron.cpu_shim import cuda_calls_on_cpu
+from profiling.lab.train_config import TrainConfig
+from profiling.lab.train_worker import Run, batch_generator
+from profiling.lab.workload import MegatronWorkload
 from stragglerkit.config import Config
 from stragglerkit.megatron import MegatronConfig, MegatronState, install
-from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu
 from stragglerkit.testbed.inject import sleep_precisely
 
 __all__ = [
@@ -168,7 +168,7 @@ def gpt_batch(config: TrainConfig, step: int, rank: int, device: torch.device) -
     }
 
 
-class MegatronRun(_Run):
+class MegatronRun(Run):
     """One GPT copy: megatron-core's DDP model, schedule and optimizer (see the module docstring)."""
 
     def __init__(self, name: str, model: Any, opt: Any) -> None:

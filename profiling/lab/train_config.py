@@ -1,4 +1,4 @@
-"""What one ``stragglerkit bench --mode train`` run does: :class:`TrainConfig` and its option parsers.
+"""What one training bench run (``python -m profiling.lab.train``) does: :class:`TrainConfig` and its option parsers.
 
 The configuration travels as JSON from the launcher to every rank (``to_json``/``from_json``), so
 every field is a plain value. Validation happens here, before any rank starts, with messages that
@@ -25,11 +25,11 @@ COPIES = ("plain", "hooked")
 """The two copies of the model: the plain framework and the framework with stragglerkit."""
 DEFAULT_BATCH = {"ddp": 16, "horovod": 16, "megatron": 1}
 """Samples per rank and step when ``batch`` is 0: 16 rows of the MLP; 1 sequence of the GPT
-(:mod:`stragglerkit.bench.train_megatron` says why so few)."""
+(:mod:`profiling.lab.train_megatron` says why so few)."""
 SLOWDOWNS = ("sleep", "backward")
 """How the straggler is late: ``sleep``, its whole delay between forward and backward; ``backward``,
 the delay spread over its backward pass as on a throttled GPU
-(:class:`stragglerkit.bench.workload.ComputeSlowdown`)."""
+(:class:`profiling.lab.workload.ComputeSlowdown`)."""
 
 _MIN_MODEL_BYTES = 64 * 1024
 _MAX_MODEL_BYTES = 2**30
@@ -70,13 +70,13 @@ class TrainConfig(JsonConfig):
     """NIC rate in bytes/s (whole frames): shapes the emulated hosts; elsewhere only recorded."""
     mode: str = "emulated"
     """``emulated`` (namespaces with shaped NICs), ``loopback``, ``torchrun``, or ``horovodrun`` (a workload
-    under ``horovodrun``, :mod:`stragglerkit.bench.finetune`)."""
+    under ``horovodrun``, :mod:`profiling.lab.finetune`)."""
     framework: str = "ddp"
     """``ddp``: plain DDP against DDP with ``stragglerkit.ddp_hook``; ``horovod``:
     ``hvd.DistributedOptimizer`` against ``stragglerkit.straggler_aware``, the ranks started as
     ``horovodrun --gloo`` starts them (emulated cluster or loopback); ``megatron``: a small GPT on
     megatron-core, its ``DistributedDataParallel`` plain against it with
-    ``stragglerkit.megatron.install`` (:mod:`stragglerkit.bench.train_megatron`)."""
+    ``stragglerkit.megatron.install`` (:mod:`profiling.lab.train_megatron`)."""
     steps: int = 120
     """Training steps; each step runs plain DDP and the hooked DDP once."""
     straggler: int | None = None
@@ -130,16 +130,16 @@ class TrainConfig(JsonConfig):
     """Seconds the launcher waits for the ranks."""
     workload: str | None = None
     """``FILE.py:FACTORY`` or ``module:FACTORY``: the model, data, loss, optimizer and held-out
-    evaluation to train instead of the MLP (:mod:`stragglerkit.bench.workload`); ``None``: the MLP
+    evaluation to train instead of the MLP (:mod:`profiling.lab.workload`); ``None``: the MLP
     (or the GPT with ``framework="megatron"``). ``model_bytes`` and ``lr`` are then not used. With
-    ``framework="megatron"`` it must be a :class:`~stragglerkit.bench.workload.MegatronWorkload`."""
+    ``framework="megatron"`` it must be a :class:`~profiling.lab.workload.MegatronWorkload`."""
     workload_options: dict[str, Any] = field(default_factory=dict)
     """Given to the workload's factory on every rank (plain JSON values)."""
     slowdown: str = "sleep"
     """Where the straggler's delay goes: ``sleep`` (before its backward) or ``backward`` (spread
     over its backward, as on a throttled GPU; :data:`SLOWDOWNS`)."""
     target_loss: float | None = None
-    """A loss to reach: the summary then says when each copy reached it (``stragglerkit.bench.finetune``)."""
+    """A loss to reach: the summary then says when each copy reached it (``profiling.lab.finetune``)."""
     copies: list[str] = field(default_factory=lambda: list(COPIES))
     """Which copies each rank trains: both (the side-by-side comparison), or only ``plain`` or
     only ``hooked`` (``--stragglerkit off|on`` of the fine-tuning examples: one model in memory, as
