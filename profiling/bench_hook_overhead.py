@@ -87,7 +87,7 @@ def _worker(args: argparse.Namespace) -> None:
 
     import stragglerkit
     from profiling.lab.train_config import TrainConfig
-    from profiling.lab.train_worker import build_model
+    from profiling.lab.copies import build_model
     from stragglerkit.detect.controller import ControllerConfig
 
     torch.set_num_threads(1)

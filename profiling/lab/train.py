@@ -453,7 +453,7 @@ class _Reshaper:
         return "recovered_links" if healthy else "reshaped_links"
 
     def _serve(self) -> None:
-        from profiling.lab.train_worker import RESHAPE, RESHAPE_AGAIN, control_files
+        from profiling.lab.copies import RESHAPE, RESHAPE_AGAIN, control_files
         from stragglerkit.testbed import NicDegradation
 
         phases = [(RESHAPE, self.degrade, "degraded_links")]
