@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stragglerkit.api import Work, all_reduce, destroy, init, is_initialized, last_run
@@ -28,6 +29,8 @@ from stragglerkit.errors import (
     StragglerKitError,
 )
 from stragglerkit.runtime.runtime import FallbackWarning, RunRecord
+from stragglerkit.telemetry import wandb as _wandb
+from stragglerkit.version import __version__
 
 if TYPE_CHECKING:
     from stragglerkit.decorator import straggler_aware
@@ -57,7 +60,6 @@ __all__ = [
     "last_run",
     "straggler_aware",
 ]
-__version__ = "0.2.0"
 
 _LAZY = {
     "DDPState": "stragglerkit.integrations.ddp",
@@ -65,6 +67,17 @@ _LAZY = {
     "StragglerLoop": "stragglerkit.loop",
     "straggler_aware": "stragglerkit.decorator",
 }
+
+
+def _report_figures(log: Path) -> list[tuple[str, bytes]]:
+    """The offline report's figures of an event log, for the W&B logger at the loop's close
+    (telemetry sits below the report, so the package wires them together here)."""
+    from stragglerkit.report.plots import event_log_figures
+
+    return event_log_figures(log)
+
+
+_wandb.set_figure_drawer(_report_figures)
 
 
 if not TYPE_CHECKING:  # (hidden from type checkers, which see the imports above)

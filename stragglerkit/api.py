@@ -37,6 +37,7 @@ from stragglerkit import session as _session
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError
 from stragglerkit.runtime.runtime import AllReduceCall, AllReduceHandle, RunRecord
+from stragglerkit.telemetry import nvtx  # installs the runtime's profiler ranges (runtime/hooks.py)
 
 __all__ = ["Work", "all_reduce", "destroy", "init", "is_initialized", "last_run"]
 
@@ -60,8 +61,6 @@ def init(group: dist.ProcessGroup | None = None, config: Config | None = None) -
         resolved = Config.from_env() if config is None else config.with_env()
     except ConfigError as err:  # the other ranks are in init's collective steps: tell them
         _session.refuse(group, err)
-    from stragglerkit.report import nvtx
-
     nvtx.configure(resolved.report.nvtx)
     _session.create(group, resolved)
 

@@ -211,9 +211,10 @@ class ReportConfig:
         if self.wandb is not None and not isinstance(self.wandb, bool):
             raise ConfigError(f"report.wandb must be true, false or auto (null), got {self.wandb!r}")
         if self.wandb is True:
-            from stragglerkit.report.wandb import available
+            import importlib.util
+            import sys
 
-            if not available():
+            if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
                 raise ConfigError("report.wandb is true but wandb is not installed: pip install wandb (or set auto)")
 
 

@@ -76,7 +76,7 @@ from stragglerkit.integrations.optimizer_buckets import (
     parameter_signature,
 )
 from stragglerkit.loop.loop import StragglerLoop
-from stragglerkit.report import nvtx
+from stragglerkit.telemetry import nvtx
 
 __all__ = ["BUCKET_BYTES", "DistributedOptimizer"]
 

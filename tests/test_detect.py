@@ -39,7 +39,7 @@ from stragglerkit.detect.nic_health import (
     slowdowns_from_speeds,
     sysfs_links,
 )
-from stragglerkit.detect.plans import Decision, Plan, WindowStats, log_path_for
+from stragglerkit.plans import Decision, Plan, WindowStats, log_path_for
 from stragglerkit.runtime.executor import OpTiming
 from stragglerkit.sim.cost_model import CostModel
 

@@ -21,8 +21,8 @@ import torch
 from _dist import run_group
 
 from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan
-from stragglerkit.detect.plans import WindowStats
-from stragglerkit.report.records import RecordLog, nic_rates, plain, run_record, window_record
+from stragglerkit.plans import WindowStats
+from stragglerkit.telemetry.records import RecordLog, nic_rates, plain, run_record, window_record
 
 LATE_S = 0.03
 FORCED_AT = 6

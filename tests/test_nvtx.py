@@ -26,11 +26,11 @@ import torch
 from _dist import run_group
 from _require import require_or_skip
 
-from stragglerkit.report import nvtx
 from stragglerkit.runtime.executor import PlanRanges, _range_callback, phase_range_name
 from stragglerkit.runtime.plan import lower
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules.ring import ring
+from stragglerkit.telemetry import nvtx
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDER = Path(__file__).resolve().parent / "nvtx_recorder.c"
@@ -175,7 +175,7 @@ def test_executor_gets_a_range_callback_only_when_someone_looks(clean_env: pytes
 # -- an NVTX tool looking -------------------------------------------------------------------------
 UNIT_SCRIPT = textwrap.dedent(
     """
-    from stragglerkit.report import nvtx
+    from stragglerkit.telemetry import nvtx
     from stragglerkit.runtime.executor import PlanRanges
     from stragglerkit.runtime.plan import lower
     from stragglerkit.runtime.remap import RankMap

@@ -25,7 +25,7 @@ from _require import needs
 
 from stragglerkit.config import Config, ReportConfig
 from stragglerkit.errors import ConfigError
-from stragglerkit.report.wandb import PREFIX, STEP_METRIC, log_figures, rows, wandb_logger
+from stragglerkit.telemetry.wandb import PREFIX, STEP_METRIC, log_figures, rows, wandb_logger
 
 try:
     import wandb

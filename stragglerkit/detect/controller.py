@@ -55,7 +55,9 @@ from stragglerkit.detect.controller_config import BASELINE_CHOICES, ControllerCo
 from stragglerkit.detect.detector import Detector, Finding
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.nic_health import server_slowdowns, slowdowns_from_links, slowdowns_from_speeds
-from stragglerkit.detect.plans import (
+from stragglerkit.detect.probe_schedule import ProbeSchedule, off_plan
+from stragglerkit.detect.verification import SwitchVerifier
+from stragglerkit.plans import (
     ALGORITHM_CODES,
     ALLREDUCE_PART,
     EVENT_KINDS,
@@ -65,10 +67,8 @@ from stragglerkit.detect.plans import (
     WindowStats,
     log_path_for,
 )
-from stragglerkit.detect.probe_schedule import ProbeSchedule, off_plan
-from stragglerkit.detect.verification import SwitchVerifier
-from stragglerkit.report.records import RecordLog, window_record
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, why_not
+from stragglerkit.telemetry.records import RecordLog, window_record
 
 __all__ = [
     "ALGORITHM_CODES",
@@ -100,7 +100,7 @@ class Controller(ProbeSchedule, SwitchVerifier):
         self.detector = Detector(config.detector)
         self.records = RecordLog(log_path)
         """The JSONL log's records (decisions on every writing rank, rank 0's windows); the loop
-        writes the header and flushes it (:mod:`stragglerkit.report.records`)."""
+        writes the header and flushes it (:mod:`stragglerkit.telemetry.records`)."""
         self._seq = 0
         self._plan_start = config.warmup_steps
         self._blocked: dict[tuple[object, ...], int] = {}

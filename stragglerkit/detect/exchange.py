@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from stragglerkit.detect.arrival import ClockOffsets, StepArrival, wall_clock_lateness
 from stragglerkit.detect.nic_health import LINK_MESSAGES, RingLinkMessages, message_link_rates
-from stragglerkit.detect.plans import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
+from stragglerkit.plans import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from stragglerkit.detect.controller_state import ControllerState
 
 from stragglerkit.detect.controller_config import ControllerConfig
-from stragglerkit.detect.controller_state import ControllerState
-from stragglerkit.detect.plans import Plan
+from stragglerkit.plans import Plan
 
 __all__ = ["ProbeSchedule", "off_plan"]
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from stragglerkit.detect.controller_state import ControllerState
+
 from stragglerkit.detect.detector import Finding
-from stragglerkit.detect.plans import ALLREDUCE_PART, STEP_PERIOD, Decision, Plan
+from stragglerkit.plans import ALLREDUCE_PART, STEP_PERIOD, Decision, Plan
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 
 __all__ = ["SwitchVerifier"]

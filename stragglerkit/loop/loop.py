@@ -53,9 +53,9 @@ on through the rendezvous store, the adapter's name, each rank's host), the deci
 they are adopted, and rank 0 adds a ``window`` line per exchange, queued by the controller's
 thread and written by the loop's once per exchange, after the step's first bucket went to its
 AllReduce. With Weights & Biases on (``report.wandb``) rank 0 hands the same records to
-:mod:`stragglerkit.report.wandb`.
+:mod:`stragglerkit.telemetry.wandb`.
 
-**Profiling** (docs/profiling.md): with NVTX or torch.profiler looking (report/nvtx.py), each
+**Profiling** (docs/profiling.md): with NVTX or torch.profiler looking (telemetry/nvtx.py), each
 step's arrival is marked (``stragglerkit/step <s>``), and the baseline's AllReduce, probes, the
 stats exchange and ``synchronize``'s wait are ranges, and each adopted decision's events are marked
 (``stragglerkit/decision <kind>``); otherwise each costs an attribute check.
@@ -108,12 +108,12 @@ from stragglerkit.detect.exchange import PendingExchange, StatsExchange, host_id
 from stragglerkit.detect.nic_health import local_link_speed, ring_link_messages
 from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, StragglerKitError
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
-from stragglerkit.report import nvtx
-from stragglerkit.report.records import FRAMEWORKS, new_run_id, run_record
-from stragglerkit.report.wandb import WandbLogger, wandb_logger
 from stragglerkit.runtime.runtime import AllReduceCall, RunRecord, Runtime
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 from stragglerkit.session import Session
+from stragglerkit.telemetry import nvtx
+from stragglerkit.telemetry.records import FRAMEWORKS, new_run_id, run_record
+from stragglerkit.telemetry.wandb import WandbLogger, wandb_logger
 
 __all__ = ["LOOP_OPS", "Baseline", "StragglerLoop"]
 

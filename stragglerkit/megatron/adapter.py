@@ -53,13 +53,13 @@ import torch.distributed as dist
 
 import stragglerkit
 from stragglerkit.config import Config
-from stragglerkit.detect.plans import log_path_for
 from stragglerkit.errors import ConfigError, StragglerKitError
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.megatron.compat import check_bucket_group, check_megatron_core
 from stragglerkit.megatron.config import MegatronConfig
-from stragglerkit.report import nvtx
+from stragglerkit.plans import log_path_for
 from stragglerkit.session import Session, session_for
+from stragglerkit.telemetry import nvtx
 
 __all__ = ["GradSyncHandle", "MegatronState", "install", "installed"]
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stragglerkit.detect.plans import EVENT_KINDS
+from stragglerkit.plans import EVENT_KINDS
 
 __all__ = ["DECISION_KINDS", "EventLog", "Window", "looks_like_event_log", "read_event_log"]
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from stragglerkit.report.plots import Figure
 from stragglerkit.report.run_data import DETECTIONS, RunData, lost_to_stragglers, plan_label, savings
+from stragglerkit.version import __version__
 
 __all__ = ["render", "verdict"]
 
@@ -307,8 +308,6 @@ def render(
     title: str | None = None,
 ) -> str:
     """The whole page as a string (see the module docstring)."""
-    import stragglerkit
-
     css_class, sentence = verdict(run)
     heading = title or "stragglerkit report"
     subtitle = f"{run.kind}" + (f", {run.world_size} ranks" if run.world_size else "")
@@ -334,7 +333,7 @@ def render(
         "<h2>Run</h2>",
         _run_table(run, run.notes),
         _list("Inputs", read),
-        f"<footer>Written by stragglerkit {_e(stragglerkit.__version__)} report on {generated}. "
+        f"<footer>Written by stragglerkit {_e(__version__)} report on {generated}. "
         "Figures are also saved as PNG files next to this page.</footer>",
         "</main></body></html>",
     ]

@@ -22,12 +22,14 @@ Example::
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from stragglerkit.report.inputs import load
 from stragglerkit.report.run_data import DETECTIONS, RunData, last_ranks
 
-__all__ = ["FIGURES", "Figure", "figures"]
+__all__ = ["FIGURES", "Figure", "event_log_figures", "figures"]
 
 _DECISION_STYLE = {
     "detected_straggler": ("#d62728", "detected straggler"),
@@ -320,3 +322,12 @@ FIGURES = (allreduce_time, lateness_cdf, last_rank, nic_rates, predicted_vs_meas
 def figures(run: RunData) -> list[Figure]:
     """All figures of ``run``, drawn or with the reason each is absent."""
     return [draw(run) for draw in FIGURES]
+
+
+def event_log_figures(path: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
+    """The figures of the run in the event log ``path`` as ``(name, PNG bytes)``, those that could
+    be drawn (what the W&B logger logs when the loop closes: telemetry/wandb.py)."""
+    loaded = load([os.fspath(path)])
+    if loaded.run is None:
+        return []
+    return [(figure.name, figure.png) for figure in figures(loaded.run) if figure.png is not None]

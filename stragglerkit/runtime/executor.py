@@ -5,14 +5,16 @@
 place (csrc/executor.cpp explains the rules). C++ errors come back as
 :class:`~stragglerkit.errors.PeerError` or :class:`~stragglerkit.errors.CollectiveError` with the
 local and remote rank in the message. Per-op timings come back as :class:`OpTimings`. While a
-profiler looks (report/nvtx.py), :class:`PlanRanges` turns the executor's callbacks into ranges for
-each phase or round, reduction and message, named as docs/profiling.md says.
+profiler looks (through the range hooks that telemetry installs: runtime/hooks.py),
+:class:`PlanRanges` turns the executor's callbacks into ranges for each phase or round, reduction
+and message, named as docs/profiling.md says.
 """
 
 from __future__ import annotations
 
 import atexit
 import datetime
+import importlib
 import re
 import warnings
 from contextlib import AbstractContextManager
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.errors import CollectiveError, PeerError
-from stragglerkit.report import nvtx
+from stragglerkit.runtime import hooks
 from stragglerkit.runtime.plan import LoweredKind, OpColumn, RankPlan
 from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules.stragglar import MATCHING_PHASE, PRE_PHASE
@@ -53,8 +55,8 @@ def native():  # type: ignore[no-untyped-def]
     """The compiled extension, with a clear error when it has not been built."""
     global _native
     if _native is None:
-        try:
-            from stragglerkit import _C  # type: ignore[attr-defined]
+        try:  # the compiled module, by name: not a Python layer of the package (docs/architecture.md)
+            _C = importlib.import_module("stragglerkit._C")
         except ImportError as err:
             raise CollectiveError(
                 "stragglerkit's native extension is not built: run `python setup.py build_ext --inplace` "
@@ -139,7 +141,7 @@ class PlanRanges:
 
     Labels and reductions nest (NVTX thread ranges, record functions opened and closed in order);
     consecutive labels with the same range name (StragglAR's pre-phase rounds) stay one range.
-    Messages overlap, so they are started and ended (:func:`nvtx.start`): ``send <peer>`` and
+    Messages overlap, so they are started and ended (``hooks.ranges.start``): ``send <peer>`` and
     ``recv <peer>`` with the peer's group rank. All calls come from the thread that runs the plan.
     :meth:`close` ends what a failed run left open.
     """
@@ -155,7 +157,7 @@ class PlanRanges:
         """The nested ranges open now, innermost last."""
         self._deferred: str | None = None
         """A label range whose end was reported: closed unless the next label has the same name."""
-        self._messages: dict[int, nvtx.Started | None] = {}
+        self._messages: dict[int, object | None] = {}
         self._failed = False
 
     def __call__(self, code: int, begin: bool) -> None:
@@ -173,7 +175,7 @@ class PlanRanges:
             self._message(-code - 2, begin)
         elif code == -1:
             self._flush()
-            self._nest(nvtx.REDUCTION, begin)
+            self._nest(hooks.REDUCTION, begin)
         elif begin:
             name = self._names[code]
             if self._deferred == name:  # the same range goes on
@@ -192,7 +194,7 @@ class PlanRanges:
 
     def _nest(self, name: str, begin: bool) -> None:
         if begin:
-            opened = nvtx.range(name)
+            opened = hooks.ranges.range(name)
             opened.__enter__()
             self._open.append(opened)
         elif self._open:
@@ -200,10 +202,10 @@ class PlanRanges:
 
     def _message(self, op: int, begin: bool) -> None:
         if begin:
-            verb = nvtx.SEND if self._kinds[op] == LoweredKind.SEND else nvtx.RECV
-            self._messages[op] = nvtx.start(verb, self._peers[op])
+            verb = hooks.SEND if self._kinds[op] == LoweredKind.SEND else hooks.RECV
+            self._messages[op] = hooks.ranges.start(verb, self._peers[op])
         else:
-            nvtx.end(self._messages.pop(op, None))
+            hooks.ranges.end(self._messages.pop(op, None))
 
     def close(self) -> None:
         """End the ranges still open (all of them after a failure; none after a clean run)."""
@@ -211,13 +213,13 @@ class PlanRanges:
         while self._open:
             self._nest("", False)
         for started in self._messages.values():
-            nvtx.end(started)
+            hooks.ranges.end(started)
         self._messages.clear()
 
 
 def _range_callback(plan: RankPlan, rank_map: RankMap) -> PlanRanges | None:
     """The executor's range callback, or None (no callback: no cost) when no profiler looks."""
-    return PlanRanges(plan, rank_map) if nvtx.active() else None
+    return PlanRanges(plan, rank_map) if hooks.ranges.active() else None
 
 
 _RANK_MAP_TABLES: dict[tuple[int, ...], torch.Tensor] = {}

@@ -16,7 +16,7 @@ this module validates a call, finds or builds its plan and hands it to the C++ e
   over the tensor; the bits are those of the sum followed by ``div_(n)``); on CUDA it divides the
   finished sum once on every rank.
 * **Order**: calls run one at a time in call order; asynchronous ones on one worker thread, which
-  records in the caller's torch.profiler while one runs on the calling thread (report/nvtx.py).
+  records in the caller's torch.profiler while one runs on the calling thread (runtime/hooks.py).
 * **Group calls** (``AllReduceCall.groups``): disjoint groups of ranks each sum among themselves,
   all at once, over the same group's point-to-point messages (schedules/group_ring.py); each
   member first multiplies its tensor by its weight, ranks in no group keep theirs. Every rank of
@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError, NotInitializedError
-from stragglerkit.report import nvtx
+from stragglerkit.runtime import hooks
 from stragglerkit.runtime.executor import (
     OpTiming,
     OpTimings,
@@ -354,14 +354,14 @@ class Runtime:
             if self._worker is None:
                 self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stragglerkit")
             self._pending += 1
-        done = self._worker.submit(self._run_queued, call, ranks, nvtx.thread_state())
+        done = self._worker.submit(self._run_queued, call, ranks, hooks.ranges.thread_state())
         return AllReduceHandle(call.tensor, done)
 
     # -- internals ------------------------------------------------------------------------------
     def _run_queued(self, call: AllReduceCall, ranks: RankMap, profiler_state: object | None) -> RunRecord:
         try:
             if profiler_state is not None:  # the caller's torch.profiler records this call's ranges too
-                return nvtx.call_under(profiler_state, lambda: self._run(call, ranks))
+                return hooks.ranges.call_under(profiler_state, lambda: self._run(call, ranks))
             return self._run(call, ranks)
         finally:
             with self._lock:
@@ -409,7 +409,7 @@ class Runtime:
         if self.connections is not None:  # OptCC's sends hold their link as its timetable has them
             optcc_bound = self.config.optcc.send_buffer if chosen == "optcc" else None
             self.connections.bound(optcc_bound or self._send_buffer)
-        with nvtx.range(nvtx.ALL_REDUCE, chosen):
+        with hooks.ranges.range(hooks.ALL_REDUCE, chosen):
             timings = self._execute(tensor, cached, ranks, cached.plan_id)
             if op == "avg" and not cached.plan.divides:
                 tensor.div_(n)
@@ -446,7 +446,7 @@ class Runtime:
             self.connections.bound(self._send_buffer)
         # the weights are in the id too: members that were given different weights are told so
         weights = zlib.crc32(repr(sorted(factors.items())).encode())
-        with nvtx.range(nvtx.ALL_REDUCE, "group_ring"):
+        with hooks.ranges.range(hooks.ALL_REDUCE, "group_ring"):
             timings = self._execute(tensor, cached, ranks, cached.plan_id ^ weights)
         self.last_run = RunRecord(call.algorithm, "group_ring", timings, cached.plan)
         return self.last_run
