@@ -1,9 +1,9 @@
 """stragglerkit.selective: selective reduce, progress- and bandwidth-aware partial synchronisation.
 
 Opt-in: a group of ready workers averages its models with weights instead of all ranks summing
-gradients, which changes what training computes (docs/selective.md). This package holds the
-controller algorithms as pure, clock-injected library code that a simulator and a training loop
-can both drive:
+gradients, which changes what training computes (docs/selective.md). The controller algorithms
+are pure, clock-injected library code in :mod:`stragglerkit.grouping` (below the simulator, which
+drives them too); this package re-exports them and adds what runs on the ranks:
 
 * :class:`SelectiveConfig`: the paper's parameters ``p, eta, theta, dt, c, v``;
 * :class:`ProgressModel`: ``P(T <= t + dt | T > t)`` from observed iteration times;
@@ -16,14 +16,13 @@ can both drive:
 
 from __future__ import annotations
 
-from stragglerkit.selective.bag import bag
-from stragglerkit.selective.bpawr import BpawrDecision, Expected, bpawr, ring_time
-from stragglerkit.selective.config import SelectiveConfig
-from stragglerkit.selective.controller import SelectiveReduceController
-from stragglerkit.selective.group_reduce import group_shares, weighted_group_all_reduce
-from stragglerkit.selective.partial_reduce import PartialReduceController
-from stragglerkit.selective.progress import ProgressModel
-from stragglerkit.selective.workers import (
+from stragglerkit.grouping.bag import bag
+from stragglerkit.grouping.bpawr import BpawrDecision, Expected, bpawr, ring_time
+from stragglerkit.grouping.config import SelectiveConfig
+from stragglerkit.grouping.controller import SelectiveReduceController
+from stragglerkit.grouping.partial_reduce import PartialReduceController
+from stragglerkit.grouping.progress import ProgressModel
+from stragglerkit.grouping.workers import (
     Event,
     Sync,
     SyncDone,
@@ -32,6 +31,7 @@ from stragglerkit.selective.workers import (
     WorkerState,
     iteration_weights,
 )
+from stragglerkit.selective.group_reduce import group_shares, weighted_group_all_reduce
 
 __all__ = [
     "BpawrDecision",

@@ -60,8 +60,8 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.errors import ConfigError, PeerError, StragglerKitError
+from stragglerkit.grouping.workers import Event, Sync, SyncDone, Tick, WorkerReady
 from stragglerkit.selective.group_reduce import weighted_group_all_reduce
-from stragglerkit.selective.workers import Event, Sync, SyncDone, Tick, WorkerReady
 
 __all__ = ["Controller", "RankSync", "SyncCoordinator", "SyncRecord", "run_store"]
 

@@ -37,10 +37,10 @@ import torch.distributed as dist
 from stragglerkit import session as _session
 from stragglerkit.api import Work
 from stragglerkit.errors import ConfigError
+from stragglerkit.grouping.workers import iteration_weights
 from stragglerkit.runtime.executor import notify_local_failure
 from stragglerkit.runtime.runtime import AllReduceCall
 from stragglerkit.schedules.group_ring import validate_groups
-from stragglerkit.selective.workers import iteration_weights
 
 __all__ = ["group_shares", "weighted_group_all_reduce"]
 

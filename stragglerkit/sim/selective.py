@@ -66,7 +66,7 @@ from typing import Any, Literal
 import numpy as np
 
 from stragglerkit.errors import ConfigError
-from stragglerkit.selective import (
+from stragglerkit.grouping import (
     PartialReduceController,
     ProgressModel,
     SelectiveConfig,
