@@ -6,8 +6,9 @@ presets), and a handful of environment variables let operators override single f
 (:data:`ENVIRONMENT`; docs/configuration.md has the table). Every rank must use the same
 configuration: :func:`stragglerkit.init` checks that collectively and names the ranks that differ.
 
-Everything else the library does is decided by measurement and fixed in the code, with the reason
-next to the constant: the runtime's internal tuning is not configuration.
+Everything else the library does is decided by measurement and fixed in the code: the internal
+constants live in :mod:`stragglerkit.defaults`, each with the reason for its value; they are not
+configuration.
 
 Example::
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
+from stragglerkit.defaults import CLEAR_DEGRADED, CLEAR_FRACTION
 from stragglerkit.errors import ConfigError
 from stragglerkit.units import parse_size, parse_switch
 
@@ -43,10 +45,6 @@ __all__ = [
 
 MiB = 1024 * 1024
 KiB = 1024
-CLEAR_FRACTION = 0.4
-"""The detector's internal threshold below which a straggler counts as gone (detect/detector.py)."""
-CLEAR_DEGRADED = 1.2
-"""The slowdown below which a degraded NIC counts as recovered (detect/detector.py)."""
 SMALLEST_SEND_BUFFER = 8192
 """Linux doubles a socket's send buffer and keeps at least a few pages; below this a bound means nothing."""
 
