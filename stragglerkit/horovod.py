@@ -200,7 +200,7 @@ class _Buckets(GradientBuckets):
         )
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-        timeout = self.loop.config.timeout
+        timeout = self.loop.settings.timeout
 
         def wait() -> None:
             # Horovod waits for a stalled rank forever; polled, the wait ends at the configured

@@ -36,12 +36,26 @@ def _init(cfg: dict[str, Any], event_log: str | None = None) -> None:
     stragglerkit.init(config=config)
 
 
-def _config(overrides: dict[str, Any]) -> Any:
-    from stragglerkit.detect.controller import ControllerConfig
-    from stragglerkit.detect.detector import DetectorConfig
+def _state(overrides: dict[str, Any]) -> Any:
+    """A DDPState whose loop runs with ``overrides``: ``Config.detection`` fields (also under
+    ``"detector"``, where ``fraction`` is ``late_fraction``) and internal settings (``tuned``);
+    ``timeout`` is the session's (:func:`_init`)."""
+    import dataclasses
 
-    detector = DetectorConfig(**overrides.pop("detector", {}))
-    return ControllerConfig(detector=detector, **overrides)
+    import stragglerkit
+    from stragglerkit.config import DetectionConfig
+    from stragglerkit.detect.settings import tuned
+    from stragglerkit.session import session_for
+
+    detector = dict(overrides.pop("detector", {}))
+    if "fraction" in detector:
+        detector["late_fraction"] = detector.pop("fraction")
+    overrides.pop("timeout", None)
+    names = {f.name for f in dataclasses.fields(DetectionConfig)}
+    values = {**overrides, **detector}
+    config = session_for(None).config.replace(detection={k: v for k, v in values.items() if k in names})
+    with tuned(**{k: v for k, v in values.items() if k not in names}):
+        return stragglerkit.DDPState(None, config)
 
 
 def hook_vs_plain(
@@ -65,7 +79,7 @@ def hook_vs_plain(
     _init(cfg)
     plain = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
     hooked = DDP(_model(0), bucket_cap_mb=0.05, gradient_as_bucket_view=views)
-    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    state = _state(dict(cfg))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)
@@ -80,8 +94,8 @@ def hook_vs_plain(
         if step == force_optcc_at:  # white-box: every rank adopts the same OptCC plan at this step
             plan = Plan("ring", ("optcc",) * 8, None, ((1, 2.0),))
             # with the probe interval rank 0 ships with an OptCC plan
-            every = state.loop.config.plan_probe_every
-            state.loop.controller.apply(Decision(10_000, step, plan, [], every))
+            every = state.loop.settings.plan_probe_every
+            state.loop.adopt(Decision(10_000, step, plan, [], every))
         x, y = _batch(rank, step)
         for model, opt, late in ((plain, opt_plain, False), (hooked, opt_hooked, True)):
             opt.zero_grad(set_to_none=not views)
@@ -93,8 +107,8 @@ def hook_vs_plain(
         algorithms.append(state.algorithm)
         probe_every.append(state.loop.controller.probe_every)
         exchange_every.append(state.loop.controller.exchange_every)
-        if state.loop._last_exchange != (exchanges[-1] if exchanges else 0):
-            exchanges.append(state.loop._last_exchange)
+        if state.loop.exchange.last_exchange != (exchanges[-1] if exchanges else 0):
+            exchanges.append(state.loop.exchange.last_exchange)
         ran = sorted(state.loop.profiler.buckets(step), key=lambda t: t.bucket)
         bucket_algorithms.append([(t.nbytes, t.algorithm) for t in ran])
         with torch.no_grad():
@@ -132,7 +146,7 @@ def straggler_run(
     delay = max(2 * prephase_seconds(rank, n, gradient_numel(), n - 1), floor_s)
 
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
-    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    state = _state(dict(cfg))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
     rng = random.Random(rank)
@@ -168,7 +182,7 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
 
     _init(cfg)
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
-    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    state = _state(dict(cfg))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
     try:
@@ -179,7 +193,7 @@ def fault_run(rank: int, n: int, fault: str, fault_step: int, cfg: dict) -> str:
             if step == fault_step and rank == 2:
                 if fault == "dies":
                     os._exit(0)
-                time.sleep(3 * state.loop.config.timeout)
+                time.sleep(3 * state.loop.settings.timeout)
             loss.backward()
             opt.step()
     except Exception as err:
@@ -202,7 +216,7 @@ def clock_run(rank: int, n: int, steps: int, jump_at: int, cfg: dict) -> dict[st
         time.time_ns = lambda: real_time_ns() + ahead_ns[0]
     _init(cfg)
     hooked = DDP(_model(0), bucket_cap_mb=0.05)
-    state = stragglerkit.DDPState(None, _config(dict(cfg)))
+    state = _state(dict(cfg))
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
     offsets = []
@@ -335,7 +349,7 @@ def checkpoint_run(
     if restore is None:
         hooked = DDP(model, bucket_cap_mb=0.05)
         opt = torch.optim.SGD(hooked.parameters(), lr=0.05, momentum=0.9)
-        state = stragglerkit.DDPState(None, _config(dict(cfg)))
+        state = _state(dict(cfg))
         first, steps = 0, 200
     else:
         checkpoint = torch.load(path, weights_only=False)

@@ -15,7 +15,7 @@ def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int, late_rank: int, lat
     sleeps ``late_s`` before its hooked backward from step 5 on, so the loop may switch to StragglAR."""
     import time
 
-    from ddp_bodies import _batch, _config, _init, _model
+    from ddp_bodies import _batch, _init, _model, _state
 
     import stragglerkit
 
@@ -25,7 +25,7 @@ def hook_vs_plain_ddp_on_cuda(rank: int, n: int, steps: int, late_rank: int, lat
     plain = DDP(_model(0).to(device), device_ids=[0], bucket_cap_mb=0.05)
     hooked = DDP(_model(0).to(device), device_ids=[0], bucket_cap_mb=0.05)
     # Probes run stragglerkit's ring on the largest bucket every few steps from step 3 on.
-    state = stragglerkit.DDPState(None, _config({"warmup_steps": 3, "min_bucket_bytes": 1024, "min_gain": 0.0}))
+    state = _state({"warmup_steps": 3, "min_bucket_bytes": 1024, "min_gain": 0.0})
     hooked.register_comm_hook(state, stragglerkit.ddp_hook)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.05)
     opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.05)

@@ -97,7 +97,7 @@ def side_by_side(args: dict[str, Any]) -> dict[str, Any]:
     if loop is not None:  # every rank, after the last step: the loop's thread stops
         opt_ours.close()
     return {
-        "closed": loop is None or loop._observer is None,
+        "closed": loop is None or loop.exchange._observer is None,
         "diffs": diffs,
         "scale": float(_flat(theirs).abs().max()),
         "ours": _flat(ours).tolist(),

@@ -38,7 +38,8 @@ def profiled_steps(rank: int, world_size: int, kind: str, out_dir: str, nvtx_for
     then under no torch profiler, with ``report.nvtx`` on); write ``rank<r>.json`` (the chrome
     trace) to ``out_dir``; return the algorithms each step's buckets ran."""
     import stragglerkit
-    from stragglerkit.detect.controller import ControllerConfig, Decision
+    from stragglerkit.detect.controller import Decision
+    from stragglerkit.detect.settings import tuned
 
     config = stragglerkit.Config().replace(executor={"timeout": 60.0}, report={"nvtx": nvtx_forced or None})
     stragglerkit.init(config=config)
@@ -47,14 +48,9 @@ def profiled_steps(rank: int, world_size: int, kind: str, out_dir: str, nvtx_for
         nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8)),
         bucket_cap_mb=0.03,
     )
-    controller = ControllerConfig(
-        warmup_steps=WARMUP,
-        probe_every=PROBE_EVERY,
-        quiet_probe_every=0,
-        plan_probe_every=0,
-        exchange_every=EXCHANGE_EVERY,
-    )
-    state = stragglerkit.DDPState(None, controller)
+    detection = {"warmup_steps": WARMUP, "probe_every": PROBE_EVERY, "exchange_every": EXCHANGE_EVERY}
+    with tuned(quiet_probe_every=0, plan_probe_every=0):
+        state = stragglerkit.DDPState(None, config.replace(detection=detection))
     model.register_comm_hook(state, stragglerkit.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loop = state.loop
@@ -65,11 +61,11 @@ def profiled_steps(rank: int, world_size: int, kind: str, out_dir: str, nvtx_for
             if step == DECIDED_AT and rank == 0:
                 # white-box: rank 0's controller "decides" the plan; its digest of the last
                 # exchange is joined first, so the decision rides on this step's exchange
-                loop._join_observer()
+                loop.exchange.join()
                 buckets = len(loop.profiler.buckets(step - 1))
                 plan = _plan(kind, world_size, buckets)
                 events = [{"kind": "switch", "evidence": {"why": "the test's plan"}}]
-                loop._decision_in_flight = Decision(10_000, ADOPTED_AT, plan, events, None, 100)
+                loop.exchange.decision_in_flight = Decision(10_000, ADOPTED_AT, plan, events, None, 100)
             g = torch.Generator().manual_seed(100 * step + rank)
             x, y = torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
             opt.zero_grad()

@@ -381,7 +381,7 @@ def close_writes_the_last_records(rank: int, n: int, folder: str) -> dict[str, A
         opt.step()
         opt.zero_grad()
     loop = opt._stragglerkit.loop
-    running = loop._observer is not None
+    running = loop.exchange._observer is not None
     opt.close()
     opt.close()
     with open(f"{folder}/events.rank{rank}.jsonl", encoding="utf-8") as log:
@@ -390,4 +390,4 @@ def close_writes_the_last_records(rank: int, n: int, folder: str) -> dict[str, A
     if rank == 0:
         with open(f"{folder}/events.rank0.jsonl", encoding="utf-8") as log:
             windows = [record["steps"] for record in map(json.loads, log) if record["kind"] == "window"]
-    return {"kinds": kinds, "windows": windows, "running": running, "stopped": loop._observer is None}
+    return {"kinds": kinds, "windows": windows, "running": running, "stopped": loop.exchange._observer is None}

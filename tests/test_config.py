@@ -3,7 +3,6 @@ environment's overrides, misspelt variables, and the check that every rank has t
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from _dist import run_group
 
 from stragglerkit import Config, ConfigError
 from stragglerkit.config import ENVIRONMENT, unknown_variables
-from stragglerkit.detect.controller_config import controller_config
+from stragglerkit.detect.settings import settings_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("default", "short_job", "long_job")
@@ -36,7 +35,7 @@ def test_each_preset_loads_and_validates(name: str, tmp_path: Path) -> None:
     written = tmp_path / f"{name}.yaml"
     written.write_text(config.to_yaml())
     assert Config.from_yaml(written) == config
-    dataclasses.replace(controller_config(config))  # the controller's own validation
+    settings_for(config).validate()  # the loop's own checks of the internal values against it
 
 
 def test_short_job_reacts_sooner_and_long_job_later() -> None:
@@ -63,7 +62,7 @@ def test_short_job_reacts_sooner_and_long_job_later() -> None:
 def test_unknown_names_suggest_the_closest(data: dict, suggestion: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(suggestion)):
         Config.from_dict(data)
-    (section, values), = data.items()
+    ((section, values),) = data.items()
     with pytest.raises(ConfigError, match=re.escape(suggestion.split(": ")[-1])):
         Config().replace(**{section: values})
     file = tmp_path / "typo.yaml"
@@ -106,7 +105,7 @@ def test_bad_types_and_values_name_the_field(data: dict, field: str, what: str) 
         Config.from_dict(data)
     assert field in str(caught.value) and what in str(caught.value), str(caught.value)
     assert isinstance(caught.value, ValueError)
-    (section, values), = data.items()
+    ((section, values),) = data.items()
     with pytest.raises(ConfigError, match=re.escape(field)):
         Config().replace(**{section: values})
 
@@ -120,7 +119,7 @@ def test_good_values_are_kept() -> None:
     )
     assert config.executor.timeout == 60.0 and isinstance(config.executor.timeout, float)
     assert config.executor.send_buffer == 256 * 1024 and config.optcc.send_buffer is None
-    assert config.detection.window == 32 and controller_config(config).detector.window == 32
+    assert config.detection.window == 32 and settings_for(config).detection.window == 32
     assert config.report.nvtx is None and config.report.event_log == "events-{rank}.jsonl"
     assert Config().detection.window == 16  # replace made a copy
 
@@ -199,8 +198,14 @@ def test_unknown_variables_get_the_closest_known_name() -> None:
 
 def test_removed_settings_are_unknown() -> None:
     """The switches whose winners are now fixed in the code have no effect; init names them."""
-    removed = ["STRAGGLERKIT_POST_AHEAD", "STRAGGLERKIT_DUPLEX", "STRAGGLERKIT_WAIT_MODE", "STRAGGLERKIT_OPTCC_SIZING",
-               "STRAGGLERKIT_OPTCC_BUBBLE_FILLING", "STRAGGLERKIT_OPTCC_MESSAGE_BYTES"]
+    removed = [
+        "STRAGGLERKIT_POST_AHEAD",
+        "STRAGGLERKIT_DUPLEX",
+        "STRAGGLERKIT_WAIT_MODE",
+        "STRAGGLERKIT_OPTCC_SIZING",
+        "STRAGGLERKIT_OPTCC_BUBBLE_FILLING",
+        "STRAGGLERKIT_OPTCC_MESSAGE_BYTES",
+    ]
     assert [name for name, _ in unknown_variables(dict.fromkeys(removed, "on"))] == sorted(removed)
 
 

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from _dist import run_group
 
 import stragglerkit
-from stragglerkit.detect.controller import ControllerConfig
+from stragglerkit.detect.settings import Settings
 
 N = 4
 FLOOR_S = 0.02
@@ -67,7 +67,7 @@ def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
     # largest bucket runs stragglerkit's ring (a probe) -- until the plan moves it to StragglAR
     buckets = results[0]["bucket_algorithms"]
     assert all(results[r]["bucket_algorithms"] == buckets for r in range(N))
-    every = ControllerConfig().probe_every
+    every = Settings().detection.probe_every
     for step in range(5, 15):
         if algorithms[step] != "allreduce":
             break  # rank 3 is late from step 15, but window 6 with confirm 1 may act on noise before
@@ -81,11 +81,13 @@ def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
     # plan_probe_every-th step the largest bucket runs a ring probe instead of OptCC (at 192), and
     # the probes then follow the interval in force (a probe that reads rank 1 off the plan's l = 2
     # brings them to every probe_every-th step)
-    config = ControllerConfig()
+    config = Settings()
     intervals = results[0]["probe_every"]
     lasted = next((s for s in range(150, 200) if not any(a in ("optcc", "ring") for _, a in buckets[s])), 200)
     probed = [s for s in range(150, lasted) if any(a == "ring" for _, a in buckets[s])]
-    expected = [s for s in range(150 + config.settle_steps + config.verify_steps, lasted) if s % intervals[s - 1] == 0]
+    expected = [
+        s for s in range(150 + config.settle_steps + config.detection.verify_steps, lasted) if s % intervals[s - 1] == 0
+    ]
     assert lasted > 192 and probed == expected and probed[0] == 192, (lasted, probed, buckets[150:])
     for step in probed:
         largest = max(nbytes for nbytes, _ in buckets[step - 1])
@@ -320,11 +322,11 @@ def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> 
 def test_state_validates_its_arguments() -> None:
     if not dist.is_initialized():
         with pytest.raises(stragglerkit.NotInitializedError, match="init_process_group"):
-            stragglerkit.DDPState(None, ControllerConfig())
+            stragglerkit.DDPState(None)
     results = run_group(2, ddp_bodies.state_validation)
     for out in results.values():
         assert "stragglerkit.init()" in out["before_init"] and out["before_init"].startswith("NotInitializedError")
-        assert out["bad_config"].startswith("ConfigError") and "ControllerConfig" in out["bad_config"]
+        assert out["bad_config"].startswith("ConfigError") and "stragglerkit.Config" in out["bad_config"]
         assert out["after_close"] == "ok"
         assert out["unbound"].startswith("NotInitializedError") and "bind" in out["unbound"], out["unbound"]
         assert out["bound"] == "ok"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import random
 import re
@@ -25,8 +23,7 @@ from stragglerkit.detect.arrival import (
     wall_clock_lateness,
 )
 from stragglerkit.detect.controller import Controller
-from stragglerkit.detect.controller_config import ControllerConfig, controller_config
-from stragglerkit.detect.detector import Detector, DetectorConfig
+from stragglerkit.detect.detector import Detector
 from stragglerkit.detect.exchange import StatsExchange
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.nic_health import (
@@ -39,6 +36,7 @@ from stragglerkit.detect.nic_health import (
     slowdowns_from_speeds,
     sysfs_links,
 )
+from stragglerkit.detect.settings import Settings, settings_for
 from stragglerkit.plans import Decision, Plan, WindowStats, log_path_for
 from stragglerkit.runtime.executor import OpTiming
 from stragglerkit.sim.cost_model import CostModel
@@ -373,7 +371,7 @@ def test_hysteresis_does_not_flap_around_the_threshold() -> None:
 
 
 def test_degraded_rank_detected_and_cleared() -> None:
-    det = Detector(DetectorConfig(window=8))
+    det = Detector(Settings.of(window=8))
     findings = []
     for step in range(0, 60, 2):
         l_est = np.ones(4)
@@ -388,7 +386,7 @@ def test_degraded_rank_detected_and_cleared() -> None:
 
 def test_degraded_window_counts_steps_when_links_are_measured_on_probe_steps_only() -> None:
     """One l estimate every 4th step (probes): the window of 8 steps holds 2 estimates, not 4."""
-    det = Detector(DetectorConfig(window=8))
+    det = Detector(Settings.of(window=8))
     found_at = None
     for step in range(0, 60, 2):
         l_est = np.full(4, np.nan)  # exchanges without a probe carry no estimate
@@ -417,11 +415,11 @@ def test_the_groups_own_allreduce_is_modelled_as_a_ring_and_does_not_feed_the_fi
 
 def test_detector_config_is_validated() -> None:
     with pytest.raises(ValueError, match="hysteresis"):
-        DetectorConfig(fraction=0.3, clear_fraction=0.4)
+        Settings.of(late_fraction=0.5, clear_fraction=0.6)
     with pytest.raises(ValueError, match="window"):
-        DetectorConfig(window=1)
+        Settings.of(window=1)
     with pytest.raises(ValueError, match="clear_degraded_threshold"):
-        DetectorConfig(degraded_threshold=1.1, clear_degraded_threshold=1.2)
+        Settings.of(degraded_threshold=1.5, clear_degraded_threshold=1.6)
 
 
 # -- model ------------------------------------------------------------------------------------------
@@ -536,7 +534,10 @@ def window(
 def run_controller(
     n: int, sizes: list[int], late: int | None, delay: float, steps: int = 60, slow=None, hosts=None, **cfg
 ):
-    config = ControllerConfig(warmup_steps=4, min_gain=0.0, **cfg)
+    low_threshold = cfg.pop("low_threshold", None)
+    config = Settings.of(warmup_steps=4, min_gain=0.0, **cfg)
+    if low_threshold is not None:  # below what Config.detection accepts: white-box, with its clear threshold
+        config.detection.degraded_threshold = low_threshold
     controller = Controller(n, 0, config)
     fix_the_model(controller)
     decisions = []
@@ -572,7 +573,7 @@ def test_the_controller_tells_compute_from_inherited_lateness_with_each_ranks_ow
     each, so every gap spans two exchanges."""
     n, late = 4, 3
     rng = random.Random(11)
-    controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    controller = Controller(n, 0, Settings.of(warmup_steps=4, min_gain=0.0, verify_steps=1000))
     fix_the_model(controller)
     clocks = np.arange(n) * 1000.0
     for step in range(60):
@@ -641,7 +642,7 @@ def test_a_slow_gpu_is_found_by_its_idle_time_and_gets_stragglar_for_its_late_bu
     Without it rank 7 looks punctual (its AllReduce time counts its own computing)."""
     n, late, sizes = 8, 7, [1 << 20, 8 << 20, 16 << 20]
     rng = random.Random(5)
-    controller = Controller(n, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    controller = Controller(n, 0, Settings.of(warmup_steps=4, min_gain=0.0, verify_steps=1000))
     fix_the_model(controller)
     for step in range(60):
         stats = slow_gpu_window(step, n, late, [0.005, 0.150, 0.300], sizes, rng)
@@ -677,7 +678,7 @@ def test_controller_keeps_the_baseline_for_tiny_buckets() -> None:
 
 
 def test_controller_fits_samples_with_the_confirmed_slowest_nic() -> None:
-    config = ControllerConfig(warmup_steps=0, settle_steps=0, verify_steps=1000)
+    config = Settings.of(warmup_steps=0, settle_steps=0, verify_steps=1000)
     controller = Controller(8, 0, config)
     step = 0
     while not controller.detector.degraded and step < 60:  # until rank 5 (at 1/2) is confirmed
@@ -693,7 +694,7 @@ def test_samples_taken_before_a_degraded_nic_was_confirmed_are_rescaled_when_it_
     """Rank 5's NIC drops to 1/2 at step 20; the probes that saw it slow before the detector
     confirmed it were added as healthy samples, and are re-tagged with l = 2 on confirmation;
     the samples from before step 20 stay healthy."""
-    config = ControllerConfig(warmup_steps=0, settle_steps=0, verify_steps=1000)
+    config = Settings.of(warmup_steps=0, settle_steps=0, verify_steps=1000)
     controller = Controller(8, 0, config)
     step, found = 0, []
     while not controller.detector.degraded and step < 80:
@@ -746,8 +747,9 @@ def test_controller_chooses_optcc_for_a_degraded_rank() -> None:
 def test_controller_chooses_the_balanced_ring_for_a_nic_near_full_rate() -> None:
     """l = 8/7 (found with a detector threshold of 1.1; the default 1.5 leaves such a NIC alone):
     the model predicts the balanced ring faster than OptCC's 9-segment pipeline on 32 MiB."""
-    detector = DetectorConfig(degraded_threshold=1.1, clear_degraded_threshold=1.05)
-    controller, _ = run_controller(8, [32 << 20], None, 0.0, slow={5: 8 / 7}, verify_steps=1000, detector=detector)
+    controller, _ = run_controller(
+        8, [32 << 20], None, 0.0, slow={5: 8 / 7}, verify_steps=1000, low_threshold=1.1, clear_degraded_threshold=1.05
+    )
     assert controller.plan.algorithm == "balanced_ring", controller.events
     assert dict(controller.plan.slowdowns) == {5: pytest.approx(8 / 7, abs=1e-3)}
     assert controller.plan.rank_map(8) == [0, 1, 2, 3, 4, 6, 7, 5] and controller.plan.runs_nic_plan
@@ -784,7 +786,7 @@ def test_a_nic_that_recovers_under_optcc_is_cleared_and_the_baseline_returns() -
     (every plan_probe_every-th step) reads rank 5 healthy, the probes come every probe_every
     steps until the detector clears rank 5, and the plan returns to the group's own all_reduce."""
     controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
-    config = controller.config
+    config = controller.settings
     assert controller.plan.algorithm == "optcc" and controller.detector.degraded == {5: pytest.approx(2.0)}
     assert controller.probe_every == config.plan_probe_every  # shipped with the OptCC plan
     decisions = run_under_optcc(controller, range(60, 400), slow=None)  # recovered from step 60 on
@@ -795,8 +797,12 @@ def test_a_nic_that_recovers_under_optcc_is_cleared_and_the_baseline_returns() -
     first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
     # the first probe reads it healthy and starts the short interval; the window still held an
     # l = 2 reading, so one more probe lowers the median and one confirms
-    assert first_probe <= cleared_at <= first_probe + 3 * config.probe_every, (cleared_at, kinds)
-    checking = [e for e in controller.events if e["kind"] == "probing" and e["evidence"]["every"] == config.probe_every]
+    assert first_probe <= cleared_at <= first_probe + 3 * config.detection.probe_every, (cleared_at, kinds)
+    checking = [
+        e
+        for e in controller.events
+        if e["kind"] == "probing" and e["evidence"]["every"] == config.detection.probe_every
+    ]
     assert checking and "rank 5 at l = 1" in checking[0]["evidence"]["reason"], controller.events
 
 
@@ -806,14 +812,14 @@ def test_a_nic_that_degrades_further_under_optcc_gets_a_new_plan() -> None:
     probes) the plan is rebuilt for l = 4; with the readings as planned again, the long interval
     returns."""
     controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
-    config = controller.config
+    config = controller.settings
     decisions = run_under_optcc(controller, range(60, 300), slow={5: 4.0})
     switches = [(step, d.plan) for step, d in decisions if any(e["kind"] == "switch" for e in d.events)]
     assert len(switches) == 1, decisions
     step, plan = switches[0]
     assert plan.algorithm == "optcc" and dict(plan.slowdowns) == {5: pytest.approx(4.0)}
     first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
-    assert first_probe < step <= first_probe + 2 * config.probe_every, (step, controller.events)
+    assert first_probe < step <= first_probe + 2 * config.detection.probe_every, (step, controller.events)
     assert controller.plan == plan and controller.probe_every == config.plan_probe_every
     assert controller.detector.degraded == {5: pytest.approx(4.0)}
 
@@ -824,9 +830,10 @@ def test_a_rebuild_that_did_not_pay_keeps_the_plan_it_replaced() -> None:
     cooldown_steps), rather than falling back to the baseline."""
     controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
     first = controller.plan
-    controller._verify = None  # white-box: the first switch counts as verified
-    controller.config.verify_steps = 4
-    decisions = run_under_optcc(controller, range(60, 60 + controller.config.cooldown_steps), slow={5: 4.0})
+    controller.verifier.cancel()  # the first switch counts as verified
+    controller.settings.detection.verify_steps = 4
+    cooldown = controller.settings.detection.cooldown_steps
+    decisions = run_under_optcc(controller, range(60, 60 + cooldown), slow={5: 4.0})
     assert all(d.plan.runs_nic_plan for _, d in decisions), decisions  # never the baseline
     kinds = [e["kind"] for e in controller.events]
     assert kinds.count("switch") == 2 and kinds.count("rollback") == 1, kinds
@@ -839,12 +846,12 @@ def test_one_off_reading_under_optcc_changes_nothing() -> None:
     """One probe under OptCC reads rank 5 healthy (noise), the next reads it at l = 2 again: the
     short interval ends at once, the plan stays, nothing is cleared."""
     controller, _ = run_controller(8, [16 << 20], late=None, delay=0.0, slow={5: 2.0}, verify_steps=1000)
-    config = controller.config
+    config = controller.settings
     plan = controller.plan
     first_probe = (60 // config.plan_probe_every + 1) * config.plan_probe_every
     run_under_optcc(controller, range(60, first_probe), slow={5: 2.0})
     run_under_optcc(controller, range(first_probe, first_probe + 2), slow=None)  # the odd reading
-    assert controller.probe_every == config.probe_every and controller.plan == plan
+    assert controller.probe_every == config.detection.probe_every and controller.plan == plan
     run_under_optcc(controller, range(first_probe + 2, first_probe + 200), slow={5: 2.0})
     assert controller.plan == plan and controller.detector.degraded == {5: pytest.approx(2.0)}
     assert controller.probe_every == config.plan_probe_every
@@ -881,8 +888,7 @@ def run_switch(
     """A straggler at rank 3 is switched to StragglAR; ``change(stats, after)`` shapes each
     exchange's figures (``after``: the exchange is from the switch on). Returns the controller and
     the step of the switch."""
-    detector = DetectorConfig(window=detector_window)
-    config = ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=verify_steps, detector=detector)
+    config = Settings.of(warmup_steps=4, min_gain=0.0, verify_steps=verify_steps, window=detector_window)
     controller = Controller(8, 0, config)
     fix_the_model(controller)
     switched: int | None = None
@@ -1065,7 +1071,7 @@ def like_the_hook(controller: Controller, stop: int, late: int | None = None, la
 
 
 def test_exchanges_lengthen_once_all_is_quiet_and_shorten_on_a_suspect() -> None:
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, min_gain=0.0))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4, min_gain=0.0))
     decisions = like_the_hook(controller, 60)
     assert controller.exchange_every == 6 and controller.probe_every == 64
     quiet = next(d for d in decisions if d.exchange_every == 6)
@@ -1079,7 +1085,7 @@ def test_a_straggler_that_appears_while_exchanges_are_quiet_is_acted_on_within_2
     """Every phase of the 6-step quiet interval: rank 3 late from ``appears`` brings the 2-step
     exchanges back with a suspect's reason, and StragglAR is switched to by ``appears + 20`` (the
     issue's 'appearing at step 50, acted on by step 70')."""
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, min_gain=0.0, verify_steps=1000))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4, min_gain=0.0, verify_steps=1000))
     decisions = like_the_hook(controller, appears + 30, late=3, late_from=appears)
     quiet = [d for d in decisions if d.exchange_every == 6]
     assert quiet and quiet[0].step < appears - 6
@@ -1097,26 +1103,28 @@ def test_quiet_exchanges_delay_acting_on_a_straggler_by_at_most_one_short_interv
     from stragglerkit import Config
 
     preset = Config.from_yaml(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
-    base = dataclasses.replace(controller_config(preset), warmup_steps=4, min_gain=0.0, verify_steps=10_000)
-    start = 4 * base.detector.window  # by then the exchanges are quiet
+    preset = preset.replace(detection={"warmup_steps": 4, "min_gain": 0.0, "verify_steps": 10_000})
+    base = settings_for(preset)
+    start = 4 * base.detection.window  # by then the exchanges are quiet
 
-    def latest_switch(config: ControllerConfig) -> int:
+    def latest_switch(config: Settings) -> int:
         delays = []
-        for appears in range(start, start + base.quiet_exchange_every + 1):
+        for appears in range(start, start + base.detection.quiet_exchange_every + 1):
             controller = Controller(8, 0, config)
-            decisions = like_the_hook(controller, appears + 3 * base.detector.window, late=3, late_from=appears)
-            if config.quiet_exchange_every:
-                assert any(d.exchange_every == config.quiet_exchange_every and d.step < appears for d in decisions)
+            decisions = like_the_hook(controller, appears + 3 * base.detection.window, late=3, late_from=appears)
+            quiet = config.detection.quiet_exchange_every
+            if quiet:
+                assert any(d.exchange_every == quiet and d.step < appears for d in decisions)
             delays.append(next(d.step for d in decisions if d.plan.algorithm == "stragglar") - appears)
         return max(delays)
 
-    assert base.quiet_exchange_every > base.exchange_every
-    always_short = latest_switch(dataclasses.replace(base, quiet_exchange_every=0))
-    assert latest_switch(base) <= always_short + base.exchange_every
+    assert base.detection.quiet_exchange_every > base.detection.exchange_every
+    always_short = latest_switch(settings_for(preset.replace(detection={"quiet_exchange_every": 0})))
+    assert latest_switch(base) <= always_short + base.detection.exchange_every
 
 
 def test_without_quiet_exchanges_the_interval_never_changes() -> None:
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_exchange_every=0))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4, quiet_exchange_every=0))
     decisions = like_the_hook(controller, 80)
     assert controller.probe_every == 64 and controller.exchange_every == 2
     assert all(d.exchange_every == 2 for d in decisions)
@@ -1134,7 +1142,7 @@ def event_of(decision: Decision, kind: str) -> dict[str, Any]:
 
 
 def test_probes_back_off_once_links_prove_healthy_and_return_when_the_allreduce_slows() -> None:
-    config = ControllerConfig(warmup_steps=4)
+    config = Settings.of(warmup_steps=4)
     controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 34, tail=0.100)  # probes at 8, 16, 24, 32: four healthy estimates
     assert controller.probe_every == 64 and [d.probe_every for d in probings(decisions)] == [64]
@@ -1156,7 +1164,7 @@ def test_probes_back_off_once_links_prove_healthy_and_return_when_the_allreduce_
 
 
 def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4))
     drive(controller, 0, 34, tail=0.1)
     assert controller.probe_every == 64
     decisions = drive(controller, 34, 66, tail=0.1, slow={2: 3.0})  # the quiet probe at step 64
@@ -1167,7 +1175,7 @@ def test_a_probe_that_reads_a_slow_link_ends_the_back_off() -> None:
 def test_a_quiet_probe_misread_is_checked_by_the_next_probe_and_the_back_off_resumes() -> None:
     """Backed off, one probe reads a healthy link as slow (a loaded host): the probes come back,
     the next one reads the links healthy, and they back off again at once (not after 4 probes)."""
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4))
     drive(controller, 0, 34, tail=0.1)
     assert controller.probe_every == 64
     decisions = drive(controller, 34, 66, tail=0.1, slow={6: 1.6})  # the quiet probe at 64 misreads rank 6
@@ -1188,7 +1196,7 @@ def test_a_quiet_probe_misread_is_checked_by_the_next_probe_and_the_back_off_res
 
 def test_one_noisy_probe_does_not_keep_the_probes_busy() -> None:
     """A loaded host can read a healthy link as slow once: the back-off judges the median."""
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4))
     drive(controller, 0, 18, tail=0.1)  # probes at 8 and 16: healthy
     drive(controller, 18, 26, tail=0.1, slow={6: 2.6})  # probe at 24 reads rank 6 at 2.6
     assert controller.probe_every == 8
@@ -1201,7 +1209,7 @@ def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> N
     """A NIC at 1/2 from step 20 that the probes misread as healthy (as single probes on a loaded
     host do: l = 1.3-1.6): every AllReduce is 1.8x slower than before, so the probes keep going;
     a slowdown that lasts ``healthy_memory_steps`` becomes the new normal and they back off."""
-    config = ControllerConfig(warmup_steps=4, healthy_memory_steps=64)
+    config = Settings.of(warmup_steps=4, healthy_memory_steps=64)
     controller = Controller(8, 0, config)
     drive(controller, 0, 20, tail=0.100)  # probes at 8 and 16 read healthy links
     assert probings(drive(controller, 20, 70, tail=0.180)) == [] and controller.probe_every == 8
@@ -1217,15 +1225,15 @@ def test_probes_do_not_back_off_while_the_allreduce_is_slower_than_it_was() -> N
 def test_probes_do_not_back_off_without_healthy_estimates() -> None:
     # a slow link in every probe: the detector confirms it; the probes stay at probe_every, and
     # the OptCC plan for it comes with its own interval
-    config = ControllerConfig(warmup_steps=4, verify_steps=1000)
+    config = Settings.of(warmup_steps=4, verify_steps=1000)
     controller = Controller(8, 0, config)
     decisions = drive(controller, 0, 80, tail=0.1, slow={5: 2.0})
-    assert controller.plan.runs_nic_plan and controller._probe_target == 8
+    assert controller.plan.runs_nic_plan and controller.probes.probe_target == 8
     assert all(d.probe_every == (config.plan_probe_every if d.plan.runs_nic_plan else 8) for d in decisions)
     assert not [e for e in controller.events if e["kind"] == "probing"]
     # quiet_probe_every = 0: never back off (the exchanges do, once the window is full and the
     # links read healthy)
-    controller = Controller(8, 0, ControllerConfig(warmup_steps=4, quiet_probe_every=0))
+    controller = Controller(8, 0, Settings.of(warmup_steps=4, quiet_probe_every=0))
     decisions = drive(controller, 0, 80, tail=0.1)
     assert controller.probe_every == 8 and controller.exchange_every == 6
     assert [[e["kind"] for e in d.events] for d in decisions] == [["exchange"]]
@@ -1273,15 +1281,14 @@ def test_exchange_carries_spans_and_link_figures() -> None:
     assert stats.ends is not None and stats.ends == pytest.approx([2000.135, 2000.135], abs=1e-6)
 
 
-def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:
+def test_events_are_returned_for_the_sinks_and_log_paths_per_rank(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    controller = Controller(8, 0, ControllerConfig(), log_path=str(log))
+    controller = Controller(8, 0, Settings())
     plan = Plan("ring", ("stragglar",), 3, ())
-    controller.apply(Decision(1, 40, plan, [{"kind": "switch", "evidence": {"why": "test"}}]))
-    controller.apply(Decision(2, 60, Plan("ring"), [{"kind": "rollback", "evidence": {}}]))
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines == controller.events
-    assert [(e["step"], e["kind"], e["algorithm"]) for e in lines] == [
+    adopted = controller.apply(Decision(1, 40, plan, [{"kind": "switch", "evidence": {"why": "test"}}]))
+    adopted += controller.apply(Decision(2, 60, Plan("ring"), [{"kind": "rollback", "evidence": {}}]))
+    assert adopted == controller.events
+    assert [(e["step"], e["kind"], e["algorithm"]) for e in adopted] == [
         (40, "switch", "stragglar"),
         (60, "rollback", "ring"),
     ]
@@ -1289,18 +1296,19 @@ def test_events_go_to_the_jsonl_log(tmp_path: Path) -> None:
     assert log_path_for(str(tmp_path / "ev{rank}.jsonl"), 3) == str(tmp_path / "ev3.jsonl")
 
 
-def test_controller_config_is_validated() -> None:
+def test_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="baseline"):
-        ControllerConfig(baseline="stragglar")
+        Settings.of(baseline="stragglar")
     with pytest.raises(ValueError, match="probe_every"):
-        ControllerConfig(probe_every=-1)
-    assert ControllerConfig().baseline == "allreduce" and ControllerConfig(baseline="ring").baseline == "ring"
+        Settings.of(probe_every=-1)
+    assert Settings().baseline == "allreduce" and Settings.of(baseline="ring").baseline == "ring"
     with pytest.raises(ValueError, match="exchange_every"):
-        ControllerConfig(exchange_every=0)
+        Settings.of(exchange_every=0)
     with pytest.raises(ValueError, match=re.escape("quiet_probe_every (12) must be a multiple of probe_every (8)")):
-        ControllerConfig(quiet_probe_every=12)
+        Settings.of(quiet_probe_every=12)
     with pytest.raises(ValueError, match="probe_alarm"):
-        ControllerConfig(probe_alarm=1.0)
-    assert ControllerConfig(probe_every=0).quiet_probe_every == 64  # no probes at all: nothing to back off
+        Settings.of(probe_alarm=1.0)
+    assert Settings.of(probe_every=0).quiet_probe_every == 0  # no probes at all: nothing to back off
+    assert Settings.of(probe_every=12).quiet_probe_every == 72  # the next multiple of 12 from 64 on
     with pytest.raises(ValueError, match="timeout"):
-        ControllerConfig(timeout=0)
+        Settings.of(timeout=0)

@@ -20,7 +20,9 @@ import pytest
 import torch
 from _dist import run_group
 
-from stragglerkit.detect.controller import Controller, ControllerConfig, Decision, Plan
+from stragglerkit.detect.controller import Decision, Plan
+from stragglerkit.detect.settings import Settings
+from stragglerkit.loop.sinks import EventLogSink, Sinks
 from stragglerkit.plans import WindowStats
 from stragglerkit.telemetry.records import RecordLog, nic_rates, plain, run_record, window_record
 
@@ -36,9 +38,11 @@ def _loop_run(rank: int, n: int, log: str, restore_at: int | None) -> dict[str, 
     from stragglerkit.loop import StragglerLoop
     from stragglerkit.session import session_for
 
-    stragglerkit.init(config=stragglerkit.Config().replace(report={"event_log": log}))
+    config = stragglerkit.Config().replace(
+        report={"event_log": log}, detection={"warmup_steps": 2, "exchange_every": 2, "quiet_exchange_every": 0}
+    )
+    stragglerkit.init(config=config)
     session = session_for(None)
-    config = ControllerConfig(warmup_steps=2, exchange_every=2, quiet_exchange_every=0)
     loop = StragglerLoop(session, config)
     buckets = [torch.ones(32 * 1024), torch.ones(8 * 1024)]
     for step in range(STEPS):
@@ -48,7 +52,7 @@ def _loop_run(rank: int, n: int, log: str, restore_at: int | None) -> dict[str, 
             loop = pickle.loads(state)
             loop.bind(session)
         if step == FORCED_AT:  # every rank adopts the same plan (and its event) before the step
-            loop.controller.apply(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [dict(SWITCH)]))
+            loop.adopt(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [dict(SWITCH)]))
         if rank == n - 1 and step >= 1:
             time.sleep(LATE_S)
         for index, bucket in enumerate(buckets):
@@ -81,7 +85,7 @@ def test_every_rank_writes_the_header_and_rank_0_the_windows(tmp_path: Path, n: 
         assert header["kind"] == "run" and header["schema"] == 1
         assert header["rank"] == r and header["world_size"] == n and header["framework"] == "loop"
         assert header["hosts"] is not None and len(header["hosts"]) == n and len(set(header["hosts"])) == 1
-        assert header["config"]["warmup_steps"] == 2 and header["config"]["detector"]["window"] > 0
+        assert header["config"]["detection"]["warmup_steps"] == 2 and header["config"]["detection"]["window"] > 0
         assert isinstance(header["started"], float) and header["version"]
         assert [line["kind"] for line in logs[r]].count("run") == 1, "a restored loop appends under its header"
 
@@ -147,17 +151,20 @@ def test_a_path_without_rank_is_rank_0_s_alone(tmp_path: Path) -> None:
 
 def test_events_are_written_as_they_were_and_windows_queue_until_flushed(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    controller = Controller(4, 0, ControllerConfig(), log_path=str(log))
-    controller.records.put({"kind": "window", "steps": [3]})  # as the controller's thread does
-    assert not log.exists(), "nothing written from the thread that queued it"
-    controller.apply(Decision(1, 40, Plan("ring", ("stragglar",), 3, ()), [{"kind": "switch", "evidence": {}}]))
+    sink = EventLogSink(str(log))
+    sinks = Sinks([sink])
+    sinks.add({"kind": "window", "steps": [3]})  # as the loop takes the controller's outbox
+    assert not log.exists(), "nothing written until the loop flushes"
+    event = {"kind": "switch", "step": 40, "algorithm": "stragglar", "evidence": {}}
+    sinks.add(event)
+    sinks.flush()
     assert [line["kind"] for line in _lines(log)] == ["window", "switch"]
-    assert log.read_text().splitlines()[1] == json.dumps(controller.events[0], sort_keys=True)
+    assert log.read_text().splitlines()[1] == json.dumps(event, sort_keys=True)
 
 
 def test_a_new_run_on_a_used_path_starts_a_section_and_the_same_run_appends(tmp_path: Path) -> None:
     path = str(tmp_path / "sub" / "events.jsonl")
-    config = ControllerConfig()
+    config = Settings()
 
     def header(run_id: str) -> dict[str, Any]:
         return run_record(run_id, rank=0, world_size=2, framework="ddp", hosts=[1, 1], config=config)

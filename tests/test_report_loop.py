@@ -32,19 +32,20 @@ def _loop_rank(rank: int, n: int, folder: str) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import stragglerkit
-    from stragglerkit.detect.controller import ControllerConfig, Decision, Plan
+    from stragglerkit.detect.controller import Decision, Plan
     from stragglerkit.loop import StragglerLoop
     from stragglerkit.session import session_for
 
     log = str(Path(folder) / "events.rank{rank}.jsonl")
-    stragglerkit.init(config=stragglerkit.Config().replace(report={"event_log": log}))
-    loop = StragglerLoop(session_for(None), ControllerConfig(warmup_steps=2, exchange_every=4))
+    config = stragglerkit.Config().replace(report={"event_log": log})
+    stragglerkit.init(config=config)
+    loop = StragglerLoop(session_for(None), config.replace(detection={"warmup_steps": 2, "exchange_every": 4}))
     buckets = [torch.ones(32 * 1024), torch.ones(8 * 1024)]
     switch: dict[str, Any] = {"kind": "switch", "evidence": {"why": "forced by the test"}}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for step in range(STEPS):
             if step == FORCED_AT:
-                loop.controller.apply(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [switch]))
+                loop.adopt(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [switch]))
             if rank == n - 1:
                 time.sleep(LATE_S)
             for index, bucket in enumerate(buckets):

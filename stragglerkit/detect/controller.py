@@ -32,14 +32,26 @@ What it decides and why.
   rejected plan is not tried again for ``cooldown_steps``; otherwise the plan stays and a
   ``verified`` event records the same measurements.
 * **Events.** Every decision is an event dict ``{"step", "kind", "algorithm", "evidence"}``
-  (``step``: the first step under the resulting plan) on ``Controller.events`` and, on rank 0,
-  in the JSONL log; ranks other than 0 record the same kinds with the plan as evidence.
+  (``step``: the first step under the resulting plan) on ``Controller.events``; ranks other than
+  0 record the same kinds with the plan as evidence. :meth:`Controller.apply` returns them for the
+  loop's record sinks (event log, W&B, NVTX), and rank 0's ``window`` records wait in
+  :attr:`Controller.outbox` for the loop's thread.
+
+**Composition.** The controller holds four components, each owning its state and tested alone:
+the :class:`~stragglerkit.detect.detector.Detector`, the online cost model
+(:class:`~stragglerkit.detect.model.OnlineModel`), the
+:class:`~stragglerkit.detect.probe_schedule.ProbeSchedule` (probe and exchange intervals) and the
+:class:`~stragglerkit.detect.verification.SwitchVerifier` (measurements, verdicts, rollback
+blocks). :meth:`Controller.observe` feeds them an exchange's figures and builds the decision from
+what they say; the plan itself is chosen by :mod:`stragglerkit.detect.choice`. Its settings
+(:class:`~stragglerkit.detect.settings.Settings`) are ``Config.detection`` plus the constants of
+:mod:`stragglerkit.defaults`.
 
 Example::
 
-    controller = Controller(world_size=4, rank=dist.get_rank(), config=ControllerConfig())
-    decision = controller.observe(stats, apply_step=step + config.exchange_every)   # rank 0
-    controller.apply(decision, step)                                               # every rank
+    controller = Controller(world_size=4, rank=dist.get_rank(), settings=settings_for(config))
+    decision = controller.observe(stats, apply_step=step + config.detection.exchange_every)   # rank 0
+    controller.apply(decision)                                                               # every rank
 """
 
 from __future__ import annotations
@@ -51,11 +63,13 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.detect.controller_config import BASELINE_CHOICES, ControllerConfig
+from stragglerkit.detect import legacy
+from stragglerkit.detect.choice import best_plan, bucket_delays, predicted_total
 from stragglerkit.detect.detector import Detector, Finding
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.nic_health import server_slowdowns, slowdowns_from_links, slowdowns_from_speeds
 from stragglerkit.detect.probe_schedule import ProbeSchedule, off_plan
+from stragglerkit.detect.settings import Settings
 from stragglerkit.detect.verification import SwitchVerifier
 from stragglerkit.plans import (
     ALGORITHM_CODES,
@@ -67,93 +81,224 @@ from stragglerkit.plans import (
     WindowStats,
     log_path_for,
 )
-from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, why_not
-from stragglerkit.telemetry.records import RecordLog, window_record
+from stragglerkit.schedules.registry import Situation, why_not
+from stragglerkit.telemetry.records import window_record
 
 __all__ = [
     "ALGORITHM_CODES",
     "ALLREDUCE_PART",
-    "BASELINE_CHOICES",
     "EVENT_KINDS",
     "STEP_PERIOD",
     "Controller",
-    "ControllerConfig",
     "Decision",
     "Plan",
     "WindowStats",
     "log_path_for",
 ]
 
+_STATE_VERSION = 2
+"""Of :meth:`Controller.__getstate__`'s dict; a state without one is an earlier version's slots."""
 
-class Controller(ProbeSchedule, SwitchVerifier):
+
+class Controller:
     """Plans, decisions and events; rank 0 decides (see the module docstring)."""
 
-    __slots__ = ()
+    __slots__ = (  # noqa: RUF023 (grouped: components, every rank's, rank 0's memory)
+        # the components
+        "detector",
+        "model",
+        "probes",
+        "verifier",
+        # every rank
+        "settings",
+        "world_size",
+        "rank",
+        "plan",
+        "events",
+        "outbox",
+        "records_wanted",
+        "restored_records",
+        "_plan_start",
+        "_seq",
+        # rank 0: what the exchanges brought
+        "_bucket_window",
+        "_lateness",
+        "_readings",
+        "_last_finish",
+        "_last_sizes",
+        "_planned_for",
+    )
 
-    def __init__(self, world_size: int, rank: int, config: ControllerConfig, log_path: str | None = None) -> None:
+    def __init__(self, world_size: int, rank: int, settings: Settings) -> None:
+        self.settings = settings
+        """``Config.detection`` and the internal constants (:mod:`stragglerkit.detect.settings`)."""
         self.world_size = world_size
         self.rank = rank
-        self.config = config
-        self.plan = Plan(config.baseline)
+        self.detector = Detector(settings)
+        self.model = OnlineModel(world_size, settings.prior, settings.fit_samples)
+        self.probes = ProbeSchedule(settings)
+        self.verifier = SwitchVerifier(settings)
+        self.plan = Plan(settings.baseline)
         self.events: list[dict[str, Any]] = []
-        self.model = OnlineModel(world_size, config.prior, config.fit_samples)
-        self.detector = Detector(config.detector)
-        self.records = RecordLog(log_path)
-        """The JSONL log's records (decisions on every writing rank, rank 0's windows); the loop
-        writes the header and flushes it (:mod:`stragglerkit.telemetry.records`)."""
+        self.outbox: deque[dict[str, Any]] = deque()
+        """Rank 0's ``window`` records, put by the controller's thread, taken by the loop's."""
+        self.records_wanted = False
+        """Does any record sink take records (set by the loop; ``window`` records cost predictions)?"""
+        self.restored_records: Any = None
+        """The event log of a controller pickled by an earlier version (the loop takes it over)."""
+        self._plan_start = settings.detection.warmup_steps
         self._seq = 0
-        self._plan_start = config.warmup_steps
-        self._blocked: dict[tuple[object, ...], int] = {}
-        self._verify: dict[str, Any] | None = None
-        self._last_sizes: list[int] = []
-        self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
-        window = config.detector.window
+        window = settings.detection.window
         self._bucket_window: deque[np.ndarray] = deque(maxlen=window)
         self._lateness: deque[np.ndarray] = deque(maxlen=window)
-        self._step_times: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
-        """(step, AllReduce part s): last arrival to last finish (or the smallest total over the ranks)."""
-        self._periods: deque[tuple[int, float]] = deque(maxlen=max(window, config.verify_steps) * 4)
-        """(step, step period s): half the time from the last finish of step - 2 to that of step."""
-        self._ends: deque[tuple[int, float]] = deque(maxlen=2)
-        """(step, last finish) of the last two steps with one, for the step period."""
-        self._readings: deque[tuple[tuple[int, ...], np.ndarray]] = deque(maxlen=config.fit_samples)
+        self._readings: deque[tuple[tuple[int, ...], np.ndarray]] = deque(maxlen=settings.fit_samples)
         """(steps, per-rank l read by the links) of the recent exchanges that measured links."""
         self._last_finish: tuple[int, np.ndarray] | None = None
-        """rank 0: (step, each rank's own-clock finish) of the latest step the exchanges brought."""
-        self._init_probe_schedule(config)
+        """(step, each rank's own-clock finish) of the latest step the exchanges brought."""
+        self._last_sizes: list[int] = []
+        self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = {name: getattr(self, name) for name in self.__slots__ if name != "restored_records"}
+        state["outbox"] = list(self.outbox)
+        state["version"] = _STATE_VERSION
+        return state
+
+    def __setstate__(self, state: Any) -> None:
+        slots = legacy.restore_slots(self, state)
+        if slots.pop("version", None) != _STATE_VERSION:
+            slots = _from_version_1(slots)
+        slots["outbox"] = deque(slots.get("outbox", ()))
+        slots.setdefault("restored_records", None)
+        slots["records_wanted"] = False
+        for name, value in slots.items():
+            setattr(self, name, value)
 
     # -- every rank -----------------------------------------------------------------------------
     @property
-    def log_path(self) -> str | None:
-        """This rank's JSONL log (``None``: it writes none)."""
-        return self.records.path
+    def probe_every(self) -> int:
+        """The probe interval in force (every rank: the last decision's)."""
+        return self.probes.probe_every
 
-    @log_path.setter
-    def log_path(self, path: str | None) -> None:
-        self.records.path = path
+    @property
+    def exchange_every(self) -> int:
+        """The exchange interval in force (every rank: the last decision's)."""
+        return self.probes.exchange_every
 
     @property
     def plan_start(self) -> int:
         """The first step under the plan in force (on every rank: from the decisions it adopted)."""
         return self._plan_start
 
-    def apply(self, decision: Decision) -> None:
-        """Adopt ``decision`` (the same one on every rank) and record its events."""
+    def apply(self, decision: Decision) -> list[dict[str, Any]]:
+        """Adopt ``decision`` (the same one on every rank); return its events as recorded."""
         if decision.plan != self.plan:
             self._plan_start = decision.step
         self.plan = decision.plan
-        if decision.probe_every is not None:
-            self.probe_every = decision.probe_every
-        if decision.exchange_every is not None:
-            self.exchange_every = decision.exchange_every
-        for event in decision.events:
-            event = dict(event, step=decision.step, algorithm=decision.plan.algorithm)
-            self.events.append(event)
-            if self.records.wanted:
-                self.records.put(event)
-        self.records.flush()  # a decision is written when adopted (with rank 0's windows queued before it)
+        self.probes.adopt(decision.probe_every, decision.exchange_every)
+        adopted = [dict(e, step=decision.step, algorithm=decision.plan.algorithm) for e in decision.events]
+        self.events.extend(adopted)
+        return adopted
 
     # -- rank 0 ---------------------------------------------------------------------------------
+    def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
+        """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
+        cfg = self.settings
+        detector, probes, verifier = self.detector, self.probes, self.verifier
+        # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC, as
+        # confirmed by the detector (one exchange's link figures are too noisy: a healthy link
+        # read 1.9 once in an 8-rank run)
+        slowest = max(detector.degraded.values(), default=1.0)
+        for i, step in enumerate(stats.steps):
+            spans = stats.bucket_spans[i]
+            self._bucket_window.append(spans)
+            tail = float(stats.tails[i]) if stats.tails is not None else math.nan
+            allreduce = math.nan
+            if math.isfinite(tail) and tail > 0:
+                allreduce = tail
+                if all(a in ("", "allreduce") for a in stats.algorithms[i]):  # no probe, no plan of ours
+                    probes.record_plain_tail(step, tail)
+            elif stats.tails is None and not np.isnan(stats.totals[i]).all():
+                allreduce = float(np.nanmin(stats.totals[i]))
+            verifier.record(step, allreduce, float(stats.ends[i]) if stats.ends is not None else math.nan)
+            if step < self._plan_start + cfg.settle_steps:
+                continue
+            for b, algorithm in enumerate(stats.algorithms[i]):
+                if b < len(stats.bucket_bytes) and not np.isnan(spans[:, b]).any():
+                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest, step)
+        self.model.refit()
+        self._last_sizes = list(stats.bucket_bytes)
+        slowdowns = self._slowdowns(stats)
+        if stats.lateness is not None:
+            self._lateness.extend(stats.lateness)
+        sizes = [b for b in stats.bucket_bytes if b > 0]
+        first_bucket = stats.bucket_bytes[0] if stats.bucket_bytes else 0
+
+        def critical(rank: int) -> float:
+            return self._critical_delay(rank, first_bucket)
+
+        per_estimate = len(stats.steps)
+        if cfg.baseline == "allreduce" and cfg.detection.probe_every > 0:
+            per_estimate = max(per_estimate, cfg.detection.probe_every)
+        # the time each rank spent in the step's AllReduces: a rank that computes its buckets
+        # slowly is idle between them, and that is not time in the AllReduce
+        busy = np.asarray(stats.totals, dtype=np.float64) - _idle(stats)
+        findings = detector.update(stats.steps, busy, slowdowns, critical, per_estimate, gaps=self._gaps(stats))
+        if not np.isnan(slowdowns).all():
+            self._readings.append((tuple(stats.steps), slowdowns))
+        self._rescale_samples(findings)
+        probes.probing(stats.steps[-1] if stats.steps else apply_step, slowdowns, self.plan, detector)
+        latest = self._readings[-1][1] if self._readings else None
+        probes.exchanging(self.plan, detector, critical, stats.steps, latest)
+        if self.records_wanted:
+            self._record_window(stats, slowdowns)
+        if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
+            lateness = np.median(np.stack(self._lateness), axis=0)
+            for f in findings:
+                if f.kind == "detected_straggler":
+                    f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
+        if apply_step < cfg.detection.warmup_steps or not sizes:  # nothing to plan yet: report findings only
+            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
+        verdict = verifier.judge(apply_step, self.plan)
+        if verdict is not None:
+            kind, evidence, plan = verdict
+            return self._decision(apply_step, plan, findings, {kind: evidence})
+        believed = (detector.straggler, tuple(sorted(detector.degraded)))
+        in_use = self.plan.algorithm != cfg.baseline
+        if believed == self._planned_for and in_use and not self._plan_outdated(apply_step):
+            target = None  # same situation, plan in use: keep it (no per-bucket flapping)
+        else:
+            target = best_plan(
+                cfg,
+                self.model,
+                self.world_size,
+                detector.straggler,
+                detector.degraded,
+                self._delays(),
+                stats.bucket_bytes,
+                apply_step,
+                verifier.is_blocked,
+            )
+            self._planned_for = believed
+        if target is None or target == self.plan:
+            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
+        cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
+        return self._switch(apply_step, target, findings, cleared)
+
+    def _slowdowns(self, stats: WindowStats) -> np.ndarray:
+        """Per rank ``l`` of this exchange (NaN: not measured), per server where ranks share one."""
+        from_links = slowdowns_from_links(stats.link_rates)
+        from_speeds = slowdowns_from_speeds(stats.speeds)
+        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
+            return from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
+        slowdowns = np.fmax(from_links, from_speeds)
+        if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
+            per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
+            known = ~np.isnan(slowdowns)
+            slowdowns = np.where(known, [per_server[h] for h in stats.hosts], np.nan)
+        return slowdowns
+
     def _gaps(self, stats: WindowStats) -> np.ndarray | None:
         """[step, rank]: the rank's compute time in the step, on its own clock: from the end of its
         previous step's AllReduce to its first hand-over of this one, plus the step's idle time
@@ -172,100 +317,25 @@ class Controller(ProbeSchedule, SwitchVerifier):
         self._last_finish = (stats.steps[-1], finishes[-1].copy())
         return gaps + _idle(stats)
 
-    def observe(self, stats: WindowStats, apply_step: int) -> Decision | None:
-        """Digest one exchange; return a decision to ship (effective at ``apply_step``) or ``None``."""
-        cfg = self.config
-        # the fit is of a healthy NIC: samples of a degraded cluster count their slowest NIC, as
-        # confirmed by the detector (one exchange's link figures are too noisy: a healthy link
-        # read 1.9 once in an 8-rank run)
-        slowest = max(self.detector.degraded.values(), default=1.0)
-        for i, step in enumerate(stats.steps):
-            spans = stats.bucket_spans[i]
-            self._bucket_window.append(spans)
-            tail = float(stats.tails[i]) if stats.tails is not None else math.nan
-            if math.isfinite(tail) and tail > 0:
-                self._step_times.append((step, tail))
-                if all(a in ("", "allreduce") for a in stats.algorithms[i]):  # no probe, no plan of ours
-                    self._plain_tails.append((step, tail))
-                    if len(self._plain_tails) >= cfg.alarm_steps:
-                        last = [t for _, t in self._plain_tails][-cfg.alarm_steps :]
-                        self._tail_medians.append((step, float(np.median(last))))
-            elif stats.tails is None and not np.isnan(stats.totals[i]).all():
-                self._step_times.append((step, float(np.nanmin(stats.totals[i]))))
-            end = float(stats.ends[i]) if stats.ends is not None else math.nan
-            if math.isfinite(end):
-                if self._ends and self._ends[-1][0] != step - 1:
-                    self._ends.clear()  # a step without a finish: start the pairs again
-                if len(self._ends) == 2 and end > self._ends[0][1]:
-                    self._periods.append((step, (end - self._ends[0][1]) / 2))
-                self._ends.append((step, end))
-            if step < self._plan_start + cfg.settle_steps:
-                continue
-            for b, algorithm in enumerate(stats.algorithms[i]):
-                if b < len(stats.bucket_bytes) and not np.isnan(spans[:, b]).any():
-                    self.model.add(algorithm, stats.bucket_bytes[b], float(np.min(spans[:, b])), slowest, step)
-        self.model.refit()
-        self._last_sizes = list(stats.bucket_bytes)
-        from_links = slowdowns_from_links(stats.link_rates)
-        from_speeds = slowdowns_from_speeds(stats.speeds)
-        if np.isnan(from_links).all() and not (from_speeds > 1.0).any():
-            slowdowns = from_links  # nothing measured in this exchange (no probe): no estimate, not "healthy"
-        else:
-            slowdowns = np.fmax(from_links, from_speeds)
-        if 1 < len(set(stats.hosts)) < len(stats.hosts):  # ranks share servers: each gets its server's l
-            per_server = server_slowdowns(slowdowns.tolist(), stats.hosts)
-            known = ~np.isnan(slowdowns)
-            slowdowns = np.where(known, [per_server[h] for h in stats.hosts], np.nan)
-        if stats.lateness is not None:
-            self._lateness.extend(stats.lateness)
-        sizes = [b for b in stats.bucket_bytes if b > 0]
-        first_bucket = stats.bucket_bytes[0] if stats.bucket_bytes else 0
+    def _delays(self) -> np.ndarray | None:
+        """The believed straggler's per-bucket delays over the window (``None``: none believed)."""
+        straggler = self.detector.straggler
+        if straggler is None or not self._bucket_window:
+            return None
+        return bucket_delays(np.stack(self._bucket_window), straggler)
 
-        def critical(rank: int) -> float:
-            return self._critical_delay(rank, first_bucket)
-
-        per_estimate = len(stats.steps)
-        if cfg.baseline == "allreduce" and cfg.probe_every > 0:
-            per_estimate = max(per_estimate, cfg.probe_every)
-        # the time each rank spent in the step's AllReduces: a rank that computes its buckets
-        # slowly is idle between them, and that is not time in the AllReduce
-        busy = np.asarray(stats.totals, dtype=np.float64) - _idle(stats)
-        findings = self.detector.update(stats.steps, busy, slowdowns, critical, per_estimate, gaps=self._gaps(stats))
-        if not np.isnan(slowdowns).all():
-            self._readings.append((tuple(stats.steps), slowdowns))
-        self._rescale_samples(findings)
-        self._probing(stats.steps[-1] if stats.steps else apply_step, slowdowns)
-        self._exchanging(critical, stats.steps)
-        if self.records.wanted:
-            self._record_window(stats, slowdowns)
-        if self._lateness:  # finer figures: how late each rank is, from the offset-corrected wall clocks
-            lateness = np.median(np.stack(self._lateness), axis=0)
-            for f in findings:
-                if f.kind == "detected_straggler":
-                    f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
-        if apply_step < cfg.warmup_steps or not sizes:  # nothing to plan yet: report findings only
-            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
-        verdict = self._judge_switch(apply_step, findings)
-        if verdict is not None:
-            return verdict
-        believed = (self.detector.straggler, tuple(sorted(self.detector.degraded)))
-        in_use = self.plan.algorithm != cfg.baseline
-        if believed == self._planned_for and in_use and not self._plan_outdated(apply_step):
-            target = None  # same situation, plan in use: keep it (no per-bucket flapping)
-        else:
-            target = self._best_plan(stats.bucket_bytes, apply_step)
-            self._planned_for = believed
-        if target is None or target == self.plan:
-            return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
-        cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
-        return self._switch(apply_step, target, findings, cleared)
+    def _predicted_total(self, plan: Plan, bucket_bytes: list[int], ran: list[str] | None = None) -> float:
+        detector = self.detector
+        return predicted_total(
+            self.model, plan, bucket_bytes, detector.straggler, dict(detector.degraded), self._delays(), ran
+        )
 
     def _record_window(self, stats: WindowStats, slowdowns: np.ndarray) -> None:
         """Queue the exchange's ``window`` record (rank 0, the controller's thread; the loop writes it)."""
         try:
             cache: dict[tuple[str, ...], float | None] = {}  # the window's steps mostly ran the same
             predicted = [self._predicted_step(algorithms, stats.bucket_bytes, cache) for algorithms in stats.algorithms]
-            self.records.put(window_record(stats, slowdowns, predicted))
+            self.outbox.append(window_record(stats, slowdowns, predicted))
         except Exception as err:  # a record must not cost a decision
             warnings.warn(f"stragglerkit could not record the window of steps {stats.steps}: {err!r}", stacklevel=2)
 
@@ -278,22 +348,22 @@ class Controller(ProbeSchedule, SwitchVerifier):
         if not ran or "" in ran:
             return None
         if ran not in cache:
-            cache[ran] = self._predicted_total(self.plan, bucket_bytes, ran)
+            cache[ran] = self._predicted_total(self.plan, bucket_bytes, list(ran))
         return cache[ran]
 
     def _plan_outdated(self, step: int) -> bool:
         """Under OptCC: does every estimate in the detector's window read a planned rank that is
         still believed degraded more than ``replan_ratio`` off the plan's ``l`` (see
-        ``ControllerConfig.replan_ratio``)? Not while a rebuild for these ranks was rolled back
+        ``defaults.REPLAN_RATIO``)? Not while a rebuild for these ranks was rolled back
         (``cooldown_steps``): the plan in use is then the best one verified."""
         if not self.plan.runs_nic_plan or not self.plan.slowdowns:
             return False
-        if self._is_blocked(self.plan.algorithm, None, dict(self.plan.slowdowns), step):
+        if self.verifier.is_blocked(self.plan.algorithm, None, dict(self.plan.slowdowns), step):
             return False
         window = self.detector.l_window
         if window is None:
             return False
-        ratio = self.config.replan_ratio
+        ratio = self.settings.replan_ratio
         for rank, planned in self.plan.slowdowns:
             if rank not in self.detector.degraded:
                 continue  # cleared (the plan is rebuilt anyway) or never detected (a plan set by hand)
@@ -315,7 +385,7 @@ class Controller(ProbeSchedule, SwitchVerifier):
             return
         degraded = self.detector.degraded
         slowest = max(degraded.values(), default=1.0)
-        threshold = self.config.detector.clear_degraded_threshold
+        threshold = self.settings.clear_degraded_threshold
         ranks = sorted(degraded)
         steps = {
             step
@@ -330,82 +400,29 @@ class Controller(ProbeSchedule, SwitchVerifier):
             finding.evidence["rescaled_samples"] = changed
 
     def _news(self, findings: list[Finding]) -> bool:
-        return bool(findings) or self._probe_event is not None or self._exchange_event is not None
+        return bool(findings) or self.probes.news
 
     def _critical_delay(self, rank: int, nbytes: int) -> float:
-        cfg = self.config
+        cfg = self.settings
         if why_not("stragglar", Situation(world_size=self.world_size, straggler=rank)) is not None:
             return math.inf
         if nbytes < cfg.min_bucket_bytes:
             return math.inf
-        return self.model.critical_delay(rank, nbytes, cfg.baseline, cfg.min_gain)
+        return self.model.critical_delay(rank, nbytes, cfg.baseline, cfg.detection.min_gain)
 
-    def _bucket_delays(self, straggler: int) -> np.ndarray:
-        """Per bucket: median of (fastest other rank's span - straggler's span), >= 0, over the
-        window's steps in which ``straggler`` arrived last (as the detector's delay; all steps if
-        none): right after a straggler moved, the steps of the previous one say nothing about it."""
-        window = np.stack(self._bucket_window)  # [step, rank, bucket]
-        totals = np.where(np.isnan(window), 0.0, window).sum(axis=2)  # [step, rank]
-        last = totals.argmin(axis=1) == straggler
-        if last.any():
-            window = window[last]
-        others = np.delete(window, straggler, axis=1)
-        fastest_other = np.where(np.isnan(others), np.inf, others).min(axis=1)
-        gaps = np.where(np.isinf(fastest_other), np.nan, fastest_other) - window[:, straggler, :]
-        gaps = np.where(np.isnan(gaps), 0.0, np.maximum(gaps, 0.0))
-        return np.asarray(np.median(gaps, axis=0))
-
-    def _best_plan(self, bucket_bytes: list[int], step: int) -> Plan | None:
-        """The plan for what the detector believes (``None`` when nothing can be predicted)."""
-        cfg = self.config
-        straggler = self.detector.straggler
-        slow = dict(sorted(self.detector.degraded.items()))
-        candidates = []
-        situation = Situation(world_size=self.world_size, straggler=straggler, slowdowns=slow)
-        if straggler is not None and why_not("stragglar", situation) is None:
-            candidates.append("stragglar")
-        if slow:
-            candidates += [name for name in NIC_ALGORITHMS if why_not(name, situation) is None]
-        delays = self._bucket_delays(straggler) if straggler is not None and self._bucket_window else None
-        chosen = []
-        # when stragglerkit's queue of runs is free again, in seconds after the punctual ranks
-        # handed their buckets over (None: nothing queued yet)
-        queue_free: float | None = None
-        for b, nbytes in enumerate(bucket_bytes[: cfg.max_buckets]):
-            arrival = float(delays[b]) if delays is not None and b < delays.size else 0.0
-            # The delays were measured while the group's own all_reduce ran the buckets side by
-            # side: how much later than the punctual ranks the straggler hands bucket b over.
-            # stragglerkit's runs are queued, so after one of them this bucket starts only when
-            # the queue is free; the straggler is late for it by what is left of its delay then.
-            # A straggler that sleeps before its backward hands every bucket over late by the same
-            # delay: the first run's end covers it and the later buckets see none. A slow GPU
-            # computes every bucket's gradients late: each later bucket is later still.
-            starts = 0.0 if queue_free is None else queue_free
-            delay = max(0.0, arrival - starts)
-            kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
-            best, best_time = cfg.baseline, math.inf
-            if nbytes >= cfg.min_bucket_bytes and candidates:
-                base_time = self.model.predict(cfg.baseline, nbytes, **kwargs)
-                best_time = base_time
-                for algorithm in candidates:
-                    if self._is_blocked(algorithm, straggler, slow, step):
-                        continue
-                    predicted = self.model.predict(algorithm, nbytes, **kwargs)
-                    if predicted <= (1 - cfg.min_gain) * base_time and predicted < best_time:
-                        best, best_time = algorithm, predicted
-            chosen.append(best)
-            if best != cfg.baseline or queue_free is not None:  # predictions count from the last arrival
-                after = best_time if math.isfinite(best_time) else self.model.predict(best, nbytes, **kwargs)
-                queue_free = starts + delay + after
-        if not any(a != cfg.baseline for a in chosen):
-            return Plan(cfg.baseline)
-        used = {a for a in chosen}
-        return Plan(
-            cfg.baseline,
-            tuple(chosen),
-            straggler if "stragglar" in used else None,
-            tuple(slow.items()) if used & set(NIC_ALGORITHMS) else (),
-        )
+    def _switch(self, step: int, target: Plan, findings: list[Finding], cleared: bool) -> Decision:
+        sizes = self._last_sizes
+        evidence = {
+            "from": self.plan.describe(),
+            "to": target.describe(),
+            "predicted_before_s": self._predicted_total(self.plan, sizes),
+            "predicted_after_s": self._predicted_total(target, sizes),
+            **self.verifier.measured_before(step, self.probes.exchange_every),
+            "model": dict(self.model.fit_info),
+            "detector": self.detector.last_evidence,
+        }
+        self.verifier.start(step, self.plan, target, evidence)
+        return self._decision(step, target, findings, {} if cleared else {"switch": evidence})
 
     def _decision(self, step: int, plan: Plan, findings: list[Finding], extra: dict[str, dict[str, Any]]) -> Decision:
         events = [
@@ -414,17 +431,11 @@ class Controller(ProbeSchedule, SwitchVerifier):
         ]
         events += [{"kind": kind, "evidence": evidence} for kind, evidence in extra.items()]
         if plan != self.plan:
-            self._plan_checking = False  # a new plan starts at its own interval (also on rank 0 before apply)
-        interval = self._probe_interval(plan)
-        if self._probe_event is not None:
-            if self._probe_event["every"] == interval:  # else: the baseline's interval while OptCC runs
-                events.append({"kind": "probing", "evidence": self._probe_event})
-            self._probe_event = None
-        if self._exchange_event is not None:
-            events.append({"kind": "exchange", "evidence": self._exchange_event})
-            self._exchange_event = None
+            self.probes.new_plan()  # a new plan starts at its own interval (also on rank 0 before apply)
+        interval = self.probes.interval_for(plan)
+        events += self.probes.take_events(plan)
         self._seq += 1
-        return Decision(self._seq, step, plan, events, interval, self._exchange_target)
+        return Decision(self._seq, step, plan, events, interval, self.probes.exchange_target)
 
 
 def _idle(stats: WindowStats) -> np.ndarray:
@@ -434,3 +445,49 @@ def _idle(stats: WindowStats) -> np.ndarray:
         return np.zeros(shape)
     idle = np.asarray(stats.idle, dtype=np.float64)
     return np.where(np.isnan(idle), 0.0, idle)
+
+
+_PROBE_SLOTS = (
+    "probe_every",
+    "exchange_every",
+    "_probe_target",
+    "_probe_event",
+    "_probe_maxima",
+    "_plain_tails",
+    "_tail_reference",
+    "_tail_medians",
+    "_quiet_since",
+    "_checking",
+    "_plan_checking",
+    "_exchange_target",
+    "_exchange_event",
+    "_last_doubt",
+)
+_VERIFIER_SLOTS = ("_step_times", "_periods", "_ends", "_blocked", "_verify")
+
+
+def _from_version_1(slots: dict[str, Any]) -> dict[str, Any]:
+    """A controller pickled by an earlier version, whose parts shared one set of attributes:
+    each component gets its own, the settings come from its ``ControllerConfig``."""
+    settings = slots.pop("config").settings()
+    detector: Detector = slots["detector"]
+    detector.settings = settings
+    probes = ProbeSchedule.__new__(ProbeSchedule)
+    probes.__setstate__({"settings": settings, **{name: slots.pop(name) for name in _PROBE_SLOTS if name in slots}})
+    verifier = SwitchVerifier.__new__(SwitchVerifier)
+    verifier.__setstate__(
+        {"settings": settings, **{name: slots.pop(name) for name in _VERIFIER_SLOTS if name in slots}}
+    )
+    records = slots.pop("records", None)
+    return {
+        **{name: slots[name] for name in Controller.__slots__ if name in slots},
+        "settings": settings,
+        "probes": probes,
+        "verifier": verifier,
+        "outbox": [],  # what its log had queued stays queued in it
+        "restored_records": records,
+    }
+
+
+def _take(slots: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: slots.pop(name) for name in names if name in slots}

@@ -2,7 +2,7 @@
 
 What it decides and why.
 
-* **Persistent straggler.** Over the last ``W`` steps (``DetectorConfig.window``), the clock-free
+* **Persistent straggler.** Over the last ``W`` steps (``detection.window``), the clock-free
   last arriver of each step (:func:`stragglerkit.detect.arrival.last_arrivers`: the rank with the
   smallest time in the step's AllReduces) is counted per rank. A rank that is last in at least a
   fraction ``q`` of the window, with a median delay (second-last minus last span, over the steps
@@ -41,7 +41,7 @@ gathered statistics on rank 0, and tests feed it synthetic streams.
 
 Example::
 
-    detector = Detector(DetectorConfig(window=16, fraction=0.75))
+    detector = Detector(Settings.of(window=16, late_fraction=0.75))
     findings = detector.update(steps, spans, slowdowns, critical_delay=lambda rank: 0.004)
     for f in findings:
         print(f.kind, f.ranks, f.evidence)
@@ -58,47 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.config import CLEAR_DEGRADED, CLEAR_FRACTION
+from stragglerkit.detect import legacy
 from stragglerkit.detect.arrival import last_arrivers
+from stragglerkit.detect.settings import Settings
 
-__all__ = ["Detector", "DetectorConfig", "Finding"]
+__all__ = ["Detector", "Finding"]
 
-
-@dataclass(kw_only=True, slots=True)
-class DetectorConfig:
-    """When the detector calls a rank a persistent straggler or degraded (see the module docstring)."""
-
-    window: int = 16
-    """W: steps (straggler) over which the evidence is taken."""
-    fraction: float = 0.75
-    """q: a persistent straggler is last in at least this fraction of the window's steps."""
-    clear_fraction: float = CLEAR_FRACTION
-    """A confirmed straggler is cleared when it is last in fewer than this fraction of the steps."""
-    clear_delay_ratio: float = 0.5
-    """... or when its median delay falls below this times the critical delay."""
-    confirm: int = 2
-    """Consecutive evaluations a condition must hold before it is entered or left."""
-    degraded_threshold: float = 1.5
-    """A rank is degraded when the median and a fraction q of its l_i estimates in the window reach this."""
-    clear_degraded_threshold: float = CLEAR_DEGRADED
-    """A degraded rank is cleared when the median of its estimates falls below this."""
-
-    def __post_init__(self) -> None:
-        if self.window < 2:
-            raise ValueError(f"window must be at least 2 steps, got {self.window}")
-        if not 0 < self.clear_fraction < self.fraction <= 1:
-            raise ValueError(
-                f"need 0 < clear_fraction ({self.clear_fraction}) < fraction ({self.fraction}) <= 1 for hysteresis"
-            )
-        if not 0 <= self.clear_delay_ratio <= 1:
-            raise ValueError(f"clear_delay_ratio must be in [0, 1], got {self.clear_delay_ratio}")
-        if self.confirm < 1:
-            raise ValueError(f"confirm must be at least 1 evaluation, got {self.confirm}")
-        if not 1 < self.clear_degraded_threshold <= self.degraded_threshold:
-            raise ValueError(
-                f"need 1 < clear_degraded_threshold ({self.clear_degraded_threshold}) <= degraded_threshold "
-                f"({self.degraded_threshold})"
-            )
+DetectorConfig = legacy.DetectorConfig
+"""Kept only so that checkpoints of earlier versions, which pickled it here, unpickle."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,20 +132,23 @@ class Detector:
         "_last",
         "_span_rows",
         "_steps",
-        "config",
         "degraded",
+        "settings",
         "straggler",
     )
 
-    def __init__(self, config: DetectorConfig | None = None) -> None:
-        self.config = config if config is not None else DetectorConfig()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings if settings is not None else Settings()
+        """The detection fields (``window``, ``late_fraction``, ``confirm``, ``degraded_threshold``)
+        and the clearing thresholds (``clear_*``, :mod:`stragglerkit.defaults`)."""
+        window = self.settings.detection.window
         self.straggler: int | None = None
         """The confirmed persistent straggler (group rank), if any."""
         self.degraded: dict[int, float] = {}
         """Confirmed degraded ranks -> l."""
-        self._steps: deque[int] = deque(maxlen=self.config.window)
-        self._span_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
-        self._gap_rows: deque[np.ndarray] = deque(maxlen=self.config.window)
+        self._steps: deque[int] = deque(maxlen=window)
+        self._span_rows: deque[np.ndarray] = deque(maxlen=window)
+        self._gap_rows: deque[np.ndarray] = deque(maxlen=window)
         self._l_history: deque[np.ndarray] = deque()
         self._l_keep = 1
         self._enter_rank = -1
@@ -187,6 +157,17 @@ class Detector:
         self._degraded_enter: dict[int, int] = {}
         self._degraded_clear: dict[int, int] = {}
         self._last: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: Any) -> None:
+        slots = legacy.restore_slots(self, state)
+        old = slots.pop("config", None)
+        if old is not None:  # pickled by an earlier version, with its DetectorConfig
+            slots["settings"] = old.settings()
+        for name, value in slots.items():
+            setattr(self, name, value)
 
     @property
     def l_window(self) -> np.ndarray | None:
@@ -257,13 +238,13 @@ class Detector:
 
     # -- persistent straggler -------------------------------------------------------------------
     def _straggler(self, critical_delay: Callable[[int], float]) -> list[Finding]:
-        cfg = self.config
-        if len(self._span_rows) < cfg.window:
-            self._last = {"window_filled": len(self._span_rows), "window": cfg.window}
+        cfg, detection = self.settings, self.settings.detection
+        if len(self._span_rows) < detection.window:
+            self._last = {"window_filled": len(self._span_rows), "window": detection.window}
             return []
         last, delays, counts, inherited = _tally(list(self._span_rows), list(self._gap_rows))
         candidate = int(np.argmax(counts))
-        fraction = counts / cfg.window
+        fraction = counts / detection.window
 
         def median_delay(rank: int) -> float:
             return _median_delay(last, delays, rank)
@@ -286,12 +267,12 @@ class Detector:
                 warnings.simplefilter("ignore", RuntimeWarning)  # a rank with no known gap: NaN
                 evidence["median_gaps_s"] = _rounded(np.nanmedian(gaps, axis=0))
         self._last = evidence
-        persistent = fraction[candidate] >= cfg.fraction and cand_delay >= cand_critical
+        persistent = fraction[candidate] >= detection.late_fraction and cand_delay >= cand_critical
         current = self.straggler
         if persistent and candidate != current:
             self._enter_count = self._enter_count + 1 if self._enter_rank == candidate else 1
             self._enter_rank = candidate
-            if self._enter_count >= cfg.confirm:
+            if self._enter_count >= detection.confirm:
                 self.straggler = candidate
                 self._enter_count = 0
                 self._clear_count = 0
@@ -307,7 +288,7 @@ class Detector:
         cur_critical = float(critical_delay(current))
         weak = fraction[current] < cfg.clear_fraction or cur_delay < cfg.clear_delay_ratio * cur_critical
         self._clear_count = self._clear_count + 1 if weak else 0
-        if self._clear_count >= cfg.confirm:
+        if self._clear_count >= detection.confirm:
             self.straggler = None
             self._clear_count = 0
             cleared = dict(evidence, cleared="straggler", rank=current, rank_fraction=float(fraction[current]))
@@ -316,8 +297,8 @@ class Detector:
 
     # -- degraded ranks -------------------------------------------------------------------------
     def _degraded(self, estimate: np.ndarray, steps_per_update: int) -> list[Finding]:
-        cfg = self.config
-        keep = max(1, math.ceil(cfg.window / steps_per_update))
+        cfg, detection = self.settings, self.settings.detection
+        keep = max(1, math.ceil(detection.window / steps_per_update))
         self._l_keep = keep
         if np.isnan(estimate).all():  # nothing measured (no ring run in this exchange): keep the belief
             return []
@@ -329,7 +310,7 @@ class Detector:
         history = np.stack(self._l_history)
         filled = np.where(np.isnan(history), 1.0, history)
         median = np.median(filled, axis=0)
-        share_above = (filled >= cfg.degraded_threshold).mean(axis=0)
+        share_above = (filled >= detection.degraded_threshold).mean(axis=0)
         evidence = {"l_estimates": [_rounded(row, 4) for row in history], "l_median": _rounded(median, 4)}
         self._last = dict(self._last, **evidence)
         findings: list[Finding] = []
@@ -338,16 +319,16 @@ class Detector:
             if rank in self.degraded:
                 weak = median[rank] < cfg.clear_degraded_threshold
                 self._degraded_clear[rank] = self._degraded_clear.get(rank, 0) + 1 if weak else 0
-                if self._degraded_clear[rank] >= cfg.confirm:
+                if self._degraded_clear[rank] >= detection.confirm:
                     del self.degraded[rank]
                     self._degraded_clear[rank] = 0
                     findings.append(Finding("cleared", {rank: float(median[rank])}, dict(evidence, cleared="degraded")))
                 else:
                     self.degraded[rank] = float(median[rank])
                 continue
-            strong = median[rank] >= cfg.degraded_threshold and share_above[rank] >= cfg.fraction
+            strong = median[rank] >= detection.degraded_threshold and share_above[rank] >= detection.late_fraction
             self._degraded_enter[rank] = self._degraded_enter.get(rank, 0) + 1 if strong else 0
-            if self._degraded_enter[rank] >= cfg.confirm:
+            if self._degraded_enter[rank] >= detection.confirm:
                 self._degraded_enter[rank] = 0
                 newly[rank] = round(float(median[rank]), 4)
         if newly:

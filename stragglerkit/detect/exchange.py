@@ -3,7 +3,7 @@
 What it carries and why this way. Every ``K`` steps each rank contributes its figures for the
 last ``K`` steps (per step: the summed AllReduce span, each bucket's span and the messages of
 its largest ring bucket on this rank's two ring links), its NIC speed from sysfs and a host id;
-``K`` is the exchange interval in force (``ControllerConfig.exchange_every``, or
+``K`` is the exchange interval in force (``Config.detection.exchange_every``, or
 ``quiet_exchange_every`` while all is quiet), the same on every rank: rank 0's decisions set it.
 rank 0 adds its latest decision (plan, event kinds, the probe and exchange intervals). The
 vector's size follows from ``K``, the bucket limit ``B``, ``n`` and ``M``, all known to every rank,

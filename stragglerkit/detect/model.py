@@ -7,7 +7,7 @@ slowdowns. The parameters come from the job itself:
 * **Samples.** Every baseline AllReduce (ring, rhd, direct) of every bucket is a sample: its
   time from the last arrival is, clock-free, the *smallest* span over the ranks (the last
   arriver does not wait). With the process group's own all_reduce as the baseline, the samples
-  come from the hook's ring probes (``ControllerConfig.probe_every``). With the schedule's
+  come from the hook's ring probes (``Config.detection.probe_every``). With the schedule's
   GenModel terms (:func:`stragglerkit.sim.cost_model.cost_terms`) this is one row of
   :func:`stragglerkit.sim.cost_model.fit` (non-negative least squares).
 * **Samples on a degraded cluster.** The fit is of the *healthy* NIC: predictions put a degraded
@@ -22,7 +22,7 @@ slowdowns. The parameters come from the job itself:
   re-tags them once it knows (:meth:`OnlineModel.rescale`, by the step each sample came from).
 * **Fitting** alpha and beta needs buckets of at least two sizes (the A/B ratio must vary). A
   model with a single bucket size cannot tell them apart; then only beta is fitted and alpha stays
-  at the prior (``ControllerConfig.prior``). So it is with fewer than three samples: from the
+  at the prior (``defaults.PRIOR_ALPHA``). So it is with fewer than three samples: from the
   first probe on, beta comes from the job (the prior's bandwidth can be ten times off and would
   steer the first decisions); the prior is used as is only before any sample. When
   the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
@@ -58,7 +58,7 @@ slowdowns. The parameters come from the job itself:
 
 Example::
 
-    model = OnlineModel(world_size=4, prior=CostModel.Config(alpha=50e-6, beta=1 / 1e9))
+    model = OnlineModel(world_size=4, prior=CostModelParams(alpha=50e-6, beta=1 / 1e9))
     model.add("ring", 4 << 20, 0.012)
     model.refit()
     model.predict("stragglar", 4 << 20, straggler=3, delay=0.01)
@@ -77,7 +77,7 @@ import numpy as np
 from stragglerkit.runtime.policy import planned_situation
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.schedules.registry import Situation, generate
-from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms, fit
+from stragglerkit.sim.cost_model import CostModel, CostModelParams, CostTerms, cost_terms, fit
 from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
 from stragglerkit.sim.graph import TaskGraph, build_task_graph
 from stragglerkit.sim.model_comparison import MODELS, identifiable_params
@@ -130,7 +130,7 @@ class OnlineModel:
         "world_size",
     )
 
-    def __init__(self, world_size: int, prior: CostModel.Config, max_samples: int = 256) -> None:
+    def __init__(self, world_size: int, prior: CostModelParams, max_samples: int = 256) -> None:
         if world_size < 2:
             raise ValueError(f"the model needs at least 2 ranks, got {world_size}")
         self.world_size = world_size
@@ -145,7 +145,7 @@ class OnlineModel:
         self._predictions: dict[tuple[object, ...], float] = {}
         self._revision = 0  # counts changes to the samples; a refit of unchanged samples is skipped
         self._fitted_revision = -1
-        self._candidates: dict[str, CostModel.Config] = {}
+        self._candidates: dict[str, CostModelParams] = {}
         self._scores: dict[str, deque[float]] = {}
         # the critical path of a sample is traced with a token reduction cost, so that among paths
         # of equal length the one through the reductions is taken and gamma can be fitted
@@ -209,7 +209,7 @@ class OnlineModel:
         elif len({(a, b) for a, b, *_ in self.samples}) < 2:
             beta_only = "one bucket size"
         base, described, rms = self._fit_alpha_beta(rows, beta_only)
-        fits: dict[str, tuple[CostModel.Config, str]] = {"alpha-beta": (base, described)}
+        fits: dict[str, tuple[CostModelParams, str]] = {"alpha-beta": (base, described)}
         for name, wanted in MODELS.items():
             if name in fits:
                 continue
@@ -244,7 +244,7 @@ class OnlineModel:
 
     def _fit_alpha_beta(
         self, rows: list[tuple[CostTerms, float]], beta_only: str | None
-    ) -> tuple[CostModel.Config, str, float]:
+    ) -> tuple[CostModelParams, str, float]:
         """Alpha and beta, or beta alone for the reason ``beta_only`` (fewer than three samples,
         or one bucket size; see the module docstring)."""
         try:
@@ -268,12 +268,12 @@ class OnlineModel:
         if beta <= 0:  # noise hid the bandwidth term (latency-bound buckets): a latency-only model
             beta = UNRESOLVED_BETA
             params += "; bandwidth unresolved, taken as 1 TB/s"
-        return CostModel.Config(alpha=alpha, beta=beta), params, rms
+        return CostModelParams(alpha=alpha, beta=beta), params, rms
 
     @staticmethod
     def _fit_more(
-        rows: list[tuple[CostTerms, float]], wanted: tuple[str, ...], base: CostModel.Config
-    ) -> tuple[CostModel.Config, str]:
+        rows: list[tuple[CostTerms, float]], wanted: tuple[str, ...], base: CostModelParams
+    ) -> tuple[CostModelParams, str]:
         """A model with more terms than alpha and beta: the parameters the samples can separate."""
         kept, folded = identifiable_params(rows, wanted)
         if set(kept) <= {"alpha", "beta"}:

@@ -38,7 +38,6 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from stragglerkit.config import Config
-from stragglerkit.detect.controller_config import ControllerConfig
 from stragglerkit.loop.loop import StragglerLoop
 from stragglerkit.session import session_for
 
@@ -50,8 +49,8 @@ class DDPState:
     on the session of ``process_group`` (``None``: the default group), which
     :func:`stragglerkit.init` must have set up on every rank first. Not collective.
 
-    ``config``: overrides the session's detection configuration for this model (a
-    :class:`stragglerkit.Config`, or the controller's full ``ControllerConfig``).
+    ``config``: a :class:`stragglerkit.Config` whose ``detection`` and ``report`` sections this
+    model's loop uses instead of the session's (``None``: the session's).
 
     Example::
 
@@ -67,9 +66,7 @@ class DDPState:
         "loop",
     )
 
-    def __init__(
-        self, process_group: dist.ProcessGroup | None = None, config: Config | ControllerConfig | None = None
-    ) -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, config: Config | None = None) -> None:
         self.process_group = process_group
         self.loop = StragglerLoop(session_for(process_group), config, framework="ddp")
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 from scipy.optimize import nnls
@@ -109,7 +110,7 @@ class CostModel:
         seconds = model.predict(ring(8), 2**30)
     """
 
-    Config = CostModelParams
+    Config: TypeAlias = CostModelParams
     """Deprecated name of :class:`CostModelParams` (kept for code and pickles that name it)."""
 
     __slots__ = ("config",)
