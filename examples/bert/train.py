@@ -25,13 +25,13 @@ import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import stragglerkit
 
@@ -117,9 +117,12 @@ def make_batches(
     train: list[Pair], tokenizer: Any, rank: int, world_size: int, batch_size: int, max_length: int, seed: int
 ) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's batches, epoch after epoch: its share of each shuffled epoch (DistributedSampler)."""
-    sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    dataset = cast("Dataset[Pair]", train)  # a list is a map-style dataset
+    sampler: DistributedSampler[Pair] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
     collate = partial(encode, tokenizer, max_length=max_length)
-    loader = DataLoader(train, batch_size=batch_size, sampler=sampler, collate_fn=collate, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate, drop_last=True)
     for epoch in itertools.count():
         sampler.set_epoch(epoch)
         yield from loader
@@ -169,7 +172,7 @@ def main() -> None:
         torch.cuda.set_device(device)
 
     model: nn.Module = build_model(args.seed).to(device)
-    state = None
+    state: Any = None  # stragglerkit's: DDPState, or the Horovod optimizer; close() when done
     if args.framework == "ddp":
         model = DDP(model, gradient_as_bucket_view=True)
         if not args.plain:
@@ -181,7 +184,7 @@ def main() -> None:
         if args.plain:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
         else:
-            optimizer = stragglerkit.straggler_aware(optimizer, named_parameters=named)
+            optimizer = state = stragglerkit.straggler_aware(optimizer, named_parameters=named)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -212,8 +215,6 @@ def main() -> None:
     if state is not None:
         state.close()  # every rank, after the last step, before stragglerkit.destroy()
     if args.framework == "horovod":
-        if not args.plain:
-            optimizer.close()
         hvd.shutdown()
     elif not args.plain:
         stragglerkit.destroy()

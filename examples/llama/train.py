@@ -27,12 +27,13 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import stragglerkit
 
@@ -128,8 +129,10 @@ def make_batches(
     tokens: torch.Tensor, rank: int, world_size: int, batch_size: int, seq_length: int, seed: int
 ) -> Iterator[torch.Tensor]:
     """This rank's batches of windows, epoch after epoch: its share of each shuffled epoch."""
-    data = windows(tokens, seq_length)
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    data = cast("Dataset[torch.Tensor]", windows(tokens, seq_length))  # a dataset of rows
+    sampler: DistributedSampler[torch.Tensor] = DistributedSampler(
+        data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=True)
     for epoch in itertools.count():
         sampler.set_epoch(epoch)
@@ -180,7 +183,7 @@ def main() -> None:
             dist.barrier()
         checkpoint = str(path)
     model: nn.Module = build_model(args.hidden, args.layers, args.heads, args.seq_length, checkpoint).to(device)
-    state = None
+    state: Any = None  # stragglerkit's: DDPState, or the Horovod optimizer; close() when done
     if args.framework == "ddp":
         model = DDP(model, gradient_as_bucket_view=True)
         if not args.plain:
@@ -192,7 +195,7 @@ def main() -> None:
         if args.plain:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
         else:
-            optimizer = stragglerkit.straggler_aware(optimizer, named_parameters=named)
+            optimizer = state = stragglerkit.straggler_aware(optimizer, named_parameters=named)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -224,8 +227,6 @@ def main() -> None:
     if state is not None:
         state.close()  # every rank, after the last step, before stragglerkit.destroy()
     if args.framework == "horovod":
-        if not args.plain:
-            optimizer.close()
         hvd.shutdown()
     elif not args.plain:
         stragglerkit.destroy()

@@ -1,10 +1,9 @@
-"""The fine-tuning examples' shared entry: options, launch, time to a target loss, the run folder.
+"""``python -m profiling.lab.finetune bert|llama``: an example's workload, plain against stragglerkit.
 
-``examples/bert/finetune.py`` and ``examples/llama/finetune.py`` each define a
-:class:`~profiling.lab.workload.Workload` (model, data, loss, optimizer, held-out
-evaluation) and call :func:`example_main`. Everything else is the training bench's
-(:mod:`profiling.lab.train`): the ranks run on the emulated cluster (root: one network
-namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over loopback
+``examples/bert/train.py`` and ``examples/llama/train.py`` are the training scripts users run;
+:mod:`.workloads` turns their model, data and loss into the bench's workload. Everything else is
+the training bench's (:mod:`profiling.lab.train`): the ranks run on the emulated cluster (root: one
+network namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over loopback
 (``--loopback``, or where no cluster can be made), or as the ranks of ``torchrun`` (RANK,
 WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains two copies
 of the model, plain framework and stragglerkit, in alternating blocks of steps, on the same
@@ -31,11 +30,9 @@ that breaks either exits with status 1 and says so; the figures are still writte
 written as the run goes, so that an interrupted run is still readable), ``train.json`` (the
 bench's JSON plus the fields above), ``loss_vs_time.png``; ``stragglerkit report DIR`` reads it.
 
-Example::
+Example (from the repository root; 8 ranks on the emulated cluster as root, rank 7 a slow GPU)::
 
-    import sys
-    from profiling.lab.finetune import example_main
-    sys.exit(example_main(__file__, "fine-tune X", add_arguments=None, options=lambda args: {}))
+    python -m profiling.lab.finetune bert --straggler 7 --steps 80 --target-loss 0.6
 """
 
 from __future__ import annotations
@@ -63,9 +60,9 @@ __all__ = [
     "SWITCH_COPIES",
     "TARGET_WINDOW",
     "analyse",
-    "example_main",
     "example_parser",
     "global_losses",
+    "main",
     "summarize_one",
     "time_to_target",
 ]
@@ -129,26 +126,22 @@ def example_parser(
     return parser
 
 
-def example_main(
-    path: str,
-    description: str,
-    *,
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None,
-    options: Callable[[argparse.Namespace], dict[str, Any]],
-    argv: Sequence[str] | None = None,
-    frameworks: Sequence[str] = ("ddp", "horovod"),
-) -> int:
-    """Run the example whose workload factory is ``workload`` in the file ``path``; the exit status
-    (0, 1: a check failed or the ranks failed, 2: bad options or a missing package, said in one line).
-    ``frameworks``: what ``--framework`` takes (``megatron`` for a
-    :class:`~profiling.lab.workload.MegatronWorkload`)."""
-    from profiling.lab.workload import MegatronWorkload, load_workload, spec_of
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``argv`` (``EXAMPLE [OPTIONS]``); the exit status (0, 1: a check failed or the ranks
+    failed, 2: bad options or a missing package, said in one line)."""
+    from profiling.lab.workload import MegatronWorkload, load_workload
+    from profiling.lab.workloads import EXAMPLES
 
-    name = Path(path).resolve().parent.name
-    parser = example_parser(description, prog=f"examples/{name}/{Path(path).name}", frameworks=frameworks)
-    if add_arguments is not None:
-        add_arguments(parser)
     given = list(sys.argv[1:] if argv is None else argv)
+    if not given or given[0] not in EXAMPLES:
+        names = "|".join(EXAMPLES)
+        print(f"usage: python -m profiling.lab.finetune {names} [OPTIONS] (--help after the name)", file=sys.stderr)
+        return 2
+    name, given = given[0], given[1:]
+    example = EXAMPLES[name]
+    frameworks = example.frameworks
+    parser = example_parser(example.description, prog=f"python -m profiling.lab.finetune {name}", frameworks=frameworks)
+    example.add_arguments(parser)
     args = parser.parse_args(given)
     say = _say_on_rank0()
     try:
@@ -158,8 +151,8 @@ def example_main(
             raise ValueError("--framework horovod needs Horovod: bash scripts/install_horovod.sh (or --framework ddp)")
         if args.framework == "megatron" and importlib.util.find_spec("megatron") is None:
             raise ValueError("--framework megatron needs megatron-core: pip install megatron-core==0.16.1 (or ddp)")
-        workload_options = options(args)
-        spec = spec_of(path)
+        workload_options = example.options(args)
+        spec = f"profiling.lab.workloads:{name}"
         run_dir = Path(args.run_dir or f"runs/{name}-{args.framework}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
         config = TrainConfig(
             world_size=world_size,
@@ -218,7 +211,7 @@ def _run(config: TrainConfig, args: argparse.Namespace, argv: list[str], prog: s
     both = len(config.copies) == 2
     summary = summarize(config, record) if both else summarize_one(config, record)
     header = header_record(config, launched, argv)
-    header["command"] = " ".join(["python", prog, *argv])
+    header["command"] = " ".join([prog, *argv])
     for key in ("alpha_s", "model_bandwidth_Bps"):
         header.pop(key, None)
     rtol = LOSS_RTOL[config.framework] if args.loss_rtol is None else args.loss_rtol
@@ -468,3 +461,7 @@ def _log_wandb(summary: dict[str, Any], header: dict[str, Any], run_dir: Path) -
     run.log({"loss_vs_time": wandb.Image(str(run_dir / "loss_vs_time.png"))})
     run.finish()
     print(f"--wandb: logged to {run_dir}/wandb ({os.environ['WANDB_MODE']})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -72,8 +72,8 @@ from typing import Any
 import torch
 
 from examples.megatron.cpu_shim import cuda_calls_on_cpu
-from profiling.lab.train_config import TrainConfig
 from profiling.lab.copies import Run, batch_generator
+from profiling.lab.train_config import TrainConfig
 from profiling.lab.workload import MegatronWorkload
 from stragglerkit.config import Config
 from stragglerkit.megatron import MegatronConfig, MegatronState, install

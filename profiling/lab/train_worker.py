@@ -47,7 +47,6 @@ sets, :mod:`profiling.lab.horovod_launch`) and writes rank 0's record to OUT (JS
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -55,7 +54,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
@@ -98,20 +96,14 @@ class _TrainRank:
     """This rank's state: the two runs, the hook's state, the injected lateness."""
 
     def __init__(self, config: TrainConfig, device: torch.device, control: Path | None) -> None:
-        from stragglerkit.detect.controller_config import ControllerConfig
-        from stragglerkit.detect.detector import DetectorConfig
+        from stragglerkit.detect.settings import tuned
 
         self.config = config
         self.device = device
         self.control = control
-        hook_config = ControllerConfig()
-        if config.hook_warmup is not None:
-            hook_config = dataclasses.replace(hook_config, warmup_steps=config.hook_warmup)
-        if config.degraded_threshold is not None:
-            threshold = config.degraded_threshold
-            detector = DetectorConfig(degraded_threshold=threshold, clear_degraded_threshold=(1.0 + threshold) / 2)
-            hook_config = dataclasses.replace(hook_config, detector=detector)
-        self.hook_config = hook_config
+        tuning = {}
+        if config.degraded_threshold is not None:  # a NIC counts as recovered halfway back to full rate
+            tuning["clear_degraded_threshold"] = (1.0 + config.degraded_threshold) / 2
         views = config.gradient_as_bucket_view
         self.loop: StragglerLoop | None = None
         """The hooked copy's loop (None when only the plain copy trains)."""
@@ -128,10 +120,11 @@ class _TrainRank:
             self.hidden = 0
             self.make_batch = self._workload_batch
         if config.framework == "horovod":
-            self.runs = self._horovod_runs(config, device)
+            with tuned(**tuning):
+                self.runs = self._horovod_runs(config, device)
             self.loop = loop_of(self.runs)
         elif config.framework == "megatron":
-            from stragglerkit.bench import train_megatron
+            from profiling.lab import train_megatron
 
             workload = self.workload
             if workload is not None and not isinstance(workload, MegatronWorkload):
@@ -139,7 +132,8 @@ class _TrainRank:
                     f"--framework megatron: the workload {config.workload} has no megatron-core model "
                     "(MegatronWorkload's megatron_* methods); use --framework ddp or horovod"
                 )
-            plain, hooked, megatron = train_megatron.megatron_runs(config, device, hook_settings(config), workload)
+            with tuned(**tuning):
+                plain, hooked, megatron = train_megatron.megatron_runs(config, device, hook_settings(config), workload)
             assert megatron.loop is not None
             self.runs, self.loop, self.close = [plain, hooked], megatron.loop, megatron.close
             if workload is not None:
@@ -157,7 +151,8 @@ class _TrainRank:
                     if not stragglerkit.is_initialized():
                         # collective: every rank builds its _TrainRank at the same point
                         stragglerkit.init(config=with_event_log(Config.from_env(), config))
-                    state = stragglerkit.DDPState(None, hook_config)
+                    with tuned(**tuning):
+                        state = stragglerkit.DDPState(None, hook_settings(config))
                     model.register_comm_hook(state, stragglerkit.ddp_hook)
                     self.loop = state.loop
         if self.loop is not None and config.framework != "megatron":
@@ -429,7 +424,7 @@ class _TrainRank:
             ),
             "delay_s": self.delay if self.config.straggler is not None else None,
             "delay_calibration": self.calibration,
-            "hook_config": asdict(loop.config) if loop else None,
+            "hook_config": _flat(loop.settings.header()) if loop else None,
             "reshaped": self.reshaped,
             # [step][rank]: each copy's step ends, step times, backward times, and [busy, total] CPU
             # ticks of the rank's host during its step (None: unknown)
@@ -457,6 +452,11 @@ class _TrainRank:
 
 _RUN_SERIES = {"s": "times", "end_s": "ends", "backward_s": "backward_s", "cpu": "cpu"}
 """The record's per-copy series (``plain_s``, ``hooked_end_s``, ...) and the :class:`Run` lists they come from."""
+
+
+def _flat(header: dict[str, Any]) -> dict[str, Any]:
+    """The loop's settings as one level: the detection fields beside the internal ones."""
+    return {**header["detection"], **{key: value for key, value in header.items() if key != "detection"}}
 
 
 def train(config: TrainConfig, device: torch.device, control: Path | None = None) -> dict[str, Any]:
