@@ -13,7 +13,8 @@ arrive D ms late every step, a persistent straggler the loop can act on (Straggl
 data-parallel size of 4 or more).
 
 On a machine without CUDA it runs on CPU over gloo, with megatron-core's few CUDA-only calls sent
-to the CPU (``stragglerkit.megatron.cpu_shim``) and gradient clipping off (megatron-core's clipping
+to the CPU (``cpu_shim.py`` beside this script; it does nothing where CUDA is available, and a
+script for GPUs needs none of it) and gradient clipping off (megatron-core's clipping
 asserts CUDA tensors); with GPUs the same command runs on NCCL, one GPU per rank
 (``--backend gloo``: several ranks may share one GPU, as the GPU check does).
 
@@ -28,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -38,9 +38,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# beside this script (torchrun puts the script's folder on the path): megatron-core on CPU
+from cpu_shim import cuda_calls_on_cpu, needs_shim
+
 import stragglerkit.megatron
-from stragglerkit.bench.progress import Progress
-from stragglerkit.megatron.cpu_shim import cuda_calls_on_cpu, needs_shim
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|full scope is deprecated).*")
 
@@ -68,7 +69,7 @@ def parse_args() -> argparse.Namespace:
         help="auto: nccl with GPUs (one per rank), gloo on CPU; gloo with GPUs lets several ranks share one GPU",
     )
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--log-every", type=int, default=5, help="print the loss every N steps")
     parser.add_argument("--summary-json", default=None, help="write the run's figures here (rank 0)")
     # --straggler-aware-allreduce, --straggler-config, --straggler-event-log
     stragglerkit.megatron.add_arguments(parser)
@@ -180,8 +181,6 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
         )
     step_times: list[float] = []
     losses: list[float] = []
-    # a bar on a terminal; elsewhere (a CI log) a plain line every --log-every steps
-    progress = Progress(args.steps, "", desc="train", enabled=rank == 0, stream=sys.stdout)
     for step in range(args.steps):
         start = time.perf_counter()
         if rank == args.late_rank:
@@ -202,14 +201,13 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
         dist.all_reduce(loss, group=dp_group)
         losses.append(float(loss) / dp_size)
         step_times.append(time.perf_counter() - start)
-        if rank == 0:
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             algorithm = state.algorithm if state else "megatron-core"
-            figures = f"loss {losses[-1]:.3f}  {1e3 * step_times[-1]:7.1f} ms  {algorithm}"
-            if progress.drawing:
-                progress.advance(1, figures)
-            elif step % args.log_every == 0 or step == args.steps - 1:
-                progress.advance(1, f"step {step:4d}  {figures}")
-    progress.close()
+            print(f"step {step:4d}  loss {losses[-1]:.3f}  {1e3 * step_times[-1]:7.1f} ms  {algorithm}", flush=True)
+    # every data-parallel rank ends with the same parameters: rank 0 prints each one's checksum
+    checksum = torch.cat([p.detach().flatten() for p in model.parameters()]).double().sum().reshape(1)
+    gathered = [torch.zeros_like(checksum) for _ in range(dp_size)]
+    dist.all_gather(gathered, checksum, group=dp_group)
     settled = step_times[len(step_times) // 4 :] or step_times
     summary = {
         "straggler_aware_allreduce": state is not None,
@@ -230,6 +228,7 @@ def train(args: argparse.Namespace, device: torch.device, on_cpu: bool) -> None:
         )
         for event in summary["events"]:
             print(f"  event at step {event['step']}: {event['kind']} -> {event['algorithm']}", flush=True)
+        print(f"parameter checksums: {' '.join(f'{float(c):.12e}' for c in gathered)}", flush=True)
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as out:
                 json.dump(summary, out, indent=1, default=str)
