@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The fine-tuning examples on the emulated cluster: examples/bert and examples/llama, plain
-# framework against stragglerkit side by side, 8 ranks at 1 Gbit/s, DDP and Horovod, in three
-# scenarios, each launched RUNS times (default 3; the summary quotes the median):
+# The fine-tuning examples on the emulated cluster: the workload of examples/bert and examples/llama
+# (python -m profiling.lab.finetune), plain framework against stragglerkit side by side, 8 ranks
+# at 1 Gbit/s, DDP and Horovod, in three scenarios, each launched RUNS times (default 3; the
+# summary quotes the median):
 #   no fault:                                       time to target loss within 2 % of plain
 #   rank 7's backward slowed (--delay auto) from step 0: time to target at least 1.1x shorter
 #   rank 3's NIC at 1/2 from step 0:                time to target at least 1.2x shorter
@@ -39,7 +40,7 @@ declare -A SCENARIO=(
   [degraded]="--degrade 3:2"
 )
 example() {  # tried a second time if the first fails (the shaping check refuses a busy machine's links)
-  "$PY" "$@" || "$PY" "$@"
+  "$PY" -m profiling.lab.finetune "$@" || "$PY" -m profiling.lab.finetune "$@"
 }
 failed=()  # a run that fails twice (a check that did not hold, say) is named at the end; the rest go on
 for i in $(seq 1 "$RUNS"); do
@@ -53,7 +54,7 @@ for i in $(seq 1 "$RUNS"); do
         fi
         echo "== run $i/$RUNS: $name, $framework, $scenario" >&2
         # shellcheck disable=SC2086
-        if ! example "examples/$name/finetune.py" --world-size 8 --bandwidth 1Gbit --framework "$framework" \
+        if ! example "$name" --world-size 8 --bandwidth 1Gbit --framework "$framework" \
           --steps "$STEPS" --target-loss "${TARGET[$name]}" ${SCENARIO[$scenario]} "$@" --run-dir "$run_dir"; then
           failed+=("$name/$framework/$scenario run $i ($run_dir)")
         fi

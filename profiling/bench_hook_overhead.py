@@ -86,8 +86,8 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import stragglerkit
-    from profiling.lab.train_config import TrainConfig
     from profiling.lab.copies import build_model
+    from profiling.lab.train_config import TrainConfig
     from stragglerkit.detect.controller import ControllerConfig
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training on the emulated cluster: stragglerkit's DDP hook against plain DDP (`stragglerkit bench
-# --mode train`), 8 ranks at 1 Gbit/s, a 32 MiB model (MODEL=8MiB for the small one), in three
+# Training on the emulated cluster: stragglerkit's DDP hook against plain DDP (`python -m
+# profiling.lab.train`), 8 ranks at 1 Gbit/s, a 32 MiB model (MODEL=8MiB for the small one), in three
 # scenarios, each launched RUNS times (default 3; the summary quotes the median):
 #   no fault (200 steps):                           the hook costs at most 2 % of a step
 #   rank 7 late by 2x its pre-phase from step 20:   1.1x plain DDP's steady step
@@ -13,14 +13,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source profiling/_bench_runs.sh
 RUNS=${RUNS:-3}
-COMMON=(--mode train --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
+COMMON=(--world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
 for i in $(seq 1 "$RUNS"); do
   echo "== training run $i/$RUNS: no fault" >&2
-  bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
+  train_bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
   echo "== training run $i/$RUNS: straggler" >&2
-  bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
+  train_bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
   echo "== training run $i/$RUNS: degraded NIC" >&2
-  bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 160 "$@" --json "$SCRATCH/degraded_run$i.json"
+  train_bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 160 "$@" --json "$SCRATCH/degraded_run$i.json"
 done
 "$PY" profiling/_train_summary.py "$SCRATCH"/*_run*.json \
   --command "RUNS=$RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train.sh $*"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training with Horovod on the emulated cluster: stragglerkit.straggler_aware against plain
-# hvd.DistributedOptimizer (`stragglerkit bench --mode train --framework horovod`), 8 ranks at
+# hvd.DistributedOptimizer (`python -m profiling.lab.train --framework horovod`), 8 ranks at
 # 1 Gbit/s, each rank a Horovod process in its own network namespace, launched as horovodrun
 # --gloo launches (the rendezvous server on the switch); the DDP bench's MLP (MODEL, default 32MiB).
 # Four scenarios, each launched RUNS times (default 3; the summary quotes the median):
@@ -18,16 +18,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source profiling/_bench_runs.sh
 RUNS=${RUNS:-3}
-COMMON=(--mode train --framework horovod --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
+COMMON=(--framework horovod --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
 for i in $(seq 1 "$RUNS"); do
   echo "== Horovod training run $i/$RUNS: no fault" >&2
-  bench "${COMMON[@]}" --steps 150 "$@" --json "$SCRATCH/no_fault_run$i.json"
+  train_bench "${COMMON[@]}" --steps 150 "$@" --json "$SCRATCH/no_fault_run$i.json"
   echo "== Horovod training run $i/$RUNS: straggler" >&2
-  bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
+  train_bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
   echo "== Horovod training run $i/$RUNS: degraded NIC" >&2
-  bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 140 "$@" --json "$SCRATCH/degraded_run$i.json"
+  train_bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 140 "$@" --json "$SCRATCH/degraded_run$i.json"
   echo "== Horovod training run $i/$RUNS: jitter" >&2
-  bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 100 "$@" --json "$SCRATCH/jitter_run$i.json"
+  train_bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 100 "$@" --json "$SCRATCH/jitter_run$i.json"
 done
 "$PY" profiling/_train_summary.py --framework horovod "$SCRATCH"/*_run*.json \
   --command "RUNS=$RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train_horovod.sh $*"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training with megatron-core on the emulated cluster: a 2-layer GPT on megatron-core's
 # DistributedDataParallel (overlap_grad_reduce), plain against the same with
-# stragglerkit.megatron.install (`stragglerkit bench --mode train --framework megatron`), 8 ranks at
+# stragglerkit.megatron.install (`python -m profiling.lab.train --framework megatron`), 8 ranks at
 # 1 Gbit/s, one sequence of 32 tokens per rank and step, gradient MODEL (default 32MiB: hidden 576).
 # Four scenarios, each launched RUNS times (default 3; the summary quotes the median):
 #   no fault (200 steps):                             within 2 % of plain megatron-core's step
@@ -17,16 +17,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source profiling/_bench_runs.sh
 RUNS=${RUNS:-3}
-COMMON=(--mode train --framework megatron --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
+COMMON=(--framework megatron --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
 for i in $(seq 1 "$RUNS"); do
   echo "== megatron-core training run $i/$RUNS: no fault" >&2
-  bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
+  train_bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
   echo "== megatron-core training run $i/$RUNS: straggler" >&2
-  bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
+  train_bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
   echo "== megatron-core training run $i/$RUNS: degraded NIC" >&2
-  bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 160 "$@" --json "$SCRATCH/degraded_run$i.json"
+  train_bench "${COMMON[@]}" --degrade 3:2 --from-step 20 --steps 160 "$@" --json "$SCRATCH/degraded_run$i.json"
   echo "== megatron-core training run $i/$RUNS: jitter" >&2
-  bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 120 "$@" --json "$SCRATCH/jitter_run$i.json"
+  train_bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 120 "$@" --json "$SCRATCH/jitter_run$i.json"
 done
 "$PY" profiling/_train_summary.py --framework megatron "$SCRATCH"/*_run*.json \
   --command "RUNS=$RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train_megatron.sh $*"

@@ -6,7 +6,7 @@
 #   torchrun --nproc-per-node 4 --no-python bash profiling/nsys_capture.sh python train.py
 #   horovodrun -np 4 bash profiling/nsys_capture.sh python train_hvd.py
 #   torchrun --nproc-per-node 4 --no-python bash profiling/nsys_capture.sh \
-#       stragglerkit bench --mode train --steps 60
+#       python examples/bert/train.py --steps 60
 # The rank comes from RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI, horovodrun), HOROVOD_RANK
 # (Gloo-based horovodrun), PMI_RANK (MPICH) or LOCAL_RANK, the first one set; each rank writes
 # $OUT/rank<r>.nsys-rep and $OUT/rank<r>.sqlite. Without any, the command is one process tree
