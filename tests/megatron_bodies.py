@@ -232,30 +232,26 @@ def one_rank_errors(rank: int, n: int) -> dict[str, str]:
     return errors
 
 
-def llama_as_gpt_model(rank: int, n: int, example: str) -> dict[str, float]:
+def llama_as_gpt_model(rank: int, n: int) -> dict[str, float]:
     """examples/llama's model (perturbed, so that no norm weight is 1) as transformers' Llama and as
-    megatron-core's GPTModel after the example's conversion: their logits and losses on one batch."""
-    import importlib.util
-
+    megatron-core's GPTModel after the lab's conversion: their logits and losses on one batch."""
     from megatron.core import tensor_parallel
 
     from examples.megatron.cpu_shim import cuda_calls_on_cpu
+    from profiling.lab.workloads import _shifted, example, megatron_llama
 
     _setup()
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
-    spec = importlib.util.spec_from_file_location("llama_example", example)
-    assert spec is not None and spec.loader is not None
-    llama = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(llama)
-    options = {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 176, "seq_length": 48, "pretrain_seed": 0}
-    reference = llama.build_llama(options).eval()
+    llama = example("llama")
+    options = {"hidden": 64, "layers": 2, "heads": 4, "seq_length": 48}
+    reference = llama.build_model(64, 2, 4, 48).eval()
     with torch.no_grad():
         for parameter in reference.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
     windows = torch.randint(0, llama.VOCAB, (3, 48), generator=torch.Generator().manual_seed(1))
-    shifted = llama.LlamaFortunes._shifted(windows)
+    shifted = _shifted(windows)
     with cuda_calls_on_cpu(), torch.no_grad():
-        _, model = llama.megatron_llama(options, reference.state_dict())
+        _, model = megatron_llama(options, reference.state_dict())
         model.eval()
         logits = model(shifted["tokens"], shifted["position_ids"], None)
         losses = model(shifted["tokens"], shifted["position_ids"], None, labels=shifted["labels"])
