@@ -2,9 +2,9 @@
 
 * :mod:`.train` (``python -m profiling.lab.train``): the plain framework and stragglerkit trained
   side by side on the same ranks, with injected faults (:mod:`.train_config`, the ranks:
-  :mod:`.train_worker` and :mod:`.copies`, the figures: :mod:`.train_report`; Horovod's ranks:
-  :mod:`.horovod_launch`; megatron-core: :mod:`.train_megatron`; selective reduce:
-  :mod:`.train_selective`).
+  :mod:`.train_worker` and :mod:`.copies`, the links: :mod:`.reshape`, the figures:
+  :mod:`.train_report`; Horovod's ranks: :mod:`.horovod_launch`; megatron-core:
+  :mod:`.train_megatron`; selective reduce: :mod:`.train_selective`).
 * :mod:`.finetune` (``python -m profiling.lab.finetune bert|llama``): the same with the examples'
   models, data and loss (:mod:`.workloads` builds them from ``examples/bert/train.py`` and
   ``examples/llama/train.py``; :mod:`.workload` is what a workload provides).
