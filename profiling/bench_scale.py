@@ -11,7 +11,7 @@ for each of its cases (usually one per algorithm):
   --bandwidth 25GB/s --json -`` (a straggler at the auto delay; ``--degrade 3:2.0 --segments 64``
   for the NIC algorithms); target at p = 1,024: 10 s.
 * ``decision``: what the closed loop computes to choose a 32 MiB bucket's plan (the controller's
-  ``OnlineModel`` and ``runtime.policy``): ``straggler``: StragglAR's critical delay and the
+  ``OnlineModel`` and ``planner.policy``): ``straggler``: StragglAR's critical delay and the
   predictions of ring and StragglAR; ``slow_nic``: ``choose_algorithm("auto")`` (OptCC or the
   balanced ring, OptCC's segments and fills) and the predictions of ring, the balanced ring and
   OptCC with rank 3 at l = 2; target at p = 1,024: 1 s.
@@ -84,8 +84,8 @@ def schedule_stage(p: int, case: str) -> object:
 
 def plan_stage(p: int, case: str) -> object:
     """One rank's executor plan (rank 1) for a 32 MiB float32 sum, as the runtime builds it."""
-    from stragglerkit.runtime.plan import rank_plan
-    from stragglerkit.runtime.policy import optcc_situation
+    from stragglerkit.planner.lowering import rank_plan
+    from stragglerkit.planner.policy import optcc_situation
     from stragglerkit.schedules.registry import Situation
 
     slowdowns = {3: 2.0} if case in ("optcc", "balanced_ring") else {}
@@ -114,7 +114,7 @@ def simulate_stage(p: int, case: str) -> object:
 def decision_stage(p: int, case: str) -> object:
     """The loop's choice for a 32 MiB bucket: the model's predictions and the policy (module docstring)."""
     from stragglerkit.detect.model import OnlineModel
-    from stragglerkit.runtime.policy import choose_algorithm
+    from stragglerkit.planner.policy import choose_algorithm
     from stragglerkit.schedules.registry import Situation
     from stragglerkit.sim.cost_model import CostModel
 
@@ -170,7 +170,7 @@ def child(stage: str, p: int, case: str) -> dict[str, Any]:
     # import what every stage imports before the baseline, so that the growth is the stage's own
     import stragglerkit.cli
     import stragglerkit.detect.model
-    import stragglerkit.runtime.plan
+    import stragglerkit.planner.lowering
     import stragglerkit.sim  # noqa: F401
 
     before = _rss_mb()

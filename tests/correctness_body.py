@@ -59,7 +59,7 @@ def sweep(
     import functools
 
     import stragglerkit
-    from stragglerkit.runtime import policy
+    from stragglerkit.planner import policy
     from stragglerkit.runtime.executor import force_wait_mode
 
     tuning = tuning or {}

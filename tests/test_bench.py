@@ -22,7 +22,7 @@ from stragglerkit.bench.launch import LaunchResult, detect_mode, jobs_for
 from stragglerkit.bench.results import print_table, rows_from_cases
 from stragglerkit.bench.worker import exact_inputs
 from stragglerkit.cli import main
-from stragglerkit.runtime.ordering import in_round_order
+from stragglerkit.planner.ordering import in_round_order
 from stragglerkit.schedules import check
 from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.testbed import EmulatedCluster
@@ -243,7 +243,7 @@ def test_the_main_jobs_degraded_command_runs(tmp_path: Path) -> None:
 
 
 def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
-    from stragglerkit.runtime.policy import optcc_segments
+    from stragglerkit.planner.policy import optcc_segments
 
     assert optcc_segments(32 * 2**20, 8) == 9  # 32 MiB / (7 * 512 KiB)
     assert optcc_segments(2**30, 8) == 64  # capped
@@ -256,7 +256,7 @@ def test_optcc_segments_aim_at_half_mebibyte_messages() -> None:
 
 
 def test_optcc_segments_for_another_message_size() -> None:
-    from stragglerkit.runtime.policy import OPTCC_MESSAGE_BYTES, optcc_segments
+    from stragglerkit.planner.policy import OPTCC_MESSAGE_BYTES, optcc_segments
 
     assert OPTCC_MESSAGE_BYTES == 512 * 1024
     assert optcc_segments(32 * 2**20, 8, message_bytes=128 * 1024) == 36

@@ -171,8 +171,8 @@ def test_schedule_shows_the_plan_all_reduce_runs(
     tmp_path, slowdown: str, size: str, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
     """Without --segments the CLI's OptCC plan is the runtime's for that bucket size: the same
-    segments, fills and chunk sizes (runtime/policy.py optcc_situation), byte for byte."""
-    from stragglerkit.runtime.policy import optcc_situation
+    segments, fills and chunk sizes (planner/policy.py optcc_situation), byte for byte."""
+    from stragglerkit.planner.policy import optcc_situation
     from stragglerkit.schedules.registry import Situation, generate
     from stragglerkit.units import parse_size
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from stragglerkit.planner.lowering import LoweredKind, OpColumn, lower
 from stragglerkit.report.critical_path import critical_path
-from stragglerkit.runtime.plan import LoweredKind, OpColumn, lower
 from stragglerkit.runtime.trace import message_dependencies
 from stragglerkit.schedules.registry import Situation, generate
 

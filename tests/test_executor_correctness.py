@@ -51,7 +51,7 @@ def test_large_size_with_ordered_waits(n: int) -> None:
 
 @pytest.mark.parametrize("n", [4, 7])
 def test_plans_from_one_ranks_closed_form(n: int) -> None:
-    """The runtime's path above 64 ranks (runtime/rank_lowering.py: one rank's ops, wait order
+    """The runtime's path above 64 ranks (planner/rank_lowering.py: one rank's ops, wait order
     by key, fused averaging in closed form), forced at small n: every algorithm, exact and
     bit-identical, sums and averages, with both wait modes."""
     sizes = (0, 1, 7, 1000, (1 << 20) + 3)
@@ -63,7 +63,7 @@ def test_plans_from_one_ranks_closed_form(n: int) -> None:
 @pytest.mark.parametrize("n", [5, 8])
 def test_optcc_with_a_ramp(n: int) -> None:
     """Small OptCC messages give deep pipelines, whose end segments are smaller than the rest."""
-    from stragglerkit.runtime.policy import optcc_segments
+    from stragglerkit.planner.policy import optcc_segments
     from stragglerkit.schedules.optcc import optcc
 
     message_bytes = 16 * 1024
@@ -82,7 +82,7 @@ def test_optcc_with_a_ramp(n: int) -> None:
 def test_optcc_with_lp_sizes(n: int, slowdowns: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
     """OptCC with the chunk sizes of the LP (schedules/chunk_sizing.py): unequal chunks, down to
     empty ones in the small buffers; fills at l < 2; sum and avg."""
-    from stragglerkit.runtime import policy
+    from stragglerkit.planner import policy
     from stragglerkit.schedules.registry import Situation, generate
 
     monkeypatch.setattr(policy, "OPTCC_SIZING", "lp")  # every case, also where auto keeps the closed form

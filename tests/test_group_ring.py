@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from stragglerkit.errors import ConfigError, ScheduleError
-from stragglerkit.runtime.plan import lower
+from stragglerkit.planner.lowering import lower
 from stragglerkit.schedules import Op, OpKind, Schedule, ScheduleBuilder, check
 from stragglerkit.schedules.check import completing_reductions
 from stragglerkit.schedules.group_ring import group_ring, validate_groups
@@ -315,7 +315,7 @@ def test_lowering_keeps_the_contract(numel: int) -> None:
 
 
 def test_lowering_in_pieces_is_checked_per_group() -> None:
-    from stragglerkit.runtime.plan import refine
+    from stragglerkit.planner.lowering import refine
 
     refined, _ = refine(group_ring(5, [[0, 1, 2], [3, 4]]), 3)
     assert refined.params["groups"] == [[0, 1, 2], [3, 4]]

@@ -13,10 +13,10 @@ import pytest
 
 from stragglerkit.bench.calibrate import CalibrateConfig, read_samples, samples_from_cases
 from stragglerkit.detect.model import MIN_SCORED, OnlineModel
+from stragglerkit.detect.model_comparison import _Graphs, compare, fit_model, identifiable_params, predict
 from stragglerkit.schedules.registry import Situation, generate
 from stragglerkit.sim import Network, simulate
 from stragglerkit.sim.cost_model import CostModel, CostTerms, cost_terms
-from stragglerkit.sim.model_comparison import _Graphs, compare, fit_model, identifiable_params, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 

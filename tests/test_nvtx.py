@@ -26,9 +26,9 @@ import torch
 from _dist import run_group
 from _require import require_or_skip
 
+from stragglerkit.planner.lowering import lower
+from stragglerkit.planner.remap import RankMap
 from stragglerkit.runtime.executor import PlanRanges, _range_callback, phase_range_name
-from stragglerkit.runtime.plan import lower
-from stragglerkit.runtime.remap import RankMap
 from stragglerkit.schedules.ring import ring
 from stragglerkit.telemetry import nvtx
 
@@ -177,8 +177,8 @@ UNIT_SCRIPT = textwrap.dedent(
     """
     from stragglerkit.telemetry import nvtx
     from stragglerkit.runtime.executor import PlanRanges
-    from stragglerkit.runtime.plan import lower
-    from stragglerkit.runtime.remap import RankMap
+    from stragglerkit.planner.lowering import lower
+    from stragglerkit.planner.remap import RankMap
     from stragglerkit.schedules.stragglar import stragglar
 
     assert nvtx.configure(True) and nvtx.backend() == "nvtx"

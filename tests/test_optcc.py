@@ -284,8 +284,8 @@ def test_without_bubble_filling_the_l_below_2_plan_has_no_fills_and_is_correct(p
 
 
 def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.runtime import policy
-    from stragglerkit.runtime.policy import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
+    from stragglerkit.planner import policy
+    from stragglerkit.planner.policy import BUBBLE_FILLING_MIN_GAIN, optcc_bubble_filling, optcc_situation
     from stragglerkit.sim.simulator import Network, simulate
 
     assert policy.OPTCC_SIZING == "auto"  # the runtime's sizing
@@ -323,7 +323,7 @@ def test_the_runtime_fills_only_where_the_simulator_says_it_pays(monkeypatch: py
 
 
 def test_plans_too_large_to_simulate_run_without_fills_unsimulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stragglerkit.runtime import policy
+    from stragglerkit.planner import policy
     from stragglerkit.sim import fast, simulator
 
     def no_simulation(*args: object, **kwargs: object) -> None:
@@ -340,7 +340,7 @@ def test_plans_too_large_to_simulate_run_without_fills_unsimulated(monkeypatch: 
 
 def test_large_plans_choose_fills_by_the_fast_path() -> None:
     """p = 128, k = 64: far above what the full simulator times online, the fast path decides."""
-    from stragglerkit.runtime import policy
+    from stragglerkit.planner import policy
 
     policy._bubble_filling_pays.cache_clear()
     filled = policy.optcc_bubble_filling(128, {3: 8 / 7}, segments=64)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from stragglerkit.errors import ScheduleError
-from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import LoweredKind, OpColumn, chunk_bounds, lower, message_order, refine
-from stragglerkit.runtime.remap import RankMap
+from stragglerkit.planner.lowering import LoweredKind, OpColumn, chunk_bounds, lower, message_order, refine
+from stragglerkit.planner.ordering import in_round_order
+from stragglerkit.planner.remap import RankMap
 from stragglerkit.schedules import check, ring
 from stragglerkit.schedules.check import completing_reductions
 from stragglerkit.schedules.ir import Op, OpKind, Schedule, ScheduleBuilder

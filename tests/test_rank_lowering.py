@@ -1,4 +1,4 @@
-"""One rank's plan from its closed form (runtime/rank_lowering.py) against the whole lowering."""
+"""One rank's plan from its closed form (planner/rank_lowering.py) against the whole lowering."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import deque
 import pytest
 import torch
 
-from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import LoweredKind, OpColumn, RankPlan, lower, lower_one_rank, rank_plan
-from stragglerkit.runtime.rank_lowering import one_rank_schedule
+from stragglerkit.planner.lowering import LoweredKind, OpColumn, RankPlan, lower, lower_one_rank, rank_plan
+from stragglerkit.planner.ordering import in_round_order
+from stragglerkit.planner.rank_lowering import one_rank_schedule
 from stragglerkit.schedules.registry import Situation, generate
 
 CASES = [

@@ -1,6 +1,6 @@
 """The CPU reduction kernels the executor runs: the sum, and the sum divided by n of an average.
 
-An averaging plan divides inside the reductions that finish a chunk (runtime/plan.py); its result
+An averaging plan divides inside the reductions that finish a chunk (planner/lowering.py); its result
 must have the bits of the sum followed by torch's own division, for every dtype it accepts.
 """
 

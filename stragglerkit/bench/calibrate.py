@@ -20,7 +20,7 @@ cost models predict), the ranks' median arrival offsets, the scenario's straggle
 The samples are written after every cluster (``--samples``), so an interrupted run keeps what it
 measured; ``--from-samples`` fits again without measuring.
 
-What it reports. :func:`stragglerkit.sim.model_comparison.compare` fits each cost model per
+What it reports. :func:`stragglerkit.detect.model_comparison.compare` fits each cost model per
 network on a training part of the samples and reports its relative prediction error on the held
 out part, per algorithm and overall, and the algorithm each model would choose in each measured
 setting with what that choice measured (see that module).
@@ -246,7 +246,7 @@ def run_calibrate(
     out: Any = None,
 ) -> dict[str, Any]:
     """Measure (unless ``config`` is None: read ``samples_path``), fit and compare, print the table."""
-    from stragglerkit.sim.model_comparison import compare, format_comparison
+    from stragglerkit.detect.model_comparison import compare, format_comparison
 
     stream = out if out is not None else sys.stdout
     if config is None:

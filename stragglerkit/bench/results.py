@@ -72,7 +72,7 @@ def _predict(case: dict[str, Any], alpha: float, bandwidth: float | None) -> tup
     """(predicted time as ``time_s`` counts it, predicted time from the first arrival)."""
     if bandwidth is None:
         return None, None
-    from stragglerkit.runtime.policy import planned_situation
+    from stragglerkit.planner.policy import planned_situation
     from stragglerkit.schedules.registry import generate
     from stragglerkit.sim import Network, simulate
 

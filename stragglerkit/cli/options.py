@@ -8,7 +8,7 @@ from typing import Any
 
 from stragglerkit.bench.config import argument_type
 from stragglerkit.errors import NotApplicableError
-from stragglerkit.runtime.policy import optcc_situation
+from stragglerkit.planner.policy import optcc_situation
 from stragglerkit.schedules.registry import Situation, names
 
 __all__ = [

@@ -20,6 +20,7 @@ import numpy as np
 
 from stragglerkit.detect.model import OnlineModel
 from stragglerkit.detect.settings import Settings
+from stragglerkit.planner.choice import choose
 from stragglerkit.plans import Plan
 from stragglerkit.schedules.registry import NIC_ALGORITHMS, Situation, why_not
 
@@ -82,16 +83,19 @@ def best_plan(
         starts = 0.0 if queue_free is None else queue_free
         delay = max(0.0, arrival - starts)
         kwargs: dict[str, Any] = {"straggler": straggler, "delay": delay, "slowdowns": slow}
-        best, best_time = baseline, math.inf
-        if nbytes >= settings.min_bucket_bytes and candidates:
-            base_time = model.predict(baseline, nbytes, **kwargs)
-            best_time = base_time
-            for algorithm in candidates:
-                if blocked(algorithm, straggler, slow, step):
-                    continue
-                predicted = model.predict(algorithm, nbytes, **kwargs)
-                if predicted <= (1 - min_gain) * base_time and predicted < best_time:
-                    best, best_time = algorithm, predicted
+        # the planner's rule, as all_reduce(algorithm="auto") asks it (planner/choice.py)
+        choice = choose(
+            situation,
+            nbytes,
+            model,
+            baseline=baseline,
+            min_gain=min_gain,
+            min_bytes=settings.min_bucket_bytes,
+            delay=delay,
+            blocked=lambda algorithm: blocked(algorithm, straggler, slow, step),
+        )
+        best = choice.algorithm
+        best_time = math.inf if math.isnan(choice.predicted_s) else choice.predicted_s
         chosen.append(best)
         if best != baseline or queue_free is not None:  # predictions count from the last arrival
             after = best_time if math.isfinite(best_time) else model.predict(best, nbytes, **kwargs)

@@ -28,9 +28,9 @@ slowdowns. The parameters come from the job itself:
   the bandwidth term comes out as zero (small buckets on a fast link: noise dominates the bytes),
   the model is latency-only (beta = 1e-12 s/B) and says so in ``fit_info``.
 * **Which model.** The same samples also fit the richer models of
-  :data:`stragglerkit.sim.model_comparison.MODELS`: alpha-beta-gamma (a per-byte reduction cost)
+  :data:`stragglerkit.sim.cost_model.MODELS`: alpha-beta-gamma (a per-byte reduction cost)
   and GenModel (plus memory access and incast, each only where the samples can separate it from
-  the others: :func:`~stragglerkit.sim.model_comparison.identifiable_params`). Every candidate is
+  the others: :func:`~stragglerkit.sim.cost_model.identifiable_params`). Every candidate is
   scored *prequentially*: each new sample is first predicted by the candidates as fitted so far,
   then added. Scored by the median relative error over its last :data:`SCORE_WINDOW` unseen
   samples, a richer candidate drives the predictions only if it beats the simpler one by
@@ -74,14 +74,19 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.runtime.policy import planned_situation
+from stragglerkit.planner.model import MODELLED_AS, Predictor
+from stragglerkit.planner.policy import planned_situation
+from stragglerkit.planner.schedules import schedule_for
 from stragglerkit.schedules.ir import Schedule
-from stragglerkit.schedules.registry import Situation, generate
-from stragglerkit.sim.cost_model import CostModel, CostModelParams, CostTerms, cost_terms, fit
-from stragglerkit.sim.fast import fast_auto_delay, fast_simulate
-from stragglerkit.sim.graph import TaskGraph, build_task_graph
-from stragglerkit.sim.model_comparison import MODELS, identifiable_params
-from stragglerkit.sim.simulator import Network, simulate_graph
+from stragglerkit.sim.cost_model import (
+    MODELS,
+    CostModel,
+    CostModelParams,
+    CostTerms,
+    cost_terms,
+    fit,
+    identifiable_params,
+)
 
 __all__ = ["BASELINES", "MODELLED_AS", "OnlineModel"]
 
@@ -99,12 +104,6 @@ probes, yet its decisions among all algorithms measured worse there: an edge on 
 alone is not evidence enough."""
 BASELINES = ("ring", "rhd", "direct")
 """Algorithms whose runs feed the fit (they do not depend on who is late)."""
-MODELLED_AS = {"allreduce": "ring"}
-"""Algorithms predicted as another: the process group's own all_reduce is a ring for the buffers
-that matter (gloo's ring and NCCL's ring are bandwidth-optimal like ours). Its runs do not feed the
-fit: gloo overlaps consecutive buckets, so their spans are not one AllReduce's time each."""
-
-
 class OnlineModel:
     """Samples, the fitted parameters and cached predictions (see the module docstring).
 
@@ -116,11 +115,9 @@ class OnlineModel:
     __slots__ = (
         "_candidates",
         "_fitted_revision",
-        "_graphs",
         "_path_weights",
-        "_predictions",
+        "_predictor",
         "_revision",
-        "_schedules",
         "_scores",
         "_terms",
         "config",
@@ -140,9 +137,8 @@ class OnlineModel:
         """(algorithm, bytes, seconds, slowest l, step) per measured baseline AllReduce."""
         self.fit_info: dict[str, Any] = {"fitted": False, "params": "prior"}
         self._terms: dict[tuple[str, int], CostTerms] = {}
-        self._schedules: dict[tuple[object, ...], Schedule] = {}
-        self._graphs: dict[int, TaskGraph] = {}
-        self._predictions: dict[tuple[object, ...], float] = {}
+        self._predictor = Predictor(world_size, self.config)
+        """Predictions under the current parameters (a new one after each fit: its cache is theirs)."""
         self._revision = 0  # counts changes to the samples; a refit of unchanged samples is skipped
         self._fitted_revision = -1
         self._candidates: dict[str, CostModelParams] = {}
@@ -223,7 +219,7 @@ class OnlineModel:
         self.config = dataclasses.replace(
             self.config, alpha=config.alpha, beta=config.beta, gamma=config.gamma, delta=config.delta
         )
-        self._predictions.clear()
+        self._predictor = Predictor(self.world_size, self.config)
         self.fit_info = {
             "fitted": True,
             "params": described,
@@ -309,7 +305,12 @@ class OnlineModel:
                 chosen = name
         return chosen
 
-    # -- predicting -----------------------------------------------------------------------------
+    # -- predicting (the planner's Predictor under the fitted parameters) -------------------------
+    @property
+    def predictor(self) -> Predictor:
+        """The planner's predictions under the current (fitted or prior) parameters."""
+        return self._predictor
+
     def schedule(
         self,
         algorithm: str,
@@ -317,33 +318,10 @@ class OnlineModel:
         slowdowns: tuple[tuple[int, float], ...] = (),
         nbytes: int = 0,
     ) -> Schedule:
-        """The schedule the runtime runs for a bucket of ``nbytes`` (``runtime.policy.planned_situation``:
-        OptCC's segments and bubble filling depend on the size)."""
-        return self._schedule_for(
+        """The schedule the runtime runs for a bucket of ``nbytes`` (``planner.policy.planned_situation``:
+        OptCC's segments and bubble filling depend on the size), from the planner's one cache."""
+        return schedule_for(
             algorithm, planned_situation(algorithm, self.world_size, straggler, dict(slowdowns), nbytes)
-        )
-
-    def _schedule_for(self, algorithm: str, situation: Situation) -> Schedule:
-        key = (algorithm, situation.key())
-        schedule = self._schedules.get(key)
-        if schedule is None:
-            schedule = generate(algorithm, situation)
-            self._schedules[key] = schedule
-        return schedule
-
-    def _graph(self, schedule: Schedule) -> TaskGraph:
-        """The schedule's task graph (built once per cached schedule)."""
-        graph = self._graphs.get(id(schedule))
-        if graph is None:
-            graph = build_task_graph(schedule)
-            self._graphs[id(schedule)] = graph
-        return graph
-
-    def _network(self, slowdowns: tuple[tuple[int, float], ...]) -> Network:
-        c = self.config
-        bandwidth = 1.0 / max(c.beta, 1e-15)
-        return Network.uniform(
-            self.world_size, alpha=c.alpha, bandwidth=bandwidth, gamma=c.gamma, delta=c.delta, slowdowns=dict(slowdowns)
         )
 
     def predict(
@@ -357,48 +335,21 @@ class OnlineModel:
         planned_slowdowns: dict[int, float] | None = None,
         planned_straggler: int | None = None,
     ) -> float:
-        """Predicted seconds from the last arrival; ``straggler`` arrives ``delay`` s after the others.
+        """Predicted seconds from the last arrival (:meth:`stragglerkit.planner.model.Predictor.predict`)."""
+        return self._predictor.predict(
+            algorithm,
+            nbytes,
+            straggler=straggler,
+            delay=delay,
+            slowdowns=slowdowns,
+            planned_slowdowns=planned_slowdowns,
+            planned_straggler=planned_straggler,
+        )
 
-        ``slowdowns``: the network's degraded ranks; ``planned_slowdowns`` / ``planned_straggler``:
-        those the schedule was built for (default: the same), e.g. a plan for a straggler that moved.
-        """
-        algorithm = MODELLED_AS.get(algorithm, algorithm)
-        slow = tuple(sorted((slowdowns or {}).items()))
-        planned = slow if planned_slowdowns is None else tuple(sorted(planned_slowdowns.items()))
-        delay = max(float(delay), 0.0)
-        built_for = straggler if planned_straggler is None else planned_straggler
-        key = (algorithm, nbytes, straggler, built_for, float(f"{delay:.3g}"), slow, planned)
-        cached = self._predictions.get(key)
-        if cached is not None:
-            return cached
-        arrivals = np.zeros(self.world_size)
-        if straggler is not None:
-            arrivals[straggler] = delay
-        network = self._network(slow)
-        situation = planned_situation(algorithm, self.world_size, built_for, dict(planned), nbytes)
-        fast = fast_simulate(algorithm, situation, nbytes, network, arrivals)
-        if fast is not None:  # ring, balanced ring, direct, StragglAR: exact without building the plan
-            seconds = fast.time_from_last_arrival
-        else:
-            schedule = self._schedule_for(algorithm, situation)
-            seconds = simulate_graph(self._graph(schedule), nbytes, network, arrivals).time_from_last_arrival
-        self._predictions[key] = seconds
-        return seconds
+    def pre_phase(self, straggler: int, nbytes: int) -> float:
+        """Seconds of StragglAR's pre-phase among the punctual ranks (:meth:`Predictor.pre_phase`)."""
+        return self._predictor.pre_phase(straggler, nbytes)
 
     def critical_delay(self, straggler: int, nbytes: int, baseline: str, min_gain: float) -> float:
         """Smallest delay (s) from which StragglAR saves ``min_gain`` of ``baseline`` on ``nbytes``."""
-        key = ("critical", straggler, nbytes, baseline, min_gain)
-        cached = self._predictions.get(key)
-        if cached is not None:
-            return cached
-        pre = fast_auto_delay(planned_situation("stragglar", self.world_size, straggler), nbytes, self._network(()))
-        if pre is None:
-            schedule = self.schedule("stragglar", straggler)
-            absent = np.zeros(self.world_size)
-            absent[straggler] = math.inf  # when the punctual ranks finish the pre-phase without it
-            pre = simulate_graph(self._graph(schedule), nbytes, self._network(()), absent).phase_done["reduce_scatter"]
-        hidden = self.predict("stragglar", nbytes, straggler=straggler, delay=pre)
-        target = (1.0 - min_gain) * self.predict(baseline, nbytes)
-        critical = math.inf if hidden > target else max(pre - (target - hidden), 0.0)
-        self._predictions[key] = critical
-        return critical
+        return self._predictor.critical_delay(straggler, nbytes, baseline, min_gain)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from stragglerkit.planner.choice import choose_algorithm
+from stragglerkit.planner.lowering import RankPlan, lower
+from stragglerkit.planner.remap import RankMap
 from stragglerkit.runtime.executor import OpTiming, OpTimings
-from stragglerkit.runtime.plan import RankPlan, lower
-from stragglerkit.runtime.policy import choose_algorithm
-from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.runtime import AllReduceHandle, FallbackWarning, RunRecord, Runtime
 
 __all__ = [

@@ -1,11 +1,15 @@
 """The runtime: runs in-place AllReduces of any checked schedule on one process group.
 
-Policy lives in :mod:`stragglerkit.runtime.policy`, the public functions in :mod:`stragglerkit.api`;
-this module validates a call, finds or builds its plan and hands it to the C++ executor.
+The choice and the plans are the planner's (:mod:`stragglerkit.planner`), the public functions
+are in :mod:`stragglerkit.api`; this module validates a call, asks the planner which algorithm runs
+and for its compiled plan, and hands that to the C++ executor.
 
-* **Plans** are generated through :func:`stragglerkit.schedules.registry.generate`, proven by
-  :func:`stragglerkit.schedules.check`, lowered (:mod:`stragglerkit.runtime.plan`) and cached per
-  (algorithm, world size, numel, dtype, device type, rank map, straggler, slowdowns, op).
+* **The choice**: :func:`stragglerkit.planner.choose` with :attr:`Runtime.model`, the cost model
+  the loop fitted once one was adopted (:meth:`Runtime.adopt_model`), else the default model: the
+  same rule and the same model as the closed loop's controller.
+* **Plans** are compiled by :func:`stragglerkit.planner.compile_plan` (generated, proven by the
+  checker, lowered) and cached here per (algorithm, situation, numel, dtype, device type, rank
+  map, op); the runtime compiles nothing itself.
 * **Validation** before anything moves: a dense, contiguous tensor of a supported dtype and a
   supported op, checked locally (``ValueError``; the other ranks are told and raise
   :class:`~stragglerkit.errors.PeerError` naming this rank instead of waiting). Size or dtype
@@ -44,6 +48,12 @@ import torch.distributed as dist
 
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError, NotInitializedError
+from stragglerkit.planner.choice import auto_baseline, choose, choose_algorithm
+from stragglerkit.planner.compiled import CompiledPlan, compile_group_plan, compile_plan
+from stragglerkit.planner.lowering import OpColumn, RankPlan
+from stragglerkit.planner.model import CostModelLike, Predictor
+from stragglerkit.planner.policy import optcc_situation
+from stragglerkit.planner.remap import RankMap
 from stragglerkit.runtime import hooks
 from stragglerkit.runtime.executor import (
     OpTiming,
@@ -55,15 +65,10 @@ from stragglerkit.runtime.executor import (
     notify_local_failure,
     run_plan,
 )
-from stragglerkit.runtime.ordering import in_round_order
-from stragglerkit.runtime.plan import OpColumn, RankPlan, lower, lower_one_rank, plan_id
-from stragglerkit.runtime.policy import choose_algorithm, optcc_situation
-from stragglerkit.runtime.rank_lowering import SCALE_FROM_RANKS, one_rank_schedule
-from stragglerkit.runtime.remap import RankMap
 from stragglerkit.runtime.send_buffer import BoundedConnections, new_group_with_send_buffer
-from stragglerkit.schedules import Schedule, check
-from stragglerkit.schedules.group_ring import group_ring, validate_groups
-from stragglerkit.schedules.registry import Situation, generate
+from stragglerkit.schedules.group_ring import validate_groups
+from stragglerkit.schedules.registry import Situation
+from stragglerkit.sim.cost_model import CostModelParams
 
 __all__ = ["OPS", "SUPPORTED_DTYPES", "AllReduceCall", "AllReduceHandle", "FallbackWarning", "RunRecord", "Runtime"]
 
@@ -194,9 +199,16 @@ def _group_arguments(
 
 @dataclass(slots=True)
 class _CachedPlan:
-    plan: RankPlan
-    plan_id: int
+    compiled: CompiledPlan
     scratch: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> RankPlan:
+        return self.compiled.plan
+
+    @property
+    def plan_id(self) -> int:
+        return self.compiled.plan_id
 
     def scratch_for(self, like: torch.Tensor) -> torch.Tensor:
         scratch = self.scratch.get(like.device)
@@ -249,7 +261,6 @@ class Runtime:
         "_cache",
         "_lock",
         "_pending",
-        "_schedules",
         "_send_buffer",
         "_worker",
         "cache_size",
@@ -259,6 +270,7 @@ class Runtime:
         "data_group",
         "group",
         "last_run",
+        "model",
         "rank_map",
         "reverse_group",
         "timeout",
@@ -285,7 +297,9 @@ class Runtime:
         self.last_run: RunRecord | None = None
         """What the last completed call on this rank ran (set before its handle completes)."""
         self._cache: OrderedDict[tuple[object, ...], _CachedPlan] = OrderedDict()
-        self._schedules: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
+        self.model: CostModelLike | None = None
+        """The cost model ``auto`` chooses with: the loop's fitted one once adopted
+        (:meth:`adopt_model`), else the default model (:data:`~stragglerkit.planner.model.DEFAULT_PRIOR`)."""
         self._lock = threading.Lock()
         self._pending = 0
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
@@ -322,6 +336,20 @@ class Runtime:
             worker, self._worker = self._worker, None
         if worker is not None:
             worker.shutdown(wait=True)
+
+    def adopt_model(self, model: CostModelLike | CostModelParams | None) -> None:
+        """Choose ``auto``'s algorithms with ``model`` from the next call on: a cost model, or
+        fitted parameters (predicted with :class:`~stragglerkit.planner.model.Predictor`); ``None``
+        goes back to the default model. Every rank adopts the same model at the same point of its
+        calls (ranks that chose differently would run different plans)."""
+        if isinstance(model, CostModelParams):
+            model = Predictor(self.group.size(), model)
+        self.model = model
+
+    def _model(self) -> CostModelLike:
+        if self.model is None:
+            self.model = Predictor(self.group.size())
+        return self.model
 
     def _rank_map_for(self, ranks: Sequence[int] | None) -> RankMap:
         return self.rank_map if ranks is None else RankMap.from_sequence(ranks, self.group.size())
@@ -390,7 +418,18 @@ class Runtime:
         try:
             _validate_tensor(tensor, op)
             situation = self._situation(call.straggler, call.slowdowns, ranks)
-            chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
+            if self.group.size() == 1:  # the name is checked; nothing is chosen for one rank
+                chosen, why = choose_algorithm(algorithm, situation, tensor.numel(), tensor.element_size())
+            else:
+                choice = choose(
+                    situation,
+                    tensor.numel() * tensor.element_size(),
+                    self._model(),
+                    requested=algorithm,
+                    baseline=auto_baseline(tensor.numel(), self.group.size()),
+                    min_gain=self.config.detection.min_gain,
+                )
+                chosen, why = choice.algorithm, choice.why_fallback
         except ValueError:
             device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
             if self.group.size() > 1:
@@ -434,14 +473,12 @@ class Runtime:
             return self.last_run
         logical = tuple(tuple(ranks.logical(rank) for rank in group) for group in groups)
         key = ("group_ring", logical, tensor.numel(), tensor.dtype, tensor.device.type, ranks.to_physical)
-
-        def build() -> _CachedPlan:
-            schedule = group_ring(n, logical)
-            check(schedule)
-            (plan,) = lower(schedule, tensor.numel(), tensor.element_size(), ranks=[ranks.logical(self.group.rank())])
-            return _CachedPlan(plan, plan_id(f"group_ring|{n}|{ranks.to_physical}|{groups}"))
-
-        cached = self._cached(key, build)
+        cached = self._cached(
+            key,
+            lambda: _CachedPlan(
+                compile_group_plan(groups, tensor.numel(), tensor.element_size(), ranks, self.group.rank())
+            ),
+        )
         if self.connections is not None:
             self.connections.bound(self._send_buffer)
         # the weights are in the id too: members that were given different weights are told so
@@ -452,45 +489,18 @@ class Runtime:
         return self.last_run
 
     def _plan(self, algorithm: str, situation: Situation, tensor: torch.Tensor, op: str, ranks: RankMap) -> _CachedPlan:
-        slowdowns = tuple(sorted(situation.slowdowns.items()))
+        """The compiled plan for this call (:func:`stragglerkit.planner.compile_plan`), cached."""
         key = (algorithm, situation.key(), tensor.numel(), tensor.dtype, tensor.device.type, ranks.to_physical, op)
-        return self._cached(key, lambda: self._build_plan(algorithm, situation, tensor, op, ranks, slowdowns))
-
-    def _build_plan(
-        self,
-        algorithm: str,
-        situation: Situation,
-        tensor: torch.Tensor,
-        op: str,
-        ranks: RankMap,
-        slowdowns: tuple[tuple[int, float], ...],
-    ) -> _CachedPlan:
-        logical_rank = ranks.logical(self.group.rank())
-        # CPU: the final reductions divide (plan.py); CUDA divides after the run, as torch's div_ rounds there
+        # CPU: the final reductions divide (planner/lowering.py); CUDA divides after the run (torch's div_ rounds there)
         divide_by = situation.world_size if op == "avg" and tensor.device.type == "cpu" else 0
-        # above SCALE_FROM_RANKS only this rank's part, from its closed form (runtime/rank_lowering.py)
-        at_scale = situation.world_size > SCALE_FROM_RANKS
-        part = one_rank_schedule(algorithm, situation, logical_rank) if at_scale else None
-        if part is not None:
-            schedule = part.schedule
-            plan = lower_one_rank(part, tensor.numel(), tensor.element_size(), divide_by)
-        else:
-            schedule = self._schedule(algorithm, situation)
-            (plan,) = lower(
-                schedule,
-                tensor.numel(),
-                tensor.element_size(),
-                straggler=situation.straggler,
-                ranks=[logical_rank],
-                divide_by=divide_by,
-            )
-        # the chunk sizes too: ranks whose LP solvers disagreed must not exchange bytes
-        sizes = zlib.crc32(repr(schedule.chunk_sizes).encode())
-        ident = (
-            f"{algorithm}|{situation.world_size}|{ranks.to_physical}|{situation.straggler}|{slowdowns}"
-            f"|{situation.segments}|{situation.bubble_filling}|{situation.optcc_sizing}|{sizes}|{op}"
+        return self._cached(
+            key,
+            lambda: _CachedPlan(
+                compile_plan(
+                    algorithm, situation, tensor.numel(), tensor.element_size(), ranks, self.group.rank(), divide_by, op
+                )
+            ),
         )
-        return _CachedPlan(plan, plan_id(ident))
 
     def _cached(self, key: tuple[object, ...], build: Callable[[], _CachedPlan]) -> _CachedPlan:
         """The plan cached under ``key`` (most recently used now), else ``build()``'s, kept; the
@@ -518,17 +528,3 @@ class Runtime:
             self.reverse_group,
             concurrent_waits(self.data_group, flat, cached.plan, self.send_buffer_connections > 0),
         )
-
-    def _schedule(self, algorithm: str, situation: Situation) -> Schedule:
-        """The generated and checked schedule (cached: it does not depend on the bucket)."""
-        key = (algorithm, situation.key())
-        schedule = self._schedules.get(key)
-        if schedule is None:
-            schedule = in_round_order(generate(algorithm, situation))
-            check(schedule)
-            self._schedules[key] = schedule
-            if len(self._schedules) > self.cache_size:
-                self._schedules.popitem(last=False)
-        else:
-            self._schedules.move_to_end(key)
-        return schedule

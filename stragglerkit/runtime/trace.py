@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stragglerkit.runtime.plan import LoweredKind, OpColumn, RankPlan
+from stragglerkit.planner.lowering import LoweredKind, OpColumn, RankPlan
 
 if TYPE_CHECKING:
     from stragglerkit.runtime.runtime import RunRecord
@@ -34,7 +34,7 @@ def message_dependencies(plan: RankPlan) -> dict[int, list[int]]:
     parents: list[list[int]] = [[] for _ in kinds]
     for op in range(len(kinds)):
         for k in range(child_ptr[op], child_ptr[op + 1]):
-            if child_idx[k] >= 0:  # -(b + 1): b waits only for this op's posting (runtime/plan.py)
+            if child_idx[k] >= 0:  # -(b + 1): b waits only for this op's posting (planner/lowering.py)
                 parents[child_idx[k]].append(op)
     resolved: dict[int, set[int]] = {}
 

@@ -138,7 +138,7 @@ def balanced_ring(
     ``slowdowns``: rank -> ``l`` (1 = healthy; unnamed ranks are healthy). ``slices``: default
     :func:`default_slices`. With no slowdown it is the ring in one slice. ``ranks``: build only
     these ranks' ops (the others' lists stay empty: one rank's plan at scale,
-    runtime/rank_lowering.py); each rank gets a send and then a receive per phase, step and
+    planner/rank_lowering.py); each rank gets a send and then a receive per phase, step and
     slice, in that order.
 
     Example::

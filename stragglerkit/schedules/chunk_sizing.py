@@ -32,7 +32,7 @@ l = 8/7, k = 9: 5.6 % over the fault-free ring against 11.4 % with the closed-fo
 ``l >= 2`` the ramp is within 0.5 % of it (docs/optcc.md, "Sizes by linear programming"). The
 sizes come out as a smooth ramp: small sections where the pipeline fills and drains, large ones
 in its body. ``optcc(...)`` keeps its closed-form sizes unless asked (``sizing="auto"`` or
-``"lp"``); the runtime asks for ``"auto"`` (``runtime.policy.OPTCC_SIZING``) and bounds OptCC's
+``"lp"``); the runtime asks for ``"auto"`` (``planner.policy.OPTCC_SIZING``) and bounds OptCC's
 send queues (``Config.optcc.send_buffer``), since the model has no socket buffer in which a rank's
 messages overlap.
 

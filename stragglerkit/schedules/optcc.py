@@ -118,7 +118,7 @@ sizes the fills to the bubbles segment by segment; at ``l >= 2`` the ramp is alr
 :data:`LP_MIN_GAIN` and the plan has at most :data:`~stragglerkit.schedules.chunk_sizing.MAX_FLOWS`
 flows, else keeps the closed form; ``sizing="lp"`` always solves. A plain ``optcc(...)`` call
 keeps the closed form (``sizing="closed_form"``); the runtime uses ``"auto"``
-(:data:`stragglerkit.runtime.policy.OPTCC_SIZING`) together with OptCC's short send queues
+(:data:`stragglerkit.planner.policy.OPTCC_SIZING`) together with OptCC's short send queues
 (``Config.optcc.send_buffer``): the LP balances many paths to the same length, which holds on real
 links only while a send holds its link about as long as the timetable has it.
 
@@ -129,7 +129,7 @@ tail costs more than the filled bubbles save unless the pipeline is deep and ``l
 ``l``, with its ramp). On real links the fills cost more than the simulator says: their flows share
 the healthy ranks' links with the ring hops, which TCP shares less evenly than the simulator's
 max-min share. The runtime therefore fills only where the simulator says they gain at least 1 %
-(``stragglerkit.runtime.policy.optcc_bubble_filling``; docs/optcc.md, "Bubble filling"); a plain
+(``stragglerkit.planner.policy.optcc_bubble_filling``; docs/optcc.md, "Bubble filling"); a plain
 ``optcc(...)`` call fills whenever ``l < 2``, as the paper does.
 
 Several stragglers (App. D, a different timetable from the paper's). Every straggler must send

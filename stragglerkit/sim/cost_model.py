@@ -26,7 +26,7 @@ of its ranks arrived) and a message between NICs slowed by ``l`` carries its byt
 l_dst)`` times in B (its bandwidth term). The path then starts at some rank's arrival,
 :attr:`CostTerms.start`, and the time from the last arrival that GenModel predicts is ``start +
 T(terms) - max(arrivals)`` (:meth:`CostModel.predict_from_last_arrival`). This is how
-:mod:`stragglerkit.sim.model_comparison` fits the models to runs with a straggler or a slow NIC.
+:mod:`stragglerkit.detect.model_comparison` fits the models to runs with a straggler or a slow NIC.
 """
 
 from __future__ import annotations
@@ -42,7 +42,17 @@ from scipy.optimize import nnls
 from stragglerkit.schedules.ir import Schedule
 from stragglerkit.sim.graph import FloatArray, TaskGraph, build_task_graph, longest_path
 
-__all__ = ["CostModel", "CostModelParams", "CostTerms", "FitResult", "cost_terms", "fit", "graph_cost_terms"]
+__all__ = [
+    "MODELS",
+    "CostModel",
+    "CostModelParams",
+    "CostTerms",
+    "FitResult",
+    "cost_terms",
+    "fit",
+    "graph_cost_terms",
+    "identifiable_params",
+]
 
 _RECV_REDUCE_CODE = 2
 _PARAMS = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -403,3 +413,46 @@ def fit(
         num_samples=len(rows),
         unidentified=unidentified,
     )
+
+
+MODELS: dict[str, tuple[str, ...]] = {
+    "alpha-beta": ("alpha", "beta"),
+    "alpha-beta-gamma": ("alpha", "beta", "gamma"),
+    "genmodel": ("alpha", "beta", "gamma", "delta", "epsilon"),
+}
+"""The cost models the loop and the calibration fit, by the parameters each may use (alpha-beta,
+alpha-beta-gamma, GenModel; stragglerkit.detect.model_comparison compares them)."""
+
+_ORDER = ("alpha", "beta", "gamma", "delta", "epsilon")
+_RANK_TOLERANCE = 1e-6
+
+
+def _columns(terms: CostTerms, threshold: float) -> list[float]:
+    return [terms.A, terms.B, terms.C, terms.D, max(terms.w - threshold, 0.0) * terms.B]
+
+
+def identifiable_params(
+    rows: list[tuple[CostTerms, float]], wanted: Sequence[str], threshold: float = 1.0
+) -> tuple[list[str], dict[str, str]]:
+    """The parameters of ``wanted`` the rows can tell apart (in :data:`_ORDER`), and why the others not."""
+    design = (
+        np.array([_columns(t, threshold) for t, _ in rows], dtype=np.float64) / np.array([s for _, s in rows])[:, None]
+    )
+    kept: list[int] = []
+    folded: dict[str, str] = {}
+    for j, name in enumerate(_ORDER):
+        if name not in wanted:
+            continue
+        column = design[:, j]
+        if not np.any(column):
+            folded[name] = "no sample exercises it (its term is 0 on every critical path)"
+            continue
+        trial = design[:, [*kept, j]]
+        trial = trial / np.linalg.norm(trial, axis=0)
+        singular = np.linalg.svd(trial, compute_uv=False)
+        if singular[-1] < _RANK_TOLERANCE * singular[0]:
+            others = ", ".join(_ORDER[k] for k in kept)
+            folded[name] = f"its term is a combination of {others}'s on every sample (not separable)"
+            continue
+        kept.append(j)
+    return [_ORDER[k] for k in kept], folded

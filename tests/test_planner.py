@@ -1,0 +1,43 @@
+"""One planner: ``all_reduce(algorithm="auto")`` and the closed loop choose alike, with the same
+model; with a fitted model that disagrees with the default one, ``auto`` follows the fitted one."""
+
+from __future__ import annotations
+
+import planner_bodies
+from _dist import run_group
+
+from stragglerkit.planner import DEFAULT_PRIOR, CompiledPlan, Predictor, Situation, choose, compile_plan
+from stragglerkit.planner.remap import RankMap
+
+
+def test_the_fitted_model_chooses_otherwise_than_the_default_one() -> None:
+    situation = Situation(world_size=planner_bodies.WORLD, slowdowns=planner_bodies.SLOWDOWNS)
+    nbytes = planner_bodies.NUMEL * 4
+    model = planner_bodies.fitted_model()
+    assert model.fit_info["fitted"] and model.config.beta > 5 * DEFAULT_PRIOR.beta  # a slower cluster
+    default = choose(situation, nbytes, Predictor(planner_bodies.WORLD), min_gain=0.05).algorithm
+    fitted = choose(situation, nbytes, model, min_gain=0.05).algorithm
+    assert default != fitted, "the two models must disagree, or the test below proves nothing"
+    # the controller's rule is the planner's, model for model
+    assert planner_bodies.loop_choice(Predictor(planner_bodies.WORLD)) == default
+    assert planner_bodies.loop_choice(model) == fitted
+
+
+def test_all_reduce_auto_chooses_as_the_loop_does_with_the_same_model() -> None:
+    results = run_group(planner_bodies.WORLD, planner_bodies.auto_choices)
+    first = results[0]
+    assert all(r == first for r in results.values()), results  # every rank ran the same
+    assert first["correct"]
+    assert first["default"] != first["fitted"], first
+    assert first["default"] == first["loop_default"]
+    assert first["fitted"] == first["loop_fitted"]
+
+
+def test_a_compiled_plan_is_frozen_and_hashable_by_its_key() -> None:
+    situation = Situation(world_size=8, straggler=7)
+    one = compile_plan("stragglar", situation, 1000, 4, RankMap.identity(8), 3)
+    two = compile_plan("stragglar", situation, 1000, 4, RankMap.identity(8), 3)
+    assert isinstance(one, CompiledPlan) and one == two and hash(one) == hash(two) and len({one, two}) == 1
+    assert one.plan_id == two.plan_id and one.algorithm == "stragglar" and one.rank == 3
+    other = compile_plan("stragglar", situation, 1000, 4, RankMap.identity(8), 4)
+    assert other != one
