@@ -9,6 +9,8 @@ echo "[test] ruff"
 .venv/bin/ruff check stragglerkit tests profiling scripts build_backend setup.py
 echo "[test] mypy"
 .venv/bin/mypy
+echo "[test] import-linter"
+.venv/bin/lint-imports
 echo "[test] pytest"
 junit=$(mktemp)
 trap 'rm -f "$junit"' EXIT

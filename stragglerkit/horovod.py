@@ -247,7 +247,7 @@ _OVERRIDES = {"_allreduce_grad_async": _allreduce_grad_async, "close": _close}
 # -- the torch.distributed group over Horovod's ranks ----------------------------------------------
 def _horovod_session(config: Config | None) -> Any:
     """The stragglerkit session of the default group, made over Horovod's ranks if need be."""
-    import stragglerkit
+    from stragglerkit import api
     from stragglerkit.session import session_for
 
     if dist.is_initialized():
@@ -259,8 +259,8 @@ def _horovod_session(config: Config | None) -> Any:
             )
     else:
         _join_group_from_horovod()
-    if not stragglerkit.is_initialized():
-        stragglerkit.init(config=config)
+    if not api.is_initialized():
+        api.init(config=config)
     return session_for(None)
 
 

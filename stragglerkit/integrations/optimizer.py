@@ -113,11 +113,11 @@ def DistributedOptimizer(
             f"{_WHAT}: torch.distributed is not initialised: call dist.init_process_group(...) and "
             "stragglerkit.init() on every rank first (or hvd.init() to run under Horovod)"
         )
-    import stragglerkit
+    from stragglerkit import api
     from stragglerkit.session import session_for
 
-    if not stragglerkit.is_initialized():
-        stragglerkit.init(config=config)
+    if not api.is_initialized():
+        api.init(config=config)
     session = session_for(None)
     named: list[tuple[str, torch.Tensor]] = []
     error: ConfigError | None = None

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import stragglerkit
+from stragglerkit import api
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError, StragglerKitError
 from stragglerkit.loop.loop import StragglerLoop
@@ -200,7 +200,7 @@ class MegatronState:
         if self.loop is not None:
             self.loop.close()
         if self._made_session:
-            stragglerkit.destroy(self._group)
+            api.destroy(self._group)
             self._made_session = False
         self._routed = []
 
@@ -331,8 +331,8 @@ def install(
         _mark(chunks, state)
         return state
     made_session = False
-    if not stragglerkit.is_initialized(group):
-        stragglerkit.init(group=group, config=config.config)
+    if not api.is_initialized(group):
+        api.init(group=group, config=config.config)
         made_session = True
     session = session_for(group)
     loop = StragglerLoop(session, config.config, framework="megatron")
@@ -398,7 +398,7 @@ def _event_log(config: MegatronConfig, group: dist.ProcessGroup) -> str | None:
     """Where the integration's notes go: the configured event log (the session's if there is one)."""
     if config.config is not None:
         return config.config.report.event_log
-    if stragglerkit.is_initialized(group):
+    if api.is_initialized(group):
         return session_for(group).config.report.event_log
     return Config.from_env().report.event_log
 
