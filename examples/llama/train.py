@@ -112,7 +112,7 @@ def build_data(folder: str = FORTUNES_DIR) -> tuple[torch.Tensor, torch.Tensor]:
     """(training, held-out) text as byte tokens: every quotation of the fortunes; each tenth held out."""
     paths = sorted(p for p in Path(folder).glob("*") if p.is_file() and not p.suffix and not p.is_symlink())
     if not paths:
-        raise SystemExit(f"no fortune files in {folder}: apt-get install fortunes, or give --fortunes-dir")
+        raise FileNotFoundError(f"no fortune files in {folder}: apt-get install fortunes, or give --fortunes-dir")
     quotes = [q.strip() for p in paths for q in p.read_bytes().decode("utf-8", "replace").split("\n%\n") if q.strip()]
     train = "\n\n".join(q for i, q in enumerate(quotes) if i % 10 != 9)
     held_out = "\n\n".join(q for i, q in enumerate(quotes) if i % 10 == 9)
