@@ -413,6 +413,7 @@ class StragglerLoop:
         """Wait for the exchange in flight and stop the controller's thread (call on every rank
         before ``stragglerkit.destroy``; the loop must not run afterwards)."""
         self.exchange.close(failed=self._failure is not None)
+        self._take_outbox()  # the windows the last exchange queued: nothing observed is lost
         self._flush_records()
         self._sinks.close()
 
