@@ -147,6 +147,19 @@ class OnlineModel:
         # of equal length the one through the reductions is taken and gamma can be fitted
         self._path_weights = dataclasses.replace(prior, gamma=prior.beta * 1e-3, delta=0.0, epsilon=0.0)
 
+    # -- checkpoints ----------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_predictor"}
+
+    def __setstate__(self, state: Any) -> None:
+        """Also a model pickled by an earlier version (``(None, slots)``, with its own caches of
+        schedules, graphs and predictions): its samples and fit are kept, the caches rebuilt."""
+        slots = state[1] if isinstance(state, tuple) else state
+        for name in self.__slots__:
+            if name in slots and name != "_predictor":
+                setattr(self, name, slots[name])
+        self._predictor = Predictor(self.world_size, self.config)
+
     # -- fitting --------------------------------------------------------------------------------
     def add(self, algorithm: str, nbytes: int, seconds: float, slowest: float = 1.0, step: int = -1) -> None:
         """One measured AllReduce of a baseline algorithm (time from the last arrival), run at
