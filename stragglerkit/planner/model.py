@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from stragglerkit import defaults
 from stragglerkit.planner.policy import planned_situation
 from stragglerkit.planner.schedules import schedule_for
 from stragglerkit.schedules.ir import Schedule
@@ -39,9 +40,11 @@ from stragglerkit.sim.simulator import Network, simulate_graph
 
 __all__ = ["DEFAULT_PRIOR", "MODELLED_AS", "CostModelLike", "Predictor"]
 
-DEFAULT_PRIOR = CostModelParams(alpha=50e-6, beta=1 / 1.25e9)
-"""The default model: 50 us per message, 10 Gbit/s NICs (what the loop assumes before it has
-fitted anything, and what ``all_reduce(algorithm="auto")`` chooses with before a loop has)."""
+DEFAULT_PRIOR = CostModelParams(alpha=defaults.PRIOR_ALPHA, beta=defaults.PRIOR_BETA)
+"""The default model: :data:`stragglerkit.defaults.PRIOR_ALPHA` per message (50 us) and
+:data:`~stragglerkit.defaults.PRIOR_BETA` per byte (10 Gbit/s), what the loop assumes before it
+has fitted anything and what ``all_reduce(algorithm="auto")`` chooses with until a fitted model
+is adopted."""
 MODELLED_AS = {"allreduce": "ring"}
 """Algorithms predicted as another: the process group's own all_reduce is a ring for the buffers
 that matter (gloo's ring and NCCL's ring are bandwidth-optimal like ours)."""
