@@ -23,9 +23,9 @@ that background work and load changes fall on every copy alike:
   of every rank's vector (gloo runs it as a ring: ``n(n-1)`` messages) instead of a gather to
   rank 0 and a broadcast of its decision (about ``2(n-1)``);
 * ``hook_probes_only``: the ring probes every 8th step, no exchange;
-* ``hook_fixed_probes``: the default ControllerConfig but with a probe every 8th step throughout
-  (``quiet_probe_every=0``: the default before the probes backed off);
-* ``hook_default``: stragglerkit's hook with the default ControllerConfig (exchange every 2 steps,
+* ``hook_fixed_probes``: the default configuration but with a probe every 8th step throughout
+  (the internal ``quiet_probe_every=0``: the default before the probes backed off);
+* ``hook_default``: stragglerkit's hook with the default configuration (exchange every 2 steps,
   rank 0's controller, a ring probe every 8th step until the last 4 probes read healthy links
   (the median of their largest ``l``), then every 64th).
 
@@ -50,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -88,7 +89,7 @@ def _worker(args: argparse.Namespace) -> None:
     import stragglerkit
     from profiling.lab.copies import build_model
     from profiling.lab.train_config import TrainConfig
-    from stragglerkit.detect.controller import ControllerConfig
+    from stragglerkit.detect.settings import tuned
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -129,7 +130,7 @@ def _worker(args: argparse.Namespace) -> None:
         __slots__ = ()
 
         def start(self, payload: torch.Tensor, first_step: int) -> exchange_module.PendingExchange:
-            rows = [torch.empty(self.size, dtype=torch.float64) for _ in range(self.world_size)]
+            rows = [torch.empty_like(payload) for _ in range(self.world_size)]
             work = dist.all_gather(rows, payload, group=self.group, async_op=True)
             assert work is not None
             return exchange_module.PendingExchange([work], rows, first_step)
@@ -139,23 +140,28 @@ def _worker(args: argparse.Namespace) -> None:
                 work.wait()
             return torch.stack(pending.rows).numpy()
 
+    # each copy's loop: the default detection fields (not the session's) with some changed, and
+    # the probes' quiet interval, an internal setting, where a copy changes it
+    session_config = stragglerkit.Config.from_env()  # what init() resolved: its executor and report
+
+    def hook_state(quiet_probe_every: int | None = None, **detection: int) -> stragglerkit.DDPState:
+        config = session_config.replace(detection={**dataclasses.asdict(stragglerkit.Config().detection), **detection})
+        with tuned(**({} if quiet_probe_every is None else {"quiet_probe_every": quiet_probe_every})):
+            return stragglerkit.DDPState(None, config)
+
     def allgather_state() -> stragglerkit.DDPState:
-        state = stragglerkit.DDPState(None, ControllerConfig(probe_every=0))
-        state.loop.exchange.__class__ = AllGatherExchange
+        state = hook_state(probe_every=0)
+        state.loop.exchange.stats.__class__ = AllGatherExchange  # the loop's StatsExchange
         return state
 
     configs = {
-        "hook_quiet": lambda: stragglerkit.DDPState(
-            None, ControllerConfig(exchange_every=10**9, quiet_exchange_every=0, probe_every=0)
-        ),
-        "hook_exchange_only": lambda: stragglerkit.DDPState(None, ControllerConfig(probe_every=0)),
-        "hook_exchange_every_6": lambda: stragglerkit.DDPState(None, ControllerConfig(exchange_every=6, probe_every=0)),
+        "hook_quiet": lambda: hook_state(exchange_every=10**9, quiet_exchange_every=0, probe_every=0),
+        "hook_exchange_only": lambda: hook_state(probe_every=0),
+        "hook_exchange_every_6": lambda: hook_state(exchange_every=6, probe_every=0),
         "hook_exchange_allgather": allgather_state,
-        "hook_probes_only": lambda: stragglerkit.DDPState(
-            None, ControllerConfig(exchange_every=10**9, quiet_exchange_every=0, quiet_probe_every=0)
-        ),
-        "hook_fixed_probes": lambda: stragglerkit.DDPState(None, ControllerConfig(quiet_probe_every=0)),
-        "hook_default": lambda: stragglerkit.DDPState(None, ControllerConfig()),
+        "hook_probes_only": lambda: hook_state(quiet_probe_every=0, exchange_every=10**9, quiet_exchange_every=0),
+        "hook_fixed_probes": lambda: hook_state(quiet_probe_every=0),
+        "hook_default": lambda: hook_state(),
     }
     states = {name: make() for name, make in configs.items() if name in copies}
     for name, state in states.items():

@@ -28,6 +28,7 @@ from typing import Any
 from stragglerkit import defaults
 from stragglerkit.config import Config, DetectionConfig, ExecutorConfig
 from stragglerkit.detect.model import BASELINES
+from stragglerkit.errors import ConfigError
 from stragglerkit.sim.cost_model import CostModelParams
 
 __all__ = ["BASELINE_CHOICES", "TUNABLE", "Settings", "settings_for", "tuned"]
@@ -83,36 +84,36 @@ class Settings:
         self.validate()
 
     def validate(self) -> None:
-        """Check the internal values against each other and the detection fields (ValueError)."""
+        """Check the internal values against each other and the detection fields (:class:`ConfigError`)."""
         for least, names in ((0, _AT_LEAST_0), (1, _AT_LEAST_1)):
             for name in names:
                 if getattr(self, name) < least:
-                    raise ValueError(f"Settings.{name} must be >= {least}, got {getattr(self, name)}")
+                    raise ConfigError(f"Settings.{name} must be >= {least}, got {getattr(self, name)}")
         if self.baseline not in BASELINE_CHOICES:
-            raise ValueError(f"Settings.baseline must be one of {', '.join(BASELINE_CHOICES)}, got {self.baseline!r}")
+            raise ConfigError(f"Settings.baseline must be one of {', '.join(BASELINE_CHOICES)}, got {self.baseline!r}")
         if not 0 <= self.rollback_margin < 1:
-            raise ValueError(f"Settings.rollback_margin must be in [0, 1), got {self.rollback_margin}")
+            raise ConfigError(f"Settings.rollback_margin must be in [0, 1), got {self.rollback_margin}")
         quiet, busy = self.quiet_probe_every or 0, self.detection.probe_every
         if quiet < 0 or (quiet and busy and (quiet % busy or quiet < busy)):
-            raise ValueError(
+            raise ConfigError(
                 f"Settings.quiet_probe_every ({quiet}) must be a multiple of probe_every ({busy}) "
                 "that is at least as large, or 0 to never back off"
             )
         if not self.replan_ratio > 1:
-            raise ValueError(f"Settings.replan_ratio must be above 1 (a factor), got {self.replan_ratio}")
+            raise ConfigError(f"Settings.replan_ratio must be above 1 (a factor), got {self.replan_ratio}")
         if not self.probe_alarm > 1:
-            raise ValueError(f"Settings.probe_alarm must be above 1 (a factor), got {self.probe_alarm}")
+            raise ConfigError(f"Settings.probe_alarm must be above 1 (a factor), got {self.probe_alarm}")
         if not self.timeout > 0:
-            raise ValueError(f"Settings.timeout must be positive seconds, got {self.timeout}")
+            raise ConfigError(f"Settings.timeout must be positive seconds, got {self.timeout}")
         if not 0 < self.clear_fraction < self.detection.late_fraction <= 1:
-            raise ValueError(
+            raise ConfigError(
                 f"need 0 < clear_fraction ({self.clear_fraction}) < late_fraction ({self.detection.late_fraction}) "
                 "<= 1 for hysteresis"
             )
         if not 0 <= self.clear_delay_ratio <= 1:
-            raise ValueError(f"clear_delay_ratio must be in [0, 1], got {self.clear_delay_ratio}")
+            raise ConfigError(f"clear_delay_ratio must be in [0, 1], got {self.clear_delay_ratio}")
         if not 1 < self.clear_degraded_threshold <= self.detection.degraded_threshold:
-            raise ValueError(
+            raise ConfigError(
                 f"need 1 < clear_degraded_threshold ({self.clear_degraded_threshold}) <= degraded_threshold "
                 f"({self.detection.degraded_threshold})"
             )
@@ -157,7 +158,9 @@ def tuned(**values: Any) -> Iterator[None]:
     """
     unknown = sorted(set(values) - set(TUNABLE))
     if unknown:
-        raise ValueError(f"not an internal setting: {', '.join(unknown)}; known: {', '.join(TUNABLE)}")
+        public = [name for name in unknown if name in {f.name for f in dataclasses.fields(DetectionConfig)}]
+        hint = f"; {', '.join(public)}: set it on the Config (config.replace(detection={{...}}))" if public else ""
+        raise ConfigError(f"not an internal setting: {', '.join(unknown)}{hint}; known: {', '.join(TUNABLE)}")
     token = _TUNING.set({**(_TUNING.get() or {}), **values})
     try:
         yield
