@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -62,6 +63,48 @@ def auto_choices(rank: int, n: int) -> dict[str, Any]:
             "loop_default": loop_choice(Predictor(n)),
             "loop_fitted": loop_choice(model),
             "correct": correct_default and correct_fitted,
+        }
+    finally:
+        stragglerkit.destroy()
+
+
+def fitted_model_adopted(rank: int, n: int, steps: int) -> dict[str, Any]:
+    """DDP training under the hook with probes every other step, so that rank 0's controller fits
+    its model; then the model every rank's ``auto`` chooses with, and what ``auto`` ran."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import stragglerkit
+    from stragglerkit.detect.settings import tuned
+    from stragglerkit.planner import Predictor
+    from stragglerkit.session import session_for
+
+    stragglerkit.init()
+    try:
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64)), bucket_cap_mb=0.1)
+        detection = {"warmup_steps": 2, "probe_every": 2, "quiet_exchange_every": 2}
+        with tuned(quiet_probe_every=2):  # probes keep coming while all is quiet
+            state = stragglerkit.DDPState(None, session_for(None).config.replace(detection=detection))
+        model.register_comm_hook(state, stragglerkit.ddp_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(torch.randn(8, 64, generator=g)).square().mean().backward()
+            optimizer.step()
+        state.close()
+        runtime = session_for(None).runtime
+        adopted = runtime.model
+        params = adopted.config if isinstance(adopted, Predictor) else None
+        tensor = torch.full((NUMEL,), float(rank + 1))
+        stragglerkit.all_reduce(tensor, slowdowns=SLOWDOWNS)
+        return {
+            "params": None if params is None else dataclasses.astuple(params),
+            "fitted_on_rank0": bool(state.loop.controller.model.fit_info.get("fitted")) if rank == 0 else None,
+            "auto": stragglerkit.last_run().algorithm,
+            "planner": None if params is None else loop_choice(Predictor(n, params)),
+            "correct": bool(torch.all(tensor == float(n * (n + 1) // 2))),
         }
     finally:
         stragglerkit.destroy()

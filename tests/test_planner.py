@@ -3,6 +3,8 @@ model; with a fitted model that disagrees with the default one, ``auto`` follows
 
 from __future__ import annotations
 
+import dataclasses
+
 import planner_bodies
 from _dist import run_group
 
@@ -41,3 +43,14 @@ def test_a_compiled_plan_is_frozen_and_hashable_by_its_key() -> None:
     assert one.plan_id == two.plan_id and one.algorithm == "stragglar" and one.rank == 3
     other = compile_plan("stragglar", situation, 1000, 4, RankMap.identity(8), 4)
     assert other != one
+
+
+def test_the_loop_hands_its_fitted_model_to_every_ranks_auto() -> None:
+    results = run_group(planner_bodies.WORLD, planner_bodies.fitted_model_adopted, 16)
+    first = results[0]
+    assert first["fitted_on_rank0"], "rank 0's controller fitted no model: the test proves nothing"
+    assert first["params"] is not None, "the fitted model never reached the runtime"
+    assert first["params"] != dataclasses.astuple(DEFAULT_PRIOR)
+    assert all(r["params"] == first["params"] for r in results.values()), results  # one model everywhere
+    assert all(r["auto"] == first["auto"] and r["correct"] for r in results.values()), results
+    assert first["auto"] == first["planner"]  # auto chose as the planner does with the fitted model

@@ -19,7 +19,9 @@ costs nothing on the critical path. Rank 0's decision therefore reaches
 every rank at the same step, where all of them switch.
 
 Layout (floats): ``[version, rank, first_step, steps, host, speed, seq, apply_step, straggler,
-default, probe_every, exchange_every]`` + ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K``
+default, probe_every, exchange_every]`` + rank 0's fitted cost model (``MODEL_FIELDS``; NaN before
+its first fit: every rank's ``all_reduce(algorithm="auto")`` chooses with it, docs/architecture.md)
++ ``E`` event codes + ``n`` slowdowns + ``B`` bucket algorithms + ``K``
 totals + ``K·B`` bucket spans + ``K·(3 + 4M)`` ring-link figures (the run's start, the successor
 and the predecessor, then ``M`` send posts, receive posts, receive completions and receive
 sizes; :mod:`stragglerkit.detect.nic_health`, ``M`` = ``LINK_MESSAGES``) + ``K`` wall-clock
@@ -51,11 +53,14 @@ import torch.distributed as dist
 from stragglerkit.detect.arrival import ClockOffsets, StepArrival, wall_clock_lateness
 from stragglerkit.detect.nic_health import LINK_MESSAGES, RingLinkMessages, message_link_rates
 from stragglerkit.plans import ALGORITHM_CODES, EVENT_KINDS, Decision, Plan, WindowStats
+from stragglerkit.sim.cost_model import CostModelParams
 
 __all__ = ["PendingExchange", "StatsExchange", "host_id"]
 
-_VERSION = 6.0
-_HEADER = 12
+_VERSION = 7.0
+MODEL_FIELDS = ("alpha", "beta", "gamma", "delta", "epsilon", "incast_threshold")
+"""The cost-model parameters in the head, in this order (all of them: every rank predicts alike)."""
+_HEADER = 12 + len(MODEL_FIELDS)
 _EVENTS = 6
 _LINK_FIELDS = 3 + 4 * LINK_MESSAGES
 
@@ -120,11 +125,14 @@ class StatsExchange:
         speed: float,
         host: int,
         decision: Decision | None,
+        model: CostModelParams | None = None,
     ) -> torch.Tensor:
         """The vector of ``arrivals`` (one entry per step from ``first_step``; every rank passes as many)."""
         n, k, b = self.world_size, len(arrivals), self.buckets
         vec = np.full(self.size(k), np.nan)
-        vec[:_HEADER] = [_VERSION, self.rank, first_step, k, host, speed, -1, -1, -1, -1, -1, -1]
+        vec[:12] = [_VERSION, self.rank, first_step, k, host, speed, -1, -1, -1, -1, -1, -1]
+        if model is not None:  # rank 0's fitted cost model, for every rank's ``auto``
+            vec[12:_HEADER] = [getattr(model, name) for name in MODEL_FIELDS]
         at = _HEADER
         vec[at : at + _EVENTS] = -1
         if decision is not None:
@@ -267,6 +275,13 @@ class StatsExchange:
                 )
             links.append(row)
         return message_link_rates(starts, links)
+
+    def fitted_model(self, rows: np.ndarray) -> CostModelParams | None:
+        """Rank 0's fitted cost model as shipped in its head (``None`` before it fitted one)."""
+        values = rows[0][12:_HEADER]
+        if np.isnan(values).any():
+            return None
+        return CostModelParams(**{name: float(v) for name, v in zip(MODEL_FIELDS, values, strict=True)})
 
     def decision(self, rows: np.ndarray) -> Decision | None:
         """Rank 0's decision as the other ranks decode it (events carry the plan as evidence)."""

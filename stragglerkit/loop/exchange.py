@@ -36,6 +36,7 @@ from stragglerkit.detect.exchange import PendingExchange, StatsExchange
 from stragglerkit.errors import PeerError
 from stragglerkit.plans import Decision
 from stragglerkit.session import Session
+from stragglerkit.sim.cost_model import CostModelParams
 from stragglerkit.telemetry import nvtx
 
 __all__ = ["Exchange"]
@@ -59,6 +60,7 @@ class Exchange:
         "_observing",
         "_pending",
         "_shipped",
+        "_shipped_model",
         "clock_offsets",
         "stats",
     )
@@ -75,6 +77,7 @@ class Exchange:
         self._observing: concurrent.futures.Future[Decision | None] | None = None
         self._pending: PendingExchange | None = None
         self._shipped: Decision | None = None
+        self._shipped_model: CostModelParams | None = None
 
     def bind(self, session: Session, controller: Controller, buckets: int, fail: Fail) -> None:
         """Use ``session``'s side group and clock offsets for ``controller``'s figures."""
@@ -108,15 +111,31 @@ class Exchange:
         """Issue the exchange of ``arrivals`` (the steps since the last one) with rank 0's decision."""
         self.join()
         decision, self.decision_in_flight = self.decision_in_flight, None
+        model = self._fitted_model()
         with nvtx.range(nvtx.EXCHANGE):
-            payload = self.stats.pack(self.last_exchange, arrivals, speed, host, decision)
+            payload = self.stats.pack(self.last_exchange, arrivals, speed, host, decision, model)
             self._pending = self.stats.start(payload, self.last_exchange)
         self._shipped = decision
+        self._shipped_model = model
         self.last_exchange = step
 
-    def receive(self, step: int, adopt: Callable[[Decision], None], own_buckets: OwnBuckets) -> None:
-        """Wait for the exchange in flight (complete by now), ``adopt`` rank 0's decision on every
-        rank, and on rank 0 hand the figures to the controller's thread."""
+    def _fitted_model(self) -> CostModelParams | None:
+        """Rank 0: the controller's fitted cost model (its thread is joined), ``None`` before a fit."""
+        if self.stats.rank != 0:
+            return None
+        model = self.controller.model
+        return model.config if model.fit_info.get("fitted") else None
+
+    def receive(
+        self,
+        step: int,
+        adopt: Callable[[Decision], None],
+        own_buckets: OwnBuckets,
+        adopt_model: Callable[[CostModelParams], None] | None = None,
+    ) -> None:
+        """Wait for the exchange in flight (complete by now), ``adopt`` rank 0's decision and
+        ``adopt_model`` its fitted cost model on every rank, and on rank 0 hand the figures to the
+        controller's thread."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -128,6 +147,9 @@ class Exchange:
         decision = self._shipped if rank0 else self.stats.decision(rows)
         if decision is not None:
             adopt(decision)
+        model = self._shipped_model if rank0 else self.stats.fitted_model(rows)
+        if model is not None and adopt_model is not None:
+            adopt_model(model)
         if rank0:
             steps = range(pending.first_step, pending.first_step + int(rows[0, 3]))
             sizes, algorithms = own_buckets(steps)

@@ -117,9 +117,11 @@ from stragglerkit.loop.exchange import Exchange
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
 from stragglerkit.loop.sinks import EventLogSink, NvtxSink, Sinks, WandbSink
 from stragglerkit.loop.state import loop_state, restore
+from stragglerkit.planner.model import Predictor
 from stragglerkit.plans import Decision, log_path_for
 from stragglerkit.runtime.runtime import Runtime
 from stragglerkit.session import Session
+from stragglerkit.sim.cost_model import CostModelParams
 from stragglerkit.telemetry import nvtx
 from stragglerkit.telemetry.records import FRAMEWORKS, new_run_id, run_record
 from stragglerkit.telemetry.wandb import wandb_logger
@@ -300,8 +302,9 @@ class StragglerLoop:
                     "save it between steps (after the optimizer step)"
                 )
             if self.exchange.in_flight:  # finish the exchange in flight, as the next step would
-                self.exchange.receive(self._step, self.adopt, self._buckets_of)
+                self.exchange.receive(self._step, self.adopt, self._buckets_of, self.adopt_model)
             self.exchange.join()
+            self._take_outbox()  # written by this loop, not again by the one restored from the state
             self._flush_records()
             self._previous_sizes = [(t.bucket, t.nbytes) for t in self.profiler.buckets(self._step - 1)]
         return loop_state(self)
@@ -425,7 +428,7 @@ class StragglerLoop:
         self._unsynced = [f for f in self._unsynced if not f.done()]
         if self.exchange.in_flight:
             with nvtx.range(nvtx.EXCHANGE):
-                self.exchange.receive(self._step, self.adopt, self._buckets_of)
+                self.exchange.receive(self._step, self.adopt, self._buckets_of, self.adopt_model)
         every = self.settings.clock_sync_every
         if every and self.world_size > 1 and self._step > 0 and self._step % every == 0:
             self.exchange.sync_clocks(session, self._step)  # nothing is in flight on the side group now
@@ -440,6 +443,14 @@ class StragglerLoop:
         self._take_outbox()
         self._sinks.add_all(events)
         self._flush_records()  # a decision is written when adopted
+
+    def adopt_model(self, params: CostModelParams) -> None:
+        """Adopt rank 0's fitted cost model for ``all_reduce(algorithm="auto")`` (every rank, the
+        same step): the planner then chooses with the model the controller chooses with."""
+        runtime = self.session.runtime
+        current = runtime.model
+        if not (isinstance(current, Predictor) and current.config == params):
+            runtime.adopt_model(params)
 
     def _start_exchange(self, step: int) -> None:
         """After the first bucket of ``step`` was handed to its AllReduce: every ``K``-th step, issue
