@@ -84,7 +84,7 @@ def _force(state: Any, plan: Any, step: int) -> None:
     """Every rank adopts ``plan`` from ``step`` on, as a decision shipped by rank 0 would."""
     from stragglerkit.plans import Decision
 
-    state.loop.controller.apply(Decision(10_000 + step, step, plan, []))
+    state.loop.adopt(Decision(10_000 + step, step, plan, []))
 
 
 def _ran(state: Any, step: int) -> list[str]:

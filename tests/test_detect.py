@@ -665,10 +665,11 @@ def test_model_refits_only_when_its_samples_changed() -> None:
     info = model.refit()
     assert info["fitted"] and info["samples"] == 3
     model.predict("ring", 2 << 20)
-    cached = dict(model._predictions)
-    assert model.refit() is info and model._predictions == cached
+    predictor = model.predictor
+    cached = dict(predictor._predictions)
+    assert cached and model.refit() is info and model.predictor is predictor and predictor._predictions == cached
     model.add("ring", 2 << 20, 0.021)
-    assert model.refit()["samples"] == 4 and not model._predictions
+    assert model.refit()["samples"] == 4 and model.predictor is not predictor and not model.predictor._predictions
     assert model.rescale({-1}, 2.0) == 4 and model.refit()["samples"] == 4  # re-tagged: fitted again
     assert model.fit_info is not info
 

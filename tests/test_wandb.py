@@ -45,7 +45,7 @@ def _train(rank: int, loop: Any, run: Any) -> list[dict[str, Any]]:
     for step in range(STEPS):
         if step == FORCED_AT:  # every rank: a ring plan, whose runs measure every link, and its event
             switch = {"kind": "switch", "evidence": {"why": "forced by the test"}}
-            loop.controller.apply(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [switch]))
+            loop.adopt(Decision(10_000, step, Plan("allreduce", ("ring", "ring")), [switch]))
         if rank == 1 and step >= 1:
             time.sleep(LATE_S)
         for index, bucket in enumerate(buckets):
