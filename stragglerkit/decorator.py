@@ -42,6 +42,11 @@ __all__ = ["straggler_aware"]
 def straggler_aware(target: Any = None, /, *, config: Config | None = None, **horovod_arguments: Any) -> Any:
     """Make an optimizer, an optimizer class or an optimizer-building function straggler-aware; see
     the module docstring."""
+    if config is not None and not isinstance(config, Config):  # at once, on every rank, any world size
+        raise ConfigError(
+            f"straggler_aware: config must be a stragglerkit.Config or None, got {type(config).__name__} "
+            "(detection settings are Config.detection fields: Config().replace(detection={...}))"
+        )
     if target is None:  # @straggler_aware(...) with arguments
         return functools.partial(straggler_aware, config=config, **horovod_arguments)
     if isinstance(target, torch.optim.Optimizer):

@@ -172,8 +172,20 @@ def refused_controller_configs(rank: int, world_size: int) -> dict[str, str]:
 def test_ddp_state_the_loop_and_straggler_aware_refuse_a_controller_config() -> None:
     for rank, said in run_group(2, refused_controller_configs, timeout=60).items():
         for name, message in said.items():
-            assert message.startswith("ConfigError: config must be a stragglerkit.Config"), (rank, name, message)
-            assert message.endswith("got ControllerConfig"), (rank, name, message)
+            assert "config must be a stragglerkit.Config" in message and message.startswith("ConfigError"), message
+            assert "got ControllerConfig" in message, (rank, name, message)
+
+
+def test_straggler_aware_refuses_a_controller_config_before_any_group_exists() -> None:
+    """Refused when wrapped, not later: also an optimizer class, a builder, and one rank alone."""
+    import torch
+
+    from stragglerkit import straggler_aware
+
+    for target in (torch.optim.SGD, lambda: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), None):
+        expected = "straggler_aware: config must be a stragglerkit.Config or None"
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            straggler_aware(target, config=ControllerConfig())  # type: ignore[arg-type]
 
 
 def test_megatron_install_refuses_a_controller_config() -> None:
