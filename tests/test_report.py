@@ -393,3 +393,11 @@ def test_a_bucket_that_did_not_run_names_no_algorithm(tmp_path: Path) -> None:
     run = load([str(path)]).run
     assert run is not None
     assert [r.algorithm for r in run.steps[:5]] == ["allreduce", "ring", None, "allreduce", "ring"]
+
+
+def test_the_degraded_threshold_line_reads_new_and_old_headers() -> None:
+    from stragglerkit.report.plots import degraded_threshold
+
+    assert degraded_threshold({"detection": {"degraded_threshold": 1.5}}) == 1.5  # Config.detection
+    assert degraded_threshold({"detector": {"degraded_threshold": 1.3}}) == 1.3  # a 0.2.0 log
+    assert degraded_threshold({"detection": {}}) is None and degraded_threshold({}) is None

@@ -267,7 +267,7 @@ def nic_rates(run: RunData) -> Figure:
     ax.set_title(title)
     if lower is not None:
         _mark_decisions(lower, run)
-        threshold = (run.config.get("detector") or {}).get("degraded_threshold")
+        threshold = degraded_threshold(run.config)
         if isinstance(threshold, int | float):
             lower.axhline(threshold, color="#555555", ls=":", lw=0.9)
             lower.annotate("degraded above", (0.005, threshold), xycoords=("axes fraction", "data"), fontsize=7,
@@ -279,6 +279,16 @@ def nic_rates(run: RunData) -> Figure:
     else:
         ax.set_xlabel("step")
     return Figure(name, title, caption, png=_png(fig))
+
+
+def degraded_threshold(config: dict[str, Any]) -> float | None:
+    """The slowdown above which the run's loop called a NIC degraded: ``Config.detection`` in its
+    header, or the ``detector`` section of a log written by 0.2.0."""
+    for section in ("detection", "detector"):
+        value = (config.get(section) or {}).get("degraded_threshold")
+        if isinstance(value, int | float):
+            return float(value)
+    return None
 
 
 def predicted_vs_measured(run: RunData) -> Figure:

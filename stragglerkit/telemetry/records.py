@@ -105,8 +105,9 @@ def run_record(
     version: str | None = None,
     started: float | None = None,
 ) -> dict[str, Any]:
-    """The header line (``kind: run``, docs/event_log.md): ``config`` is the loop's
-    ``ControllerConfig`` (any dataclass), ``hosts`` a host id per rank or ``None`` when unknown."""
+    """The header line (``kind: run``, docs/event_log.md): ``config`` is the loop's settings
+    (``Config.detection`` and the internal constants it runs with; any dataclass), ``hosts`` a host
+    id per rank or ``None`` when unknown."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     if version is None:
