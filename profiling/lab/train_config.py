@@ -107,7 +107,7 @@ class TrainConfig(JsonConfig):
     """Samples per rank and step (GPT: sequences, one micro-batch); 0 = the framework's default,
     :data:`DEFAULT_BATCH` (set when the config is made, so the JSON holds the number)."""
     hook_warmup: int | None = None
-    """The hook's warm-up steps (ControllerConfig.warmup_steps); None = its default."""
+    """The hook's warm-up steps (Config.detection.warmup_steps); None = its default."""
     degraded_threshold: float | None = None
     """The hook's NIC-health threshold (DetectorConfig.degraded_threshold; its clear threshold
     becomes the midpoint between 1 and it); None = the default 1.5. Below 1.5 the detector also
