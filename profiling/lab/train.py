@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, pick where the ranks run (torchrun, emulated cluster, loopback), train, print."""
-    from stragglerkit.bench.launch import detect_mode
+    from stragglerkit.bench.launch import where_ranks_run
     from stragglerkit.config import Config
 
     parser = build_parser()
@@ -115,15 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(given)
     try:
         Config.from_env()  # a bad configuration stops here, not in every rank
-        mode, why = detect_mode(args.loopback)
-        world_size = args.world_size if args.world_size is not None else 8
-        if mode == "torchrun":
-            world_size = int(os.environ["WORLD_SIZE"])
-            if args.world_size not in (None, world_size):
-                raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
-        bandwidth = args.bandwidth
-        if bandwidth is None and mode == "emulated":
-            bandwidth = parse_bandwidth("1Gbit")
+        mode, why, world_size, bandwidth = where_ranks_run(args.loopback, args.world_size, args.bandwidth)
         return cmd_train(args, given, mode=mode, why=why, world_size=world_size, bandwidth=bandwidth)
     except (ValueError, StragglerKitError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.worker import Job
 from stragglerkit.errors import StragglerKitError
+from stragglerkit.units import parse_bandwidth
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +74,23 @@ class LaunchResult:
 
 def torchrun_env(env: Mapping[str, str]) -> bool:
     return all(key in env for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def where_ranks_run(
+    loopback: bool, world_size: int | None, bandwidth: float | None
+) -> tuple[str, str, int, float | None]:
+    """``(mode, why, world size, bandwidth)`` for a launch: :func:`detect_mode`'s mode; torchrun's
+    world size (``world_size`` must agree or be ``None``), else ``world_size`` or 8; on the
+    emulated cluster 1 Gbit/s unless ``bandwidth`` is given."""
+    mode, why = detect_mode(loopback)
+    ranks = world_size if world_size is not None else 8
+    if mode == "torchrun":
+        ranks = int(os.environ["WORLD_SIZE"])
+        if world_size not in (None, ranks):
+            raise ValueError(f"--world-size {world_size} differs from torchrun's WORLD_SIZE; leave it out")
+    if bandwidth is None and mode == "emulated":
+        bandwidth = parse_bandwidth("1Gbit")
+    return mode, why, ranks, bandwidth
 
 
 def detect_mode(loopback: bool, env: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -32,20 +32,13 @@ _AS_GIVEN = (
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from stragglerkit.bench import BenchConfig, detect_mode, run
+    from stragglerkit.bench import BenchConfig, run
+    from stragglerkit.bench.launch import where_ranks_run
     from stragglerkit.config import Config
     from stragglerkit.errors import StragglerKitError
 
     Config.from_env()  # a bad configuration file or STRAGGLERKIT_* value stops here, not in every rank
-    mode, why = detect_mode(args.loopback)
-    world_size = args.world_size if args.world_size is not None else 8
-    if mode == "torchrun":
-        world_size = int(os.environ["WORLD_SIZE"])
-        if args.world_size not in (None, world_size):
-            raise ValueError(f"--world-size {args.world_size} differs from torchrun's WORLD_SIZE; leave it out")
-    bandwidth = args.bandwidth
-    if bandwidth is None and mode == "emulated":
-        bandwidth = parse_bandwidth("1Gbit")
+    mode, why, world_size, bandwidth = where_ranks_run(args.loopback, args.world_size, args.bandwidth)
     if args.mode == "calibrate":
         from stragglerkit.bench.calibrate import cmd_calibrate
 
