@@ -32,7 +32,8 @@ def test_pip_install_keeps_the_installed_torch(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.so", "*.egg-info",
                                                                  "__pycache__", "profiling"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_REQUIRE")}
+    # a new environment: no PYTHONPATH (the lab's tests put the repository root there) or pip settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_REQUIRE") and k != "PYTHONPATH"}
     subprocess.run(
         [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps", str(source)],
         check=True, env=env, timeout=1800,
@@ -40,7 +41,7 @@ def test_pip_install_keeps_the_installed_torch(tmp_path: Path) -> None:
     probe = subprocess.run(
         [str(python), "-c", "import torch, stragglerkit, stragglerkit._C; print(torch.__version__, torch.__file__); "
          "print(stragglerkit.__file__)"],
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        check=True, capture_output=True, text=True, cwd=tmp_path, env=env,
     ).stdout.split("\n")
     version, torch_file = probe[0].split(" ", 1)
     assert version == torch.__version__

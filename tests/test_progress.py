@@ -103,7 +103,7 @@ def test_bench_train_prints_plain_lines_and_writes_every_rank_s_event_log(tmp_pa
     assert [line for line in lines if line.startswith("train: 2 ranks, ")], done.stderr
     headers = [json.loads((logs / f"events.rank{r}.jsonl").read_text().splitlines()[0]) for r in range(2)]
     assert [h["rank"] for h in headers] == [0, 1] and {h["framework"] for h in headers} == {"ddp"}
-    assert headers[0]["run_id"] == headers[1]["run_id"] and headers[0]["config"]["warmup_steps"] == 2
+    assert headers[0]["run_id"] == headers[1]["run_id"] and headers[0]["config"]["detection"]["warmup_steps"] == 2
     windows = [json.loads(line) for line in (logs / "events.rank0.jsonl").read_text().splitlines()[1:]]
     assert windows and all(w["kind"] == "window" for w in windows), windows
 

@@ -21,6 +21,7 @@ import argparse
 import fcntl
 import importlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -133,6 +134,12 @@ class LlamaFortunes:
         with open(f"{self.checkpoint}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not self.checkpoint.exists():
+                steps = self.options["pretrain_steps"]
+                print(
+                    f"examples/llama: pretraining {steps} steps on the Python language reference -> {self.checkpoint}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.llama.pretrain(argparse.Namespace(**self.options), self.checkpoint)
 
     def describe(self) -> str:
