@@ -61,16 +61,21 @@ def _checked(run_dir: Path, steps: int, framework: str) -> dict[str, Any]:
     assert sorted(p.name for p in run_dir.glob("events.rank*.jsonl")) == [
         f"events.rank{r}.jsonl" for r in range(data["header"]["config"]["world_size"])
     ]
+    _report(run_dir, run_dir / "report.html")
+    return data
+
+
+def _report(run_dir: Path, html: Path) -> None:
+    """``stragglerkit report RUN_DIR -o HTML`` must read the run folder and write a page."""
     report = subprocess.run(
-        [sys.executable, "-m", "stragglerkit.cli", "report", str(run_dir), "-o", str(run_dir / "report.html")],
+        [sys.executable, "-m", "stragglerkit.cli", "report", str(run_dir), "-o", str(html)],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
     assert report.returncode == 0, report.stderr
-    assert (run_dir / "report.html").stat().st_size > 0
-    return data
+    assert html.stat().st_size > 0
 
 
 # ------------------------------------------------------------------------------------- the pieces
@@ -467,11 +472,4 @@ def test_an_interrupted_run_leaves_a_folder_the_report_reads(tmp_path: Path, che
             proc.kill()
             proc.wait()
     assert not (run_dir / "train.json").exists()
-    report = subprocess.run(
-        [sys.executable, "-m", "stragglerkit.cli", "report", str(run_dir), "-o", str(tmp_path / "report.html")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert report.returncode == 0, report.stderr
+    _report(run_dir, tmp_path / "report.html")
