@@ -3,7 +3,7 @@
 :func:`compile_plan` takes the algorithm the planner chose, the situation its plan is built for
 (:func:`~stragglerkit.planner.policy.optcc_situation` sizes OptCC's), the bucket (elements, element
 size), the rank map and this rank, and returns a :class:`CompiledPlan`: frozen and hashable by
-its :attr:`~CompiledPlan.key`, with the lowered per-rank ops (:class:`~stragglerkit.planner.lowering.RankPlan`)
+its :attr:`~CompiledPlan.key`, with the lowered per-rank ops (:class:`~stragglerkit.planner.tables.RankPlan`)
 and the plan id every rank of a run must agree on (the executor compares them before any data
 moves). The schedule comes from the planner's one cache (:func:`~stragglerkit.planner.schedules.checked_schedule`:
 in round order and proven by the checker); above
@@ -23,10 +23,11 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stragglerkit.planner.lowering import RankPlan, lower, lower_one_rank, plan_id
+from stragglerkit.planner.lowering import lower, lower_one_rank, plan_id
 from stragglerkit.planner.rank_lowering import SCALE_FROM_RANKS, one_rank_schedule
 from stragglerkit.planner.remap import RankMap
 from stragglerkit.planner.schedules import checked_schedule
+from stragglerkit.planner.tables import RankPlan
 from stragglerkit.schedules.check import check
 from stragglerkit.schedules.group_ring import group_ring
 from stragglerkit.schedules.registry import Situation

@@ -1,6 +1,6 @@
 """Python face of the C++ plan interpreter (stragglerkit._C).
 
-:func:`run_plan` hands one rank's :class:`~stragglerkit.planner.lowering.RankPlan` and its buffer to
+:func:`run_plan` hands one rank's :class:`~stragglerkit.planner.tables.RankPlan` and its buffer to
 ``_C.execute``, which posts the sends and receives over the group's c10d backend and reduces in
 place (csrc/executor.cpp explains the rules). C++ errors come back as
 :class:`~stragglerkit.errors.PeerError` or :class:`~stragglerkit.errors.CollectiveError` with the
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from stragglerkit.errors import CollectiveError, PeerError
-from stragglerkit.planner.lowering import LoweredKind, OpColumn, RankPlan
 from stragglerkit.planner.remap import RankMap
+from stragglerkit.planner.tables import LoweredKind, OpColumn, RankPlan
 from stragglerkit.runtime import hooks
 from stragglerkit.schedules.stragglar import MATCHING_PHASE, PRE_PHASE
 

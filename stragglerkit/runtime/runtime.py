@@ -50,10 +50,10 @@ from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError, NotInitializedError
 from stragglerkit.planner.choice import auto_baseline, choose, choose_algorithm
 from stragglerkit.planner.compiled import CompiledPlan, compile_group_plan, compile_plan
-from stragglerkit.planner.lowering import OpColumn, RankPlan
 from stragglerkit.planner.model import CostModelLike, Predictor
 from stragglerkit.planner.policy import optcc_situation
 from stragglerkit.planner.remap import RankMap
+from stragglerkit.planner.tables import OpColumn, RankPlan
 from stragglerkit.runtime import hooks
 from stragglerkit.runtime.executor import (
     OpTiming,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stragglerkit.planner.lowering import LoweredKind, OpColumn, RankPlan
+from stragglerkit.planner.tables import LoweredKind, OpColumn, RankPlan
 
 if TYPE_CHECKING:
     from stragglerkit.runtime.runtime import RunRecord
