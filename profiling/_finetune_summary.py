@@ -5,10 +5,11 @@ Reads the examples' ``train.json`` files from run folders named
 ``profiling/results/bench_finetune.json``): per example, framework and scenario, the plain
 copy's time to the target loss over stragglerkit's (median and every run; a run where a copy did
 not reach the target counts as missing, with its best loss), the target, the steady-step ratio,
-the control (the two copies' ratio for the part of the step without stragglerkit code: the
-noise between them), for a fault, how much it lengthened the plain copy's steady step against the
-no-fault runs (``fault_cost``: what a switch can win back), the step at which stragglerkit
-switched, whether the copies' losses agreed at every step and each copy's parameters were
+the A/A control (the same ratios of the plain copy over a second plain copy trained in the same
+launch: the launch's noise; runs made before the control copy existed have instead the
+compute-only ratio, ``compute_speedup_steady``), for a fault, how much it lengthened the plain
+copy's steady step against the no-fault runs (``fault_cost``: what a switch can win back), the
+step at which stragglerkit switched, whether the copies' losses agreed at every step and each copy's parameters were
 identical on every rank, and the held-out figures. Each run keeps its own
 ``measured`` stamp (the example's command line, commit and date, from its train.json), and each
 entry a ``measured`` stamp of its own: the bench command that measures that entry alone, its
@@ -48,9 +49,11 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
     reached, header = data["time_to_target"], data["header"]
     return {
         "speedup_to_target": data["speedup_to_target"],
-        "time_to_target_s": {name: reached[name]["time_s"] for name in ("plain", "hooked")},
-        "best_loss": {name: reached[name]["best_loss"] for name in ("plain", "hooked")},
+        "control_speedup_to_target": data.get("control_speedup_to_target"),
+        "time_to_target_s": {name: reached[name]["time_s"] for name in reached},
+        "best_loss": {name: reached[name]["best_loss"] for name in reached},
         "speedup_steady": data["speedup_steady"],
+        "control_speedup_steady": data.get("control_speedup_steady"),
         "plain_steady_ms": data["plain_steady_ms"],
         "compute_speedup_steady": _control(data),
         "switched_step": data["switched_step"],
@@ -70,9 +73,12 @@ def _one(data: dict[str, Any]) -> dict[str, Any]:
 
 def _control(data: dict[str, Any]) -> float | None:
     """The run's ``compute_speedup_steady`` (profiling.lab.train_report), computed from its
-    per-rank times where the run predates the field."""
+    per-rank times where the run predates the field; None where the copies ran the example's own
+    step whole (then the A/A control copy is the control)."""
     if data.get("compute_speedup_steady") is not None:
         return float(data["compute_speedup_steady"])
+    if data.get("example_step"):
+        return None
     steady, per_rank = data.get("steady_steps"), data.get("steps", {}).get("per_rank")
     if not steady or not per_rank:
         return None
@@ -120,6 +126,8 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
             "met": None if median is None else median >= lowest,
             "runs_reaching_target": f"{len(ratios)}/{len(runs)}",
             "median_speedup_steady": _median([r["speedup_steady"] for r in runs]),
+            "median_control_speedup_to_target": _median([r["control_speedup_to_target"] for r in runs]),
+            "median_control_speedup_steady": _median([r["control_speedup_steady"] for r in runs]),
             "median_compute_speedup_steady": _median([r["compute_speedup_steady"] for r in runs]),
             "median_plain_steady_ms": _median([r["plain_steady_ms"] for r in runs]),
             "all_checks_passed": all(r["losses_agree"] and r["identical_on_all_ranks"] for r in runs),
@@ -187,7 +195,8 @@ def main() -> int:
             f"{key:>28}: plain/stragglerkit time to loss {entry['target_loss']:g}: "
             f"{'not reached' if ratio is None else f'{ratio:.3f}x'} ({entry['runs_reaching_target']} runs), "
             f"target: {entry['target']}, met: {entry['met']}; steady step {_x(entry['median_speedup_steady'])}, "
-            f"control {_x(entry['median_compute_speedup_steady'])}"
+            f"A/A control: time to loss {_x(entry['median_control_speedup_to_target'])}, steady step "
+            f"{_x(entry['median_control_speedup_steady'])}"
             + ("" if entry.get("fault_cost") is None else f"; the fault made plain's step {entry['fault_cost']:+.1%}")
             + ("" if not entry.get("fault_cost_why") else f"; no fault cost: {entry['fault_cost_why']}")
             + ("" if entry["all_checks_passed"] else "; CHECKS FAILED (losses or parameters: see the runs)")

@@ -3,8 +3,11 @@
 # DistributedDataParallel (overlap_grad_reduce), plain against the same with
 # stragglerkit.megatron.install (`python -m profiling.lab.train --framework megatron`), 8 ranks at
 # 1 Gbit/s, one sequence of 32 tokens per rank and step, gradient MODEL (default 32MiB: hidden 576).
-# Four scenarios, each launched RUNS times (default 3; the summary quotes the median):
-#   no fault (200 steps):                             within 2 % of plain megatron-core's step
+# Four scenarios, each launched RUNS times (default 3;
+# no fault NO_FAULT_RUNS times, default 5; the summary quotes the median). Every launch trains three
+# copies in turns: plain, a second plain copy (the A/A control, whose ratio to the first is the
+# launch's noise) and stragglerkit:
+#   no fault (200 steps):                             within 1 % of plain megatron-core's step
 #   rank 7 late by 2x its pre-phase from step 20:     1.1x
 #   rank 3's NIC at 1/2 from step 20:                 1.2x
 #   every rank late by uniform[0, 20 ms] from step 20: no switch
@@ -17,10 +20,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source profiling/_bench_runs.sh
 RUNS=${RUNS:-3}
+NO_FAULT_RUNS=${NO_FAULT_RUNS:-5}
 COMMON=(--framework megatron --world-size 8 --bandwidth 1Gbit --model-size "${MODEL:-32MiB}")
-for i in $(seq 1 "$RUNS"); do
-  echo "== megatron-core training run $i/$RUNS: no fault" >&2
+for i in $(seq 1 "$NO_FAULT_RUNS"); do
+  echo "== megatron-core training run $i/$NO_FAULT_RUNS: no fault" >&2
   train_bench "${COMMON[@]}" --steps 200 "$@" --json "$SCRATCH/no_fault_run$i.json"
+done
+for i in $(seq 1 "$RUNS"); do
   echo "== megatron-core training run $i/$RUNS: straggler" >&2
   train_bench "${COMMON[@]}" --straggler 7 --delay auto --from-step 20 --steps 120 "$@" --json "$SCRATCH/straggler_run$i.json"
   echo "== megatron-core training run $i/$RUNS: degraded NIC" >&2
@@ -29,4 +35,4 @@ for i in $(seq 1 "$RUNS"); do
   train_bench "${COMMON[@]}" --jitter 20 --from-step 20 --steps 120 "$@" --json "$SCRATCH/jitter_run$i.json"
 done
 "$PY" profiling/_train_summary.py --framework megatron "$SCRATCH"/*_run*.json \
-  --command "RUNS=$RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train_megatron.sh $*"
+  --command "RUNS=$RUNS NO_FAULT_RUNS=$NO_FAULT_RUNS MODEL=${MODEL:-32MiB} bash profiling/bench_train_megatron.sh $*"

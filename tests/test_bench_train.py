@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import statistics
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from _require import needs, require_or_skip
 
-from profiling.lab.copies import hidden_width
+from profiling.lab.copies import hidden_width, turns
 from profiling.lab.train import main as train_main
 from profiling.lab.train import run_train
 from profiling.lab.train_config import TrainConfig, parse_jitter
@@ -212,6 +213,34 @@ def test_the_control_compares_the_part_of_the_step_without_stragglerkit() -> Non
     assert compute_speedup({"plain_s": record["plain_s"]}, list(range(40))) is None  # no backward times
 
 
+def test_the_aa_control_is_the_plain_copy_over_its_identical_second_copy() -> None:
+    """A control copy 5 % slower than plain for the whole run reads 1/1.05: the launch's noise,
+    beside the plain/hooked speedup; without a control copy there is no control figure."""
+    config = TrainConfig(world_size=2, mode="loopback", steps=40)
+    record = _record(40, [], plain=0.2, hooked=0.1)
+    without = summarize(config, record)
+    assert without["control_speedup_steady"] is None
+    record["control_s"] = [[0.21, 0.21 * 0.9]] * 40
+    record["control_backward_s"] = [[0.1, 0.2]] * 40
+    summary = summarize(config, record)
+    assert summary["control_speedup_steady"] == pytest.approx(0.2 / 0.21)
+    assert summary["control_speedup_steady_total"] == pytest.approx(0.2 / 0.21)
+    assert summary["speedup_steady"] == without["speedup_steady"]  # the control changes no other figure
+    assert summary["steps"]["control_s"] == [0.21] * 40
+
+
+def test_copies_take_every_place_and_follow_every_other_copy_equally() -> None:
+    """Over a cycle of blocks each copy runs first equally often and right after each other copy
+    equally often: background work one copy leaves behind falls on the others alike."""
+    cycle = turns(["plain", "control", "hooked"])
+    assert len(cycle) == 6 and all(sorted(order) == ["control", "hooked", "plain"] for order in cycle)
+    firsts = [order[0] for order in cycle]
+    assert {name: firsts.count(name) for name in firsts} == {"plain": 2, "control": 2, "hooked": 2}
+    follows = [pair for order in cycle for pair in itertools.pairwise(order)]
+    assert len(set(follows)) == 6 and all(follows.count(pair) == 2 for pair in follows)
+    assert turns(["plain", "hooked"]) == [["plain", "hooked"], ["hooked", "plain"]]
+
+
 def test_total_time_speedup_counts_the_rare_slow_steps_the_median_leaves_out() -> None:
     """Every 8th steady step of the hooked run is 3x slower (a probe): the median ignores it, the
     total-time ratio does not."""
@@ -301,7 +330,10 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
     assert (first["kind"], first["algorithm"], first["step"]) == ("switch", "stragglar", switched), first
     ran = data["steps"]["hook_algorithm"]
     assert "stragglar" not in ran[:switched] and ran[switched] == "stragglar", ran
-    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    assert len(data["steps"]["plain_s"]) == len(data["steps"]["control_s"]) == len(data["steps"]["hooked_s"]) == 40
+    # the A/A control trained beside them: plain DDP twice, the same sums, so the same parameters
+    assert data["header"]["config"]["copies"] == ["plain", "control", "hooked"]
+    assert data["control_identical_on_all_ranks"]
     # the steady state starts settle_steps after the last plan change; its speedups are the ratios
     # of the medians of the step (and last arriver's backward) times the JSON lists
     settle = data["hook_config"]["settle_steps"]
@@ -311,6 +343,9 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
         plain = statistics.median(data["steps"][f"plain{series}_s"][s] for s in steady)
         hooked = statistics.median(data["steps"][f"hooked{series}_s"][s] for s in steady)
         assert data[key] == pytest.approx(plain / hooked), key
+    control = statistics.median(data["steps"]["control_s"][s] for s in steady)
+    assert data["control_speedup_steady"] == pytest.approx(statistics.median(
+        data["steps"]["plain_s"][s] for s in steady) / control)
     assert all(t > 0 for t in data["steps"]["plain_s"] + data["steps"]["hooked_s"])
     # both copies' steps kept this host's CPUs partly busy (4 ranks on its cores)
     assert all(0 < share <= 1 for share in data["cpu_busy_steady"].values()), data["cpu_busy_steady"]
@@ -323,7 +358,7 @@ def test_loopback_train_end_to_end(tmp_path: Path) -> None:
         ends = data["steps"]["per_rank"][name.replace("_s", "_end_s")]
         assert sum(data["steps"][name][10:20]) == pytest.approx(max(ends[19]))
     table = out.getvalue()
-    assert "steady state: steps" in table and "rank 3 late" in table
+    assert "steady state: steps" in table and "rank 3 late" in table and "A/A control: plain" in table
 
 
 def _our_namespaces() -> list[str]:
@@ -403,7 +438,10 @@ def _loopback_train_with_rank_3_late(tmp_path: Path, framework: str) -> tuple[di
     assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
     assert data["detected_step"] is not None and data["detected"][0]["ranks"].keys() == {"3"}
     assert data["switches"] and data["switches"][0]["algorithm"] == "stragglar", data["switches"]
-    assert len(data["steps"]["plain_s"]) == len(data["steps"]["hooked_s"]) == 40
+    assert len(data["steps"]["plain_s"]) == len(data["steps"]["control_s"]) == len(data["steps"]["hooked_s"]) == 40
+    # the A/A control trained beside them: plain DDP twice, the same sums, so the same parameters
+    assert data["header"]["config"]["copies"] == ["plain", "control", "hooked"]
+    assert data["control_identical_on_all_ranks"]
     return data, out.getvalue()
 
 

@@ -187,6 +187,20 @@ def test_noise_is_neither_met_nor_missed() -> None:
     assert render.verdict(True) == "yes"
 
 
+def test_a_training_row_is_noise_where_its_aa_control_spreads_wider_than_it_can_tell() -> None:
+    """No fault: met or missed only with every run's A/A control within 1 % of parity. A fault
+    row: noise only where the control's spread reaches the figure's distance from its target."""
+    row = {"scenario": "no_fault", "met": True, "speedup_steady": 0.995, "lowest": 0.99}
+    assert render._train_verdict({**row, "control_spread": 0.004}) == "yes"
+    assert render._train_verdict({**row, "control_spread": 0.02}).startswith("noise")
+    assert render._train_verdict({**row, "control_spread": None}) == "yes"  # a summary made without a control
+    missed = {**row, "met": False, "speedup_steady": 0.97, "control_spread": 0.005}
+    assert render._train_verdict(missed) == "**no**"
+    fault = {"scenario": "straggler", "met": True, "speedup_steady": 1.12, "lowest": 1.1}
+    assert render._train_verdict({**fault, "control_spread": 0.03}).startswith("noise")
+    assert render._train_verdict({**fault, "control_spread": 0.01}) == "yes"
+
+
 def test_every_summary_records_what_a_table_needs() -> None:
     for path in sorted((ROOT / "profiling" / "results").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))

@@ -9,10 +9,12 @@ one-line description of a loop event (:func:`describe_event`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -39,8 +41,11 @@ __all__ = [
     "mlp_batch",
     "nothing",
     "to_device",
+    "turns",
     "with_event_log",
 ]
+
+T = TypeVar("T")
 
 INPUTS, OUTPUTS = 256, 16
 RESHAPE, RESHAPE_AGAIN = "reshape", "reshape-again"
@@ -120,6 +125,12 @@ class Run:
         else:
             self.opt.zero_grad()
 
+    @property
+    def example_step(self) -> Callable[[nn.Module, Any, Any], float] | None:
+        """The workload's own training step (the examples' ``train_step``: zero the gradients, loss,
+        backward, update), which the copy then runs whole; None: the bench's step, in parts."""
+        return getattr(self.workload, "train_step", None) if self.workload is not None else None
+
     def forward_backward(self, batch: Any, late: float) -> tuple[torch.Tensor, float]:
         """Forward, ``late`` seconds of sleep, backward until the gradients are reduced; the loss and
         when the sleep ended (``time.perf_counter()``)."""
@@ -146,6 +157,19 @@ class Run:
                 self.opt.step()
         else:
             self.opt.step()
+
+
+def turns(copies: Sequence[T]) -> list[list[T]]:
+    """The copies' order in each block, block after block (cycling): every permutation once before
+    any repeats, so that over a cycle each copy runs first, last and right after each other copy
+    equally often, and whatever one copy leaves running in the background (the hook's stats
+    exchange, rank 0's controller) falls on the others alike.
+
+    Example::
+
+        turns(["plain", "hooked"])    # [['plain', 'hooked'], ['hooked', 'plain']]
+    """
+    return [list(order) for order in itertools.permutations(copies)]
 
 
 def nothing() -> None:

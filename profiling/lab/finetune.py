@@ -5,11 +5,12 @@
 the training bench's (:mod:`profiling.lab.train`): the ranks run on the emulated cluster (root: one
 network namespace per rank, NICs shaped to ``--bandwidth``, 1 Gbit/s by default), over loopback
 (``--loopback``, or where no cluster can be made), or as the ranks of ``torchrun`` (RANK,
-WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains two copies
-of the model, plain framework and stragglerkit, in alternating blocks of steps, on the same
-batches, with the same injected faults. ``--stragglerkit on`` (or ``off``) trains only the copy
-with (or without) stragglerkit: one model in memory, as a user's real run; its figures are its
-own and nothing is compared (:func:`summarize_one`).
+WORLD_SIZE and MASTER_ADDR set) or ``horovodrun`` (HOROVOD_RANK set); each rank trains three copies
+of the model, the plain framework, a second plain copy (the A/A control: ``--no-control`` leaves
+it out) and stragglerkit, taking turns in blocks of steps, on the same batches, with the same
+injected faults; every copy runs the example's own ``train_step``. ``--stragglerkit on`` (or
+``off``) trains only the copy with (or without) stragglerkit: one model in memory, as a user's
+real run; its figures are its own and nothing is compared (:func:`summarize_one`).
 
 **Which loss, and the time to reach it.** Per step, the *global loss* is the mean over the ranks
 of each rank's batch loss (the loss of the whole global batch: every rank's batch has the same
@@ -20,11 +21,11 @@ bench measures it: :mod:`profiling.lab.train_report`) up to and including the fi
 which that running mean is at or below the target. A target not reached within ``--steps`` is
 reported as not reached, with the best running mean seen.
 
-**Checks, failing loudly.** The two copies compute the same training up to the order of the sums
-in the AllReduce: their global losses must agree at every step within ``--loss-rtol`` (relative;
-:data:`LOSS_RTOL`: 1e-3, under Horovod 1e-2, as Horovod's own fusion orders its sums by timing),
-and each copy's parameters must be identical on every rank (a weighted checksum per rank). A run
-that breaks either exits with status 1 and says so; the figures are still written.
+**Checks, failing loudly.** The copies compute the same training up to the order of the sums
+in the AllReduce: each one's global losses must agree with the plain copy's at every step within
+``--loss-rtol`` (relative; :data:`LOSS_RTOL`: 1e-3, under Horovod 1e-2, as Horovod's own fusion
+orders its sums by timing), and each copy's parameters must be identical on every rank (a
+weighted checksum per rank). A run that breaks either exits with status 1 and says so; the figures are still written.
 
 **The run folder** (``--run-dir``): ``events.rank{r}.jsonl`` (the stragglerkit copy's event logs,
 written as the run goes, so that an interrupted run is still readable), ``train.json`` (the
@@ -69,7 +70,7 @@ __all__ = [
 
 TARGET_WINDOW = 5
 """Steps in the running mean of the global loss that is compared with the target."""
-SWITCH_COPIES = {"both": ["plain", "hooked"], "on": ["hooked"], "off": ["plain"]}
+SWITCH_COPIES = {"both": ["plain", "control", "hooked"], "on": ["hooked"], "off": ["plain"]}
 """``--stragglerkit``: which copies of the model each rank trains (``TrainConfig.copies``)."""
 LOSS_RTOL = {"ddp": 1e-3, "megatron": 1e-3, "horovod": 1e-2}
 """Default largest relative difference between the two copies' global losses at any step, per
@@ -90,8 +91,15 @@ def example_parser(
         "--stragglerkit",
         choices=tuple(SWITCH_COPIES),
         default="both",
-        help="both: plain and stragglerkit side by side, compared (default); on: only with stragglerkit; off: only "
-        "the plain framework (one model in memory, no comparison)",
+        help="both: plain and stragglerkit side by side, compared, with a second plain copy as the A/A control "
+        "(default); on: only with stragglerkit; off: only the plain framework (one model in memory, no comparison)",
+    )
+    add(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --stragglerkit both: train the A/A control, a second plain copy (default on; --no-control: a "
+        "third less time, but a difference can no longer be told from noise)",
     )
     add("--world-size", type=int, default=None, help="ranks to start (default 8; under torchrun: WORLD_SIZE)")
     add("--steps", type=int, default=60, help="training steps of each copy (default 60)")
@@ -168,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slowdown="backward",
             batch=int(workload_options.get("batch", 0)),
             target_loss=args.target_loss,
-            copies=SWITCH_COPIES[args.stragglerkit],
+            copies=[name for name in SWITCH_COPIES[args.stragglerkit] if args.control or name != "control"],
             seed=args.seed,
             timeout=args.timeout,
             event_log=str(run_dir.absolute()),
@@ -208,7 +216,7 @@ def _run(config: TrainConfig, args: argparse.Namespace, argv: list[str], prog: s
         return 1
     if record is None:  # a torchrun or horovodrun rank other than 0
         return 0
-    both = len(config.copies) == 2
+    both = config.compared
     summary = summarize(config, record) if both else summarize_one(config, record)
     header = header_record(config, launched, argv)
     header["command"] = " ".join([prog, *argv])
@@ -325,24 +333,33 @@ def analyse(config: TrainConfig, record: dict[str, Any], summary: dict[str, Any]
     }
     summary["total_time_s"] = {name: sum(steps[f"{name}_s"]) for name in names}
     problems = []
-    if len(names) == 2:
-        plain, hooked = losses["plain"], losses["hooked"]
-        diffs = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain, hooked, strict=True)]
-        worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
-        summary["loss_max_rel_diff"] = diffs[worst] if worst is not None else None
-        summary["losses_agree"] = all(d <= rtol for d in diffs) and all(map(math.isfinite, plain + hooked))
+    if {"plain", "hooked"} <= set(names):
+        plain = losses["plain"]
+        summary["loss_max_rel_diff"] = None
+        summary["losses_agree"] = True
+        for other in (name for name in names if name != "plain"):
+            diffs = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain, losses[other], strict=True)]
+            worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
+            largest = summary["loss_max_rel_diff"]
+            if worst is not None and (largest is None or diffs[worst] > largest):
+                summary["loss_max_rel_diff"] = diffs[worst]
+            agree = all(d <= rtol for d in diffs) and all(map(math.isfinite, plain + losses[other]))
+            summary["losses_agree"] = summary["losses_agree"] and agree
+            if not agree:
+                assert worst is not None
+                problems.append(
+                    f"the {other} copy's loss differs from the plain one's by {diffs[worst]:.3g} (relative) at step "
+                    f"{worst}: {losses[other][worst]!r} against {plain[worst]!r}, more than --loss-rtol {rtol:g}"
+                )
         reached = summary["time_to_target"]
-        summary["speedup_to_target"] = (
-            reached["plain"]["time_s"] / reached["hooked"]["time_s"]
-            if reached["plain"]["reached"] and reached["hooked"]["reached"] and reached["hooked"]["time_s"] > 0
-            else None
-        )
-        if not summary["losses_agree"]:
-            assert worst is not None
-            problems.append(
-                f"the copies' losses differ by {diffs[worst]:.3g} (relative) at step {worst}: {plain[worst]!r} "
-                f"against {hooked[worst]!r}, more than --loss-rtol {rtol:g}"
-            )
+
+        def plain_over(other: str) -> float | None:
+            if other not in reached or not (reached["plain"]["reached"] and reached[other]["reached"]):
+                return None
+            return reached["plain"]["time_s"] / reached[other]["time_s"] if reached[other]["time_s"] > 0 else None
+
+        summary["speedup_to_target"] = plain_over("hooked")
+        summary["control_speedup_to_target"] = plain_over("control")
     else:
         summary["speedup_to_target"] = None
         (name,) = names
@@ -354,7 +371,7 @@ def analyse(config: TrainConfig, record: dict[str, Any], summary: dict[str, Any]
     return problems
 
 
-_COPY_LABELS = {"plain": "plain", "hooked": "stragglerkit"}
+_COPY_LABELS = {"plain": "plain", "control": "plain (A/A control)", "hooked": "stragglerkit"}
 """How the figures name the copies."""
 
 
@@ -387,7 +404,7 @@ def _print_one(summary: dict[str, Any], header: dict[str, Any]) -> None:
 
 def _print_finetune(summary: dict[str, Any]) -> None:
     names = summary["copies"]
-    if len(names) == 2:
+    if summary.get("loss_max_rel_diff") is not None:
         print(
             f"# losses: the copies agree at every step within {summary['loss_rtol']:g} (largest relative "
             f"difference {summary['loss_max_rel_diff']:.3g}): {'yes' if summary['losses_agree'] else 'NO'}"
@@ -406,7 +423,9 @@ def _print_finetune(summary: dict[str, Any]) -> None:
         held_out = ", ".join(f"{k} {v:.4g}" for k, v in figures.items())
         print(f"# {name:>6}: {target}; total {summary['total_time_s'][name]:.2f} s; held-out: {held_out}")
     if summary["speedup_to_target"] is not None:
-        print(f"# time to target loss: plain / stragglerkit = {summary['speedup_to_target']:.3f}x")
+        control = summary.get("control_speedup_to_target")
+        beside = "" if control is None else f"; A/A control: plain / its second copy = {control:.3f}x"
+        print(f"# time to target loss: plain / stragglerkit = {summary['speedup_to_target']:.3f}x{beside}")
 
 
 def _plot(summary: dict[str, Any], path: Path) -> None:
@@ -416,7 +435,7 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for name, colour in (("plain", "grey"), ("hooked", "tab:blue")):
+    for name, colour in (("plain", "grey"), ("control", "silver"), ("hooked", "tab:blue")):
         if name in summary["copies"]:
             times = list(itertools.accumulate(summary["steps"][f"{name}_s"]))
             axis.plot(times, summary["time_to_target"][name]["smoothed"], color=colour, label=_COPY_LABELS[name])

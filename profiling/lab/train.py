@@ -1,15 +1,17 @@
 """``python -m profiling.lab.train``: does stragglerkit pay off in training, on this cluster?
 
-Runs a short training of a small MLP twice at once, on the same ranks: plain DDP and DDP with
+Runs a short training of a small MLP three times at once, on the same ranks: plain DDP twice (the
+second copy is the A/A control, ``--no-control`` leaves it out) and DDP with
 ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook`` (``--framework ddp``), or
 ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` (``--framework horovod``, the
 ranks started as ``horovodrun --gloo`` starts them: :mod:`.horovod_launch`); or of a small GPT on
 megatron-core, its ``DistributedDataParallel`` with and without ``stragglerkit.megatron.install``
 (``--framework megatron``: :mod:`.train_megatron`); with the same initial parameters, the same
 data and the same injected faults (a persistent straggler that may move, degraded NICs from a
-given step, random jitter). Reports the per-step times of both, when the hook detected the fault
-and switched, the steady-state speedup and the largest parameter difference between the two
-models (:mod:`profiling.lab.train_report`). How the ranks train: :mod:`.train_worker`.
+given step, random jitter). Reports the per-step times of each, when the hook detected the fault
+and switched, the steady-state speedup beside the control's ratio, and the largest parameter
+difference between the plain and the hooked model (:mod:`profiling.lab.train_report`). How the
+ranks train: :mod:`.train_worker`.
 
 Where the ranks run is chosen as for the AllReduce bench (:func:`stragglerkit.bench.detect_mode`):
 under torchrun, on the emulated cluster, or over loopback. On the emulated cluster ``--degrade``
@@ -187,13 +189,21 @@ def add_train_arguments(bench: argparse.ArgumentParser) -> None:
         "--steps-per-block",
         type=int,
         metavar="N",
-        help="the two copies take turns in blocks of N steps; the ranks meet at a barrier only when a block "
+        help="the copies take turns in blocks of N steps; the ranks meet at a barrier only when a block "
         "starts and run free within it, as in training (default 10; 1 = lockstep: a barrier before every step)",
+    )
+    group.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also train a second plain copy, the A/A control, taking turns with the other two: how far two "
+        "identical copies land apart is this launch's noise (default on; --no-control: a third less time, but a "
+        "difference can no longer be told from noise)",
     )
     group.add_argument(
         "--gradient-as-bucket-view",
         action=argparse.BooleanOptionalAction,
-        help="both DDP copies with gradient_as_bucket_view (gradients zeroed in place), as the docs recommend "
+        help="every DDP copy with gradient_as_bucket_view (gradients zeroed in place), as the docs recommend "
         "with the hook (default on; --no-gradient-as-bucket-view: DDP's default, where a hook pays an extra "
         "pass to average)",
     )
@@ -267,6 +277,7 @@ def cmd_train(
         "steps_per_block": args.steps_per_block,
         "gradient_as_bucket_view": args.gradient_as_bucket_view,
         "event_log": event_log_folder(args.event_log),
+        "copies": None if args.control else ["plain", "hooked"],
     }
     config = TrainConfig(
         world_size=world_size,

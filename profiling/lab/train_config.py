@@ -21,8 +21,10 @@ __all__ = ["COPIES", "DEFAULT_BATCH", "FRAMEWORKS", "SLOWDOWNS", "TrainConfig", 
 
 FRAMEWORKS = ("ddp", "horovod", "megatron")
 """What ``--framework`` trains with: the plain framework against it with stragglerkit."""
-COPIES = ("plain", "hooked")
-"""The two copies of the model: the plain framework and the framework with stragglerkit."""
+COPIES = ("plain", "control", "hooked")
+"""The copies of the model: the plain framework; ``control``, a second plain copy, identical to the
+first (the A/A control: how far two copies of the same thing land apart in one launch is the noise
+any comparison here must beat); the framework with stragglerkit."""
 DEFAULT_BATCH = {"ddp": 16, "horovod": 16, "megatron": 1}
 """Samples per rank and step when ``batch`` is 0: 16 rows of the MLP; 1 sequence of the GPT
 (:mod:`profiling.lab.train_megatron` says why so few)."""
@@ -141,9 +143,10 @@ class TrainConfig(JsonConfig):
     target_loss: float | None = None
     """A loss to reach: the summary then says when each copy reached it (``profiling.lab.finetune``)."""
     copies: list[str] = field(default_factory=lambda: list(COPIES))
-    """Which copies each rank trains: both (the side-by-side comparison), or only ``plain`` or
-    only ``hooked`` (``--stragglerkit off|on`` of the fine-tuning examples: one model in memory, as
-    a user's real run has; no comparison is made)."""
+    """Which copies each rank trains: all three (the side-by-side comparison with its A/A control),
+    ``plain`` and ``hooked`` (the comparison without a control, ``--no-control``), or only ``plain``
+    or only ``hooked`` (``--stragglerkit off|on`` of the fine-tuning examples: one model in memory,
+    as a user's real run has; no comparison is made)."""
     event_log: str | None = None
     """A folder: the hooked copy's loop writes ``events.rank{rank}.jsonl`` there on every rank
     (docs/event_log.md), for ``stragglerkit report FOLDER``; ``None``: no event log."""
@@ -191,11 +194,13 @@ class TrainConfig(JsonConfig):
                 f"recovered), got {self.degraded_threshold}"
             )
         if not self.copies or len(set(self.copies)) != len(self.copies) or not set(self.copies) <= set(COPIES):
-            raise ValueError(f"copies must be one or both of {', '.join(COPIES)}, each once; got {self.copies!r}")
+            raise ValueError(f"copies must be some of {', '.join(COPIES)}, each once; got {self.copies!r}")
         self.copies = [name for name in COPIES if name in self.copies]
-        if len(self.copies) == 1 and self.framework == "megatron":
+        if "control" in self.copies and not self.compared:
+            raise ValueError("the control copy controls a comparison: train it with both plain and hooked")
+        if not self.compared and self.framework == "megatron":
             raise ValueError(
-                "--framework megatron trains both copies side by side; one copy alone is for ddp or horovod"
+                "--framework megatron trains plain and hooked side by side; one copy alone is for ddp or horovod"
             )
         if self.event_log is not None and not (isinstance(self.event_log, str) and self.event_log):
             raise ValueError(f"--event-log takes a folder, got {self.event_log!r}")
@@ -264,6 +269,11 @@ class TrainConfig(JsonConfig):
         """``straggler``, ``degraded``, ``jitter`` (jitter alone) or ``none``."""
         scenario = scenario_of(self.straggler, self.degrade)
         return "jitter" if scenario == "none" and self.jitter > 0 else scenario
+
+    @property
+    def compared(self) -> bool:
+        """Whether the run compares: it trains both the plain and the hooked copy."""
+        return {"plain", "hooked"} <= set(self.copies)
 
     @property
     def reshaped(self) -> dict[int, float]:

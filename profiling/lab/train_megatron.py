@@ -231,9 +231,10 @@ def _initialize(seed: int, device: torch.device) -> None:
 
 def megatron_runs(
     config: TrainConfig, device: torch.device, hook_config: Config, workload: MegatronWorkload | None = None
-) -> tuple[MegatronRun, MegatronRun, MegatronState]:
-    """The plain and the hooked copy on this rank (the bench's GPT, or ``workload``'s model), and
-    the hooked copy's ``MegatronState``. Collective: every rank calls it at the same point."""
+) -> tuple[list[MegatronRun], MegatronState]:
+    """The copies of ``config.copies`` on this rank (the bench's GPT, or ``workload``'s model; the
+    control is a second plain copy), and the hooked copy's ``MegatronState``. Collective: every
+    rank calls it at the same point."""
     warnings.filterwarnings("ignore", message=_QUIET)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core's import-time notes
@@ -251,7 +252,7 @@ def megatron_runs(
     hidden = gpt_hidden_size(config.model_bytes)
     runs: list[MegatronRun] = []
     state: MegatronState | None = None
-    for name in ("plain", "hooked"):
+    for name in config.copies:
         with cuda_calls_on_cpu():
             if workload is not None:
                 transformer, module = workload.megatron_model()
@@ -291,4 +292,4 @@ def megatron_runs(
         runs.append(MegatronRun(name, model, optimizer))
     if state is None or state.loop is None:
         raise RuntimeError("stragglerkit.megatron.install routed no bucket group of the hooked GPT copy")
-    return runs[0], runs[1], state
+    return runs, state

@@ -20,12 +20,15 @@ barrier): the group's pace, which in steady state is the training's time per ste
   smallest backward time over the ranks (timed from the end of the injected lateness; the rank
   that arrives last waits least), i.e. its backward compute plus the AllReduce from its arrival.
   It separates what the AllReduce gained from the rest of the step.
-* ``compute_speedup_steady``: a control. The same ratio for the part of each rank's step where
-  no stragglerkit code runs (its step time less its backward: zero_grad, forward, any injected
-  lateness, the optimizer step), the median over ranks and steady steps. Both copies compute the
-  same thing there, so it is 1 up to the noise between the two copies (on a shared CPU the copies
-  can compute several per cent apart for a whole run): a ``speedup_steady`` no further from 1
-  than this control is within that noise.
+* ``control_speedup_steady`` (and ``_total``): the A/A control. The same ratio of the plain copy
+  over the control, a second plain copy that trained the same steps in the same launch, taking
+  turns with the others: the two are the same program, so this is 1 up to the launch's noise; a
+  ``speedup_steady`` no further from 1 than the control is within that noise. None without a
+  control copy.
+* ``compute_speedup_steady``: where the time differs. The plain/hooked ratio for the part of each
+  rank's step where no stragglerkit code runs (its step time less its backward: zero_grad,
+  forward, any injected lateness, the optimizer step), the median over ranks and steady steps.
+  None where the copies ran a workload's own ``train_step`` whole (``example_step``).
 * ``cpu_busy_steady``: per copy (``plain``, ``hooked``), the busiest host's busy share of its CPU
   time (all cores, ``/proc/stat``) over the steady steps, from the start of each rank's step to
   its end (:mod:`stragglerkit.bench.cpu_load`): near 1, every millisecond of CPU work that either
@@ -219,12 +222,13 @@ def compute_speedup(per_rank: dict[str, list[list[float]]], steps: list[int]) ->
 
 def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run (see the module docstring) plus its per-step series."""
+    names = [name for name in ("plain", "control", "hooked") if f"{name}_s" in record]
     if "plain_end_s" in record:
-        plain, hooked = (
-            group_step_times(record[f"{name}_end_s"], record["block_starts"]) for name in ("plain", "hooked")
-        )
+        times = {name: group_step_times(record[f"{name}_end_s"], record["block_starts"]) for name in names}
     else:  # a record without block ends: every step started at a barrier
-        plain, hooked = ([max(ranks) for ranks in record[f"{name}_s"]] for name in ("plain", "hooked"))
+        times = {name: [max(ranks) for ranks in record[f"{name}_s"]] for name in names}
+    plain, hooked = times["plain"], times["hooked"]
+    control = times.get("control")
     events = record["events"]
     switches = [_switch_summary(e) for e in events if e["kind"] in PLAN_CHANGES]
     steady_from, steady_why = _steady_start(config, record)
@@ -241,6 +245,8 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     backward_speedup = (
         plain_backward_steady / hooked_backward_steady if plain_backward_steady and hooked_backward_steady else None
     )
+    control_steady = _median_ms([control[s] for s in steady]) if control is not None else None
+    control_total = sum(control[s] for s in steady) if control is not None else 0.0
     return {
         **loop_figures(config, record),
         "speedup_steady": speedup,
@@ -249,9 +255,15 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "steady_from_why": steady_why,
         "plain_steady_ms": plain_steady,
         "hooked_steady_ms": hooked_steady,
+        "control_steady_ms": control_steady,
+        "control_speedup_steady": plain_steady / control_steady if plain_steady and control_steady else None,
+        "control_speedup_steady_total": (
+            sum(plain[s] for s in steady) / control_total if steady and control_total > 0 else None
+        ),
         "backward_speedup_steady": backward_speedup,
-        "compute_speedup_steady": compute_speedup(record, steady),
-        "cpu_busy_steady": {name: _cpu_busy(record.get(f"{name}_cpu"), steady) for name in ("plain", "hooked")},
+        "example_step": bool(record.get("example_step")),
+        "compute_speedup_steady": None if record.get("example_step") else compute_speedup(record, steady),
+        "cpu_busy_steady": {name: _cpu_busy(record.get(f"{name}_cpu"), steady) for name in names},
         "plain_backward_steady_ms": plain_backward_steady,
         "hooked_backward_steady_ms": hooked_backward_steady,
         "max_param_diff": max(record["param_diff"]) if record["param_diff"] else None,
@@ -261,8 +273,7 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
         "cost_model": record.get("cost_model"),
         "phases": _phases(config, record, plain, hooked),
         "steps": {
-            "plain_s": plain,
-            "hooked_s": hooked,
+            **{f"{name}_s": times[name] for name in names},
             "plain_backward_s": plain_backward,
             "hooked_backward_s": hooked_backward,
             "hook_algorithm": record["algorithms"],
@@ -271,16 +282,10 @@ def summarize(config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
             "param_diff": record["param_diff"],
             "loss_rank0": record["loss"],
             "per_rank": {
-                name: record[name]
-                for name in (
-                    "plain_s",
-                    "hooked_s",
-                    "plain_end_s",
-                    "hooked_end_s",
-                    "plain_backward_s",
-                    "hooked_backward_s",
-                )
-                if name in record
+                f"{name}_{key}": record[f"{name}_{key}"]
+                for name in names
+                for key in ("s", "end_s", "backward_s")
+                if f"{name}_{key}" in record
             },
             "block_starts": record.get("block_starts"),
         },
@@ -325,9 +330,9 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
             "stragglerkit.megatron.install; megatron-core's schedule and SGD"
         )
     elif config.get("gradient_as_bucket_view", False):
-        say("# both copies: DDP with gradient_as_bucket_view, gradients zeroed in place")
+        say("# every copy: DDP with gradient_as_bucket_view, gradients zeroed in place")
     else:
-        say("# both copies: DDP's default (gradients copied into the buckets; a hook divides in a pass of its own)")
+        say("# every copy: DDP's default (gradients copied into the buckets; a hook divides in a pass of its own)")
     scenario = summary["scenario"]
     if summary["delay_s"] is not None:
         how = ""
@@ -381,11 +386,17 @@ def print_summary(summary: dict[str, Any], header: dict[str, Any], out: Any = No
             f"#   last arriver's backward + AllReduce: plain {_ms(summary['plain_backward_steady_ms'])} ms, "
             f"hooked {_ms(summary['hooked_backward_steady_ms'])} ms -> {ratio}"
         )
-        control = summary.get("compute_speedup_steady")
+        control = summary.get("control_speedup_steady")
         if control is not None:
             say(
-                f"#   control: the rest of each rank's step (forward, optimizer; no stragglerkit code) -> "
-                f"{control:.3f}x (the noise between the copies: 1 if both compute alike)"
+                f"#   A/A control: plain {_ms(summary['plain_steady_ms'])} ms, its identical second copy "
+                f"{_ms(summary['control_steady_ms'])} ms -> {control:.3f}x (this launch's noise: a speedup no "
+                f"further from 1 than {abs(control - 1.0):.1%} is noise)"
+            )
+        compute = summary.get("compute_speedup_steady")
+        if compute is not None:
+            say(
+                f"#   the rest of each rank's step (forward, optimizer; no stragglerkit code) -> {compute:.3f}x"
             )
         cpu = summary.get("cpu_busy_steady") or {}
         if all(cpu.get(name) is not None for name in ("plain", "hooked")):

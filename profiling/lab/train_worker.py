@@ -1,35 +1,41 @@
 """One rank of the training bench (``python -m profiling.lab.train``): plain and stragglerkit, side by side.
 
-Every rank builds two copies of the same MLP (same seed, so the same initial parameters). With
-``framework="ddp"`` one is wrapped in plain ``DistributedDataParallel`` (the process group's own
-all_reduce, the baseline) and one with ``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``; with
-``framework="horovod"`` one trains with ``hvd.DistributedOptimizer`` and one with
-``stragglerkit.straggler_aware`` (the "hooked" copy), both broadcast from rank 0 as a Horovod
-script does; the backward's time then includes the optimizer's ``synchronize()``. With
-``framework="megatron"`` the two copies are a small GPT on megatron-core's DDP, schedule and
-optimizer, one with ``stragglerkit.megatron.install`` (:mod:`profiling.lab.train_megatron`).
-Both train on the same batches (``torch.Generator`` seeded by (seed, step, rank)), taking turns in
-blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
+Every rank builds copies of the same MLP (same seed, so the same initial parameters). With
+``framework="ddp"`` two are wrapped in plain ``DistributedDataParallel`` (the process group's own
+all_reduce: the baseline, ``plain``, and its A/A control, ``control``) and one with
+``stragglerkit.DDPState`` + ``stragglerkit.ddp_hook``; with ``framework="horovod"`` two train with
+``hvd.DistributedOptimizer`` and one with ``stragglerkit.straggler_aware`` (the "hooked" copy), all
+broadcast from rank 0 as a Horovod script does; the backward's time then includes the optimizer's
+``synchronize()``. With ``framework="megatron"`` the copies are a small GPT on megatron-core's DDP,
+schedule and optimizer, the hooked one with ``stragglerkit.megatron.install``
+(:mod:`profiling.lab.train_megatron`). ``TrainConfig.copies`` may leave out the control (or train
+one copy alone). All train on the same batches (``torch.Generator`` seeded by (seed, step, rank)),
+taking turns in blocks of ``steps_per_block`` steps (:meth:`TrainConfig.blocks`):
 
 1. ``dist.barrier()``, then the block runs free, as training does: each step is forward, the
-   injected lateness (the straggler's delay and/or this rank's jitter, the same figure for both
-   models), backward (the AllReduce), optimizer step, with no barrier between steps. A rank records
+   injected lateness (the straggler's delay and/or this rank's jitter, the same figure for every
+   copy), backward (the AllReduce), optimizer step, with no barrier between steps. A rank records
    when each of its steps ends, counted from the block's barrier; a step's time is how much later
    the *last* rank finished it than the last rank finished the step before (for a block's first
    step: than the barrier), so the steps of a block add up to its time. The backward alone (from
    the end of the lateness) is timed too: on the rank that arrives last it is that rank's backward
    compute plus the AllReduce from its arrival. With ``steps_per_block=1`` every step starts at a
    barrier (lockstep), and a step's time is the slowest rank's.
-2. The order alternates (plain first in even blocks, hooked first in odd ones), so whatever one run
-   leaves running in the background (the hook's stats exchange, rank 0's controller thread) falls
-   on either run alike, and so does any change of load on the machine.
-3. After both: the largest absolute difference between the two models' parameters (both have
-   trained the same steps then); every step of the block records it.
+2. The order of the copies goes through every permutation in turn (with two copies: plain first in
+   even blocks, hooked first in odd ones), so whatever one copy leaves running in the background
+   (the hook's stats exchange, rank 0's controller thread) falls on the others alike, and so does
+   any change of load on the machine. The control meets the same conditions as the plain copy, so
+   the plain/control ratio is what the launch's noise alone makes of two identical copies.
+3. After all: the largest absolute difference between the plain and the hooked model's parameters
+   (both have trained the same steps then); every step of the block records it.
 
 A :class:`~profiling.lab.workload.Workload` (``TrainConfig.workload``: the fine-tuning
 examples) replaces the MLP, its random batches, its loss and its SGD, and adds a held-out
-evaluation of both copies after the last step; torch's generator is then seeded by (seed, step,
-rank) before each forward, so that dropout draws the same masks in both copies. With
+evaluation of every copy after the last step; torch's generator is then seeded by (seed, step,
+rank) before each forward, so that dropout draws the same masks in every copy. Where the workload
+has its own ``train_step`` (the examples' function: zero the gradients, loss, backward, update),
+each copy runs that, whole, after the injected lateness; its time from the lateness's end is
+then recorded as the step's ``backward_s`` (``example_step`` in the record). With
 ``TrainConfig.slowdown="backward"`` the straggler's delay is spread over its backward pass
 (:class:`~profiling.lab.workload.ComputeSlowdown`) instead of slept before it. Every rank's
 loss per step is gathered into the record (``loss_by_rank``).
@@ -78,6 +84,7 @@ from profiling.lab.copies import (
     mlp_batch,
     nothing,
     to_device,
+    turns,
     with_event_log,
 )
 from profiling.lab.train_config import TrainConfig
@@ -87,7 +94,7 @@ from stragglerkit.bench.progress import Progress
 from stragglerkit.bench.worker import measure_pre_phase
 from stragglerkit.config import Config
 from stragglerkit.loop.loop import StragglerLoop
-from stragglerkit.testbed.inject import JitterInjector
+from stragglerkit.testbed.inject import JitterInjector, sleep_precisely
 
 __all__ = ["main", "train"]
 
@@ -108,7 +115,7 @@ class _TrainRank:
         self.loop: StragglerLoop | None = None
         """The hooked copy's loop (None when only the plain copy trains)."""
         self.runs: list[Run]
-        """The copies this rank trains (``config.copies``), plain first."""
+        """The copies this rank trains (``config.copies``: plain, control, hooked, in that order)."""
         self.close: Callable[[], None] = nothing
         """Ends the hooked copy's loop (every rank, after the last step)."""
         self.hidden = hidden_width(config.model_bytes)
@@ -133,9 +140,9 @@ class _TrainRank:
                     "(MegatronWorkload's megatron_* methods); use --framework ddp or horovod"
                 )
             with tuned(**tuning):
-                plain, hooked, megatron = train_megatron.megatron_runs(config, device, hook_settings(config), workload)
+                runs, megatron = train_megatron.megatron_runs(config, device, hook_settings(config), workload)
             assert megatron.loop is not None
-            self.runs, self.loop, self.close = [plain, hooked], megatron.loop, megatron.close
+            self.runs, self.loop, self.close = list(runs), megatron.loop, megatron.close
             if workload is not None:
                 self.make_batch = self._megatron_workload_batch
             else:
@@ -164,6 +171,8 @@ class _TrainRank:
             run.workload = self.workload
             if config.slowdown == "backward":
                 run.slowdown = ComputeSlowdown(run.model)
+        self.orders = turns(self.runs)
+        """The copies' order in each block, cycling (:func:`~profiling.lab.copies.turns`)."""
         self.evaluation: dict[str, dict[str, float]] | None = None
         """Per copy, the workload's figures on its held-out split after the last step."""
         self.rank = dist.get_rank()
@@ -182,8 +191,9 @@ class _TrainRank:
         """Per step: the hooked run's rank map (logical -> physical) after the step."""
 
     def _horovod_runs(self, config: TrainConfig, device: torch.device) -> list[Run]:
-        """Plain ``hvd.DistributedOptimizer`` and ``stragglerkit.straggler_aware`` over two copies
-        of the model (or the one of ``config.copies``), as a Horovod script sets them up (the wrap
+        """Plain ``hvd.DistributedOptimizer`` (the plain copy and the control) and
+        ``stragglerkit.straggler_aware`` over copies of the model (``config.copies``), as a Horovod
+        script sets them up (the wrap
         makes the torch.distributed group from Horovod's ranks, across the hosts); then Horovod's
         broadcasts of each."""
         import horovod.torch as hvd
@@ -194,7 +204,7 @@ class _TrainRank:
             model = self._new_model().to(device)
             sgd = self._new_optimizer(model)
             named = [(f"{name}.{key}", p) for key, p in model.named_parameters()]
-            if name == "plain":
+            if name != "hooked":  # plain, and the control: a second plain copy
                 opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
             else:
                 opt = stragglerkit.straggler_aware(sgd, named_parameters=named, config=hook_config)
@@ -314,16 +324,25 @@ class _TrainRank:
         block_start = previous_end = time.perf_counter()
         for step, batch, late in zip(block, batches, lateness, strict=True):
             cpu_before = CpuTimes.read()
-            run.zero_grad()
             if run.slowdown is not None:
                 run.slowdown.reset(self.delay if self.config.late_rank(step) == self.rank else 0.0)
-            if run.workload is not None:  # dropout draws the same masks in both copies
+            if run.workload is not None:  # dropout draws the same masks in every copy
                 torch.manual_seed(self.config.seed * 1_000_003 + step * 1009 + self.rank)
-            loss, arrived = run.forward_backward(batch, late)
-            self.synchronize()
-            run.backward_s.append(time.perf_counter() - arrived)
-            run.step()
-            self.synchronize()
+            example_step = run.example_step
+            if example_step is not None:  # the example's own step, whole: timed from the lateness's end
+                if late > 0:
+                    sleep_precisely(late)
+                arrived = time.perf_counter()
+                loss = torch.tensor(example_step(run.model, run.opt, batch))
+                self.synchronize()
+                run.backward_s.append(time.perf_counter() - arrived)
+            else:
+                run.zero_grad()
+                loss, arrived = run.forward_backward(batch, late)
+                self.synchronize()
+                run.backward_s.append(time.perf_counter() - arrived)
+                run.step()
+                self.synchronize()
             end = time.perf_counter()
             run.times.append(end - previous_end)
             run.ends.append(end - block_start)
@@ -356,8 +375,7 @@ class _TrainRank:
             if reshape and block.start == config.reshape_at:
                 self.reshape(RESHAPE_AGAIN, block.start)
             batches = [self.make_batch(config, step, self.rank, self.device) for step in block]
-            order = self.runs if index % 2 == 0 else self.runs[::-1]
-            for run in order:
+            for run in self.orders[index % len(self.orders)]:
                 self.run_block(run, block, batches)
             diffs += [self.max_param_diff()] * len(block)
             events = self.loop.events if self.loop is not None else []
@@ -440,6 +458,9 @@ class _TrainRank:
             },
             "evaluation": self.evaluation,
             "slowdown": self.config.slowdown,
+            # the copies ran the workload's own train_step whole: backward_s is then that step from the
+            # end of the lateness (forward, backward, update), not the backward alone
+            "example_step": any(run.example_step is not None for run in self.runs),
             "algorithms": self.algorithms,
             "rank_maps": self.rank_maps,
             "events": loop.events if loop else [],

@@ -5,9 +5,9 @@ imports them (``examples.bert.train``, ``examples.llama.train``: the repository 
 path, :mod:`profiling`) and puts their :func:`build_model`, :func:`build_data`,
 :func:`make_batches` and :func:`compute_loss` behind the :class:`~profiling.lab.workload.Workload`
 protocol, so that :mod:`.finetune` trains copies of exactly that workload on the same ranks. The
-bench's step is the example's ``train_step`` taken apart (zero the gradients, the example's loss,
-backward, the optimizer's step), because the bench times the backward on its own and can slow it
-down (:class:`~profiling.lab.workload.ComputeSlowdown`). What the examples do not have is here:
+bench's step is the example's own ``train_step`` (zero the gradients, the example's loss, backward,
+the optimizer's step); a slowed straggler's delay is spread over that backward by hooks on its
+weights (:class:`~profiling.lab.workload.ComputeSlowdown`). What the examples do not have is here:
 the held-out sums added up over the ranks, and the Llama as megatron-core's ``GPTModel``
 (``--framework megatron``) with the transformers weights converted.
 
@@ -100,6 +100,11 @@ class BertTopics:
         loss: torch.Tensor = self.bert.compute_loss(model, batch)
         return loss
 
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> float:
+        """The example's own step: zero the gradients, its loss, backward (the AllReduce), update."""
+        loss: float = self.bert.train_step(model, optimizer, batch)
+        return loss
+
     def evaluate(self, model: nn.Module, rank: int, world_size: int) -> dict[str, float]:
         correct, count = self.bert.accuracy(model, self.tokenizer, self.held_out[rank::world_size], self.max_length)
         return {"correct": correct, "count": count}
@@ -168,6 +173,11 @@ class LlamaFortunes:
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         loss: torch.Tensor = self.llama.compute_loss(model, batch)
+        return loss
+
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> float:
+        """The example's own step: zero the gradients, its loss, backward (the AllReduce), update."""
+        loss: float = self.llama.train_step(model, optimizer, batch)
         return loss
 
     def held_out_windows(self, rank: int, world_size: int) -> torch.Tensor:
