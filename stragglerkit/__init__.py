@@ -28,7 +28,7 @@ from stragglerkit.errors import (
     ScheduleError,
     StragglerKitError,
 )
-from stragglerkit.runtime.runtime import FallbackWarning, RunRecord
+from stragglerkit.runtime.calls import FallbackWarning, RunRecord
 from stragglerkit.telemetry import wandb as _wandb
 from stragglerkit.version import __version__
 

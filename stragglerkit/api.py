@@ -36,7 +36,7 @@ import torch.distributed as dist
 from stragglerkit import session as _session
 from stragglerkit.config import Config
 from stragglerkit.errors import ConfigError
-from stragglerkit.runtime.runtime import AllReduceCall, AllReduceHandle, RunRecord
+from stragglerkit.runtime.calls import AllReduceCall, AllReduceHandle, RunRecord
 from stragglerkit.telemetry import nvtx  # installs the runtime's profiler ranges (runtime/hooks.py)
 
 __all__ = ["Work", "all_reduce", "destroy", "init", "is_initialized", "last_run"]

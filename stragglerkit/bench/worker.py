@@ -42,7 +42,7 @@ import stragglerkit
 from stragglerkit.bench.config import BASELINE, BenchConfig
 from stragglerkit.bench.cpu_load import CpuTimes, run_queue_wait_ns
 from stragglerkit.bench.progress import Progress
-from stragglerkit.runtime.runtime import RunRecord
+from stragglerkit.runtime.calls import RunRecord
 from stragglerkit.runtime.trace import rank_trace
 from stragglerkit.schedules.registry import Situation, why_not
 from stragglerkit.testbed.inject import sleep_precisely

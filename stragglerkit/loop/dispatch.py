@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from stragglerkit.detect.arrival import BucketTiming
 from stragglerkit.detect.nic_health import ring_link_messages
-from stragglerkit.runtime.runtime import AllReduceCall, RunRecord
+from stragglerkit.runtime.calls import AllReduceCall, RunRecord
 from stragglerkit.schedules.registry import NIC_ALGORITHMS
 from stragglerkit.session import Session
 from stragglerkit.telemetry import nvtx

@@ -5,8 +5,9 @@ from __future__ import annotations
 from stragglerkit.planner.choice import choose_algorithm
 from stragglerkit.planner.lowering import RankPlan, lower
 from stragglerkit.planner.remap import RankMap
+from stragglerkit.runtime.calls import AllReduceHandle, FallbackWarning, RunRecord
 from stragglerkit.runtime.executor import OpTiming, OpTimings
-from stragglerkit.runtime.runtime import AllReduceHandle, FallbackWarning, RunRecord, Runtime
+from stragglerkit.runtime.runtime import Runtime
 
 __all__ = [
     "AllReduceHandle",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stragglerkit.planner.tables import LoweredKind, OpColumn, RankPlan
 
 if TYPE_CHECKING:
-    from stragglerkit.runtime.runtime import RunRecord
+    from stragglerkit.runtime.calls import RunRecord
 
 __all__ = ["message_dependencies", "rank_trace"]
 

@@ -38,8 +38,8 @@ from stragglerkit import session as _session
 from stragglerkit.api import Work
 from stragglerkit.errors import ConfigError
 from stragglerkit.grouping.workers import iteration_weights
+from stragglerkit.runtime.calls import AllReduceCall
 from stragglerkit.runtime.executor import notify_local_failure
-from stragglerkit.runtime.runtime import AllReduceCall
 from stragglerkit.schedules.group_ring import validate_groups
 
 __all__ = ["group_shares", "weighted_group_all_reduce"]
