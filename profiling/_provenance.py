@@ -36,6 +36,7 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
               "profiling/bench_train_horovod.sh", "profiling/bench_train_megatron.sh"),
     "bench_finetune": ("csrc", "stragglerkit", "examples/bert", "examples/llama", "profiling/lab",
                        "profiling/bench_finetune.sh", "profiling/_finetune_summary.py"),
+    "no_harm": ("csrc", "stragglerkit", "profiling/lab", "profiling/bench_no_harm.sh", "profiling/_no_harm_summary.py"),
     "hook_overhead": ("csrc", "stragglerkit", "profiling/lab/copies.py", "profiling/bench_hook_overhead.py"),
     "link_estimate": ("csrc", "stragglerkit/runtime", "stragglerkit/planner", "stragglerkit/detect/nic_health.py",
                       "stragglerkit/testbed", "profiling/bench_link_estimate.py"),
