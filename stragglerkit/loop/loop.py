@@ -47,20 +47,13 @@ previous call and raises the loop's :class:`~stragglerkit.errors.PeerError` if o
 
 **Parts.** The loop is a dispatcher (this module: each bucket to the plan's algorithm, the plan
 switched at one step on every rank) plus the side-group traffic (:mod:`stragglerkit.loop.exchange`:
-the stats exchange, rank 0's controller thread, the clock sync), the record sinks
-(:mod:`stragglerkit.loop.sinks`: event log, W&B, NVTX), the fault reports
+the stats exchange, rank 0's controller thread, the clock sync), the records
+(:mod:`stragglerkit.loop.records`: the run's id and header, when queued records are written) and
+their sinks (:mod:`stragglerkit.loop.sinks`: event log, W&B, NVTX), the fault reports
 (:mod:`stragglerkit.loop.faults`) and its checkpoint state (:mod:`stragglerkit.loop.state`).
 
 Gradients come out identical on every rank. The controller verifies each switch and rolls it
 back if it did not pay (:mod:`stragglerkit.detect.controller`).
-
-**Records** (``Config.report``; docs/event_log.md): with an event log, each writing rank starts
-its file with a ``run`` header at its first step (a ``run_id`` that every rank of the job agrees
-on through the rendezvous store, the adapter's name, each rank's host), the decisions follow as
-they are adopted, and rank 0 adds a ``window`` line per exchange, queued by the controller's
-thread and written by the loop's once per exchange, after the step's first bucket went to its
-AllReduce. With Weights & Biases on (``report.wandb``) rank 0 hands the same records to
-:mod:`stragglerkit.telemetry.wandb`.
 
 **Profiling** (docs/profiling.md): with NVTX or torch.profiler looking (telemetry/nvtx.py), each
 step's arrival is marked (``stragglerkit/step <s>``), and the baseline's AllReduce, probes, the
@@ -92,19 +85,14 @@ Example::
 
 from __future__ import annotations
 
-import datetime
-import os
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from stragglerkit import defaults
 from stragglerkit.config import Config
 from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffsets
 from stragglerkit.detect.controller import Controller
@@ -115,7 +103,8 @@ from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, Str
 from stragglerkit.loop.dispatch import hand_off, own_buckets, probe_bucket
 from stragglerkit.loop.exchange import Exchange
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
-from stragglerkit.loop.sinks import EventLogSink, NvtxSink, Sinks, WandbSink
+from stragglerkit.loop.records import after_first_bucket, flush_records, shared_run_id, start_records, take_outbox
+from stragglerkit.loop.sinks import EventLogSink, Sinks
 from stragglerkit.loop.state import loop_state, restore
 from stragglerkit.planner.model import Predictor
 from stragglerkit.plans import Decision, log_path_for
@@ -123,8 +112,7 @@ from stragglerkit.runtime.runtime import Runtime
 from stragglerkit.session import Session
 from stragglerkit.sim.cost_model import CostModelParams
 from stragglerkit.telemetry import nvtx
-from stragglerkit.telemetry.records import FRAMEWORKS, new_run_id, run_record
-from stragglerkit.telemetry.wandb import wandb_logger
+from stragglerkit.telemetry.records import FRAMEWORKS
 
 __all__ = ["LOOP_OPS", "Baseline", "StragglerLoop"]
 
@@ -134,8 +122,6 @@ LOOP_OPS = ("avg", "sum")
 Baseline = Callable[[torch.Tensor, str], "torch.futures.Future[Any]"]
 """A framework's own AllReduce as the loop's baseline: ``baseline(tensor, op)`` (op ``"avg"`` or
 ``"sum"``) reduces ``tensor`` in place; the future completes when it is done."""
-_RUN_ID_KEY = "stragglerkit/run_id"
-"""The rendezvous store's key under which the first rank to create a loop leaves the run's id."""
 
 
 class StragglerLoop:
@@ -204,7 +190,7 @@ class StragglerLoop:
         self.controller = Controller(session.world_size, session.rank, self.settings)
         self.event_log = EventLogSink(log_path_for(chosen.report.event_log, session.rank))
         """This rank's JSONL event log (its ``path`` is ``None`` where this rank writes none)."""
-        self.run_id = _shared_run_id()
+        self.run_id = shared_run_id()
         """The run's id in the records, the same on every rank (kept by a restored loop)."""
         self.exchange = Exchange()
         """The stats exchange, rank 0's controller thread and the clock sync."""
@@ -243,23 +229,7 @@ class StragglerLoop:
         self.profiler = ArrivalProfiler(keep_steps=4 * longest + 4)
         self._speed = local_link_speed()
         self._host = host_id()
-        self._start_records(wandb)
-
-    def _start_records(self, wandb: bool | None) -> None:
-        """The record sinks: the event log, NVTX marks, and W&B on rank 0. This rank's host id is
-        left for the others' headers; the header itself is written at the first step."""
-        sinks: list[Any] = [self.event_log, NvtxSink()]
-        self._header_due = self.event_log.path is not None
-        if self._store is not None:
-            try:
-                self._store.set(f"host/{self.rank}", str(self._host))
-            except Exception as err:  # a header without hosts: not worth failing the set-up for
-                warnings.warn(f"stragglerkit could not share this rank's host id: {err!r}", stacklevel=3)
-        if self.rank == 0 and self.world_size > 1:
-            logger = wandb_logger(wandb)
-            if logger is not None:
-                sinks.append(WandbSink(logger))
-        self._sinks = Sinks(sinks)
+        start_records(self, wandb)
 
     def bind(self, session: Session) -> None:
         """Bind a restored loop to ``session`` (every rank, before its first bucket; not collective).
@@ -304,14 +274,14 @@ class StragglerLoop:
             if self.exchange.in_flight:  # finish the exchange in flight, as the next step would
                 self.exchange.receive(self._step, self.adopt, self._buckets_of, self.adopt_model)
             self.exchange.join()
-            self._take_outbox()  # written by this loop, not again by the one restored from the state
-            self._flush_records()
+            take_outbox(self)  # written by this loop, not again by the one restored from the state
+            flush_records(self)
             self._previous_sizes = [(t.bucket, t.nbytes) for t in self.profiler.buckets(self._step - 1)]
         return loop_state(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         _, run_id = restore(self, state)
-        self.run_id = run_id or _shared_run_id()
+        self.run_id = run_id or shared_run_id()
         self.baseline = None
         self._reset_in_flight()
 
@@ -394,7 +364,7 @@ class StragglerLoop:
         self._unsynced.append(future)
         if first:
             self._start_exchange(step)
-            self._after_first_bucket(step)
+            after_first_bucket(self, step)
         return future
 
     def synchronize(self) -> None:
@@ -416,8 +386,8 @@ class StragglerLoop:
         """Wait for the exchange in flight and stop the controller's thread (call on every rank
         before ``stragglerkit.destroy``; the loop must not run afterwards)."""
         self.exchange.close(failed=self._failure is not None)
-        self._take_outbox()  # the windows the last exchange queued: nothing observed is lost
-        self._flush_records()
+        take_outbox(self)  # the windows the last exchange queued: nothing observed is lost
+        flush_records(self)
         self._sinks.close()
 
     # -- per step ---------------------------------------------------------------------------------
@@ -440,9 +410,9 @@ class StragglerLoop:
         """Adopt rank 0's decision (every rank, the same step) and hand its events to the sinks,
         after the windows rank 0's controller queued before it."""
         events = self.controller.apply(decision)
-        self._take_outbox()
+        take_outbox(self)
         self._sinks.add_all(events)
-        self._flush_records()  # a decision is written when adopted
+        flush_records(self)  # a decision is written when adopted
 
     def adopt_model(self, params: CostModelParams) -> None:
         """Adopt rank 0's fitted cost model for ``all_reduce(algorithm="auto")`` (every rank, the
@@ -462,45 +432,6 @@ class StragglerLoop:
             arrivals = [self.profiler.step_arrival(s, buckets) for s in range(exchange.last_exchange, step)]
             self.controller.records_wanted = self._sinks.wanted
             exchange.start(step, arrivals, self._speed, self._host)
-
-    def _after_first_bucket(self, step: int) -> None:
-        """The records' turn, once the step's first bucket is on its way: the header at the first
-        step, what the controller queued at an exchange step, and W&B's rows on rank 0."""
-        if self._header_due:
-            self._header_due = False
-            self._write_header()
-        if step == self.exchange.last_exchange:
-            self._take_outbox()
-        self._flush_records()
-
-    def _take_outbox(self) -> None:
-        outbox = self.controller.outbox
-        while outbox:
-            self._sinks.add(outbox.popleft())
-
-    def _write_header(self) -> None:
-        hosts = None
-        if self._store is not None:
-            keys = [f"host/{r}" for r in range(self.world_size)]
-            try:  # every rank left its id before its first step: only a rank far behind is waited for
-                self._store.wait(keys, datetime.timedelta(seconds=defaults.HOSTS_WAIT_S))
-                hosts = [int(self._store.get(key)) for key in keys]
-            except Exception:
-                hosts = None  # a rank that never comes fails the step with its own error
-        header = run_record(
-            self.run_id,
-            rank=self.rank,
-            world_size=self.world_size,
-            framework=self.framework,
-            hosts=hosts if hosts is not None else ([self._host] if self.world_size == 1 else None),
-            config=self.settings,
-        )
-        self.event_log.start(header)
-
-    def _flush_records(self) -> None:
-        self._sinks.flush()
-        if self.event_log not in self._sinks.sinks:  # not bound: the log alone
-            self.event_log.flush()
 
     def _buckets_of(self, steps: range) -> tuple[list[int], list[list[str]]]:
         return own_buckets(self, steps)
@@ -524,16 +455,3 @@ class StragglerLoop:
             if self._failure is None:
                 self._failure = error
         return error
-
-
-def _shared_run_id() -> str:
-    """The run's id: the first rank to ask leaves a fresh one in the rendezvous store and every
-    rank gets that one (``compare_set`` neither waits nor is collective); without a reachable
-    store, torchrun's ``TORCHELASTIC_RUN_ID`` or else a fresh one of this rank's own."""
-    candidate = new_run_id()
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        return bytes(store.compare_set(_RUN_ID_KEY, "", candidate)).decode()
-    except Exception:
-        elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        return elastic if elastic and elastic != "none" else candidate
