@@ -42,9 +42,10 @@ BERT_SMALL = ["--batch", "4", "--max-length", "32", "--eval-limit", "32"]
 LLAMA_TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--seq-length", "64", "--pretrain-steps", "10"]
 
 
-def _run(example: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -m profiling.lab.finetune EXAMPLE ARGS`` from the repository root."""
-    command = [sys.executable, "-m", "profiling.lab.finetune", example, *args]
+def _run(example: str, *args: str, timeout: float = 240, control: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m profiling.lab.finetune EXAMPLE ARGS`` from the repository root; without the A/A
+    control copy unless ``control`` (one test trains it: it is the same plain code twice)."""
+    command = [sys.executable, "-m", "profiling.lab.finetune", example, *args, *([] if control else ["--no-control"])]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -56,7 +57,9 @@ def _checked(run_dir: Path, steps: int, framework: str) -> dict[str, Any]:
     assert len(data["loss"]["plain"]) == len(data["loss"]["hooked"]) == steps
     assert all(math.isfinite(v) for v in data["loss"]["plain"] + data["loss"]["hooked"])
     assert data["hooked_identical_on_all_ranks"] and data["plain_identical_on_all_ranks"]
-    assert set(data["evaluation"]) == {"plain", "hooked"}
+    assert set(data["evaluation"]) == set(data["copies"]) and {"plain", "hooked"} <= set(data["copies"])
+    if "control" in data["copies"]:  # the A/A control: plain's code again, the same training
+        assert data["control_identical_on_all_ranks"] and len(data["loss"]["control"]) == steps
     assert (run_dir / "loss_vs_time.png").stat().st_size > 0
     assert sorted(p.name for p in run_dir.glob("events.rank*.jsonl")) == [
         f"events.rank{r}.jsonl" for r in range(data["header"]["config"]["world_size"])
@@ -238,10 +241,16 @@ def test_bert_ddp_loopback_rank_1_slow(tmp_path: Path) -> None:
         *"--target-loss 0.01 --run-dir".split(),
         str(run_dir),
         *BERT_SMALL,
+        control=True,
+        timeout=420,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "target 0.01 not reached in 4 steps, best loss" in done.stdout
     data = _checked(run_dir, 4, "ddp")
+    assert data["copies"] == ["plain", "control", "hooked"] and data["example_step"]
+    # plain DDP twice: the same sums in the same order, so the same losses; its own step times
+    assert data["loss"]["control"] == data["loss"]["plain"]
+    assert len(data["steps"]["control_s"]) == 4 and all(t > 0 for t in data["steps"]["control_s"])
     assert data["slowdown"] == "backward"
     backward = data["steps"]["per_rank"]["hooked_backward_s"]
     assert all(ranks[1] >= 0.06 for ranks in backward), backward
@@ -452,6 +461,7 @@ def test_an_interrupted_run_leaves_a_folder_the_report_reads(tmp_path: Path, che
     # far more steps than can run before the interrupt, however the machine's load shifts the
     # moment the first window line appears (with 400 a loaded machine once finished the run first)
     args = ["--loopback", "--world-size", "2", "--steps", "20000", "--hook-warmup", "2", "--checkpoint", checkpoint]
+    args.append("--no-control")
     proc = subprocess.Popen(
         [sys.executable, "-m", "profiling.lab.finetune", LLAMA, *args, "--run-dir", str(run_dir), *LLAMA_TINY],
         env=env,
