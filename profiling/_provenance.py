@@ -38,6 +38,8 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
                        "profiling/bench_finetune.sh", "profiling/_finetune_summary.py"),
     "no_harm": ("csrc", "stragglerkit", "profiling/lab", "profiling/bench_no_harm.sh", "profiling/_no_harm_summary.py"),
     "hook_overhead": ("csrc", "stragglerkit", "profiling/lab/copies.py", "profiling/bench_hook_overhead.py"),
+    "loop_cost": ("csrc", "stragglerkit", "examples/megatron/cpu_shim.py", "profiling/lab/copies.py",
+                  "profiling/lab/train_megatron.py", "profiling/bench_loop_cost.py"),
     "link_estimate": ("csrc", "stragglerkit/runtime", "stragglerkit/planner", "stragglerkit/detect/nic_health.py",
                       "stragglerkit/testbed", "profiling/bench_link_estimate.py"),
     "executor_loopback": ("csrc", "stragglerkit/runtime", "stragglerkit/planner", "stragglerkit/schedules",

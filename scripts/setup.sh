@@ -52,7 +52,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   "${PIP[@]}" install torch==2.13.0
 fi
 echo "[setup] installing stragglerkit (editable) and its tools"
-"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml tqdm pytest ruff mypy import-linter types-PyYAML
+"${PIP[@]}" install setuptools wheel ninja numpy scipy networkx matplotlib pyyaml tqdm pytest ruff mypy import-linter types-PyYAML py-spy
 # the optional report back-ends, so their tests run: Weights & Biases (offline) and the nvtx package
 optional_or_fail "wandb and nvtx" "their tests" "${PIP[@]}" install wandb nvtx
 "${PIP[@]}" install --no-build-isolation -e .
