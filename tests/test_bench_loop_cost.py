@@ -63,14 +63,20 @@ def test_the_pyspy_summary_keeps_the_package_frames() -> None:
 
     raw = "\n".join(
         [
-            "python;<module> (profiling/bench_loop_cost.py:9);step (/r/stragglerkit/loop/loop.py:3);"
+            "<module> (profiling/bench_loop_cost.py:9);step (/r/stragglerkit/loop/loop.py:3);"
             "hand_off (/r/stragglerkit/loop/dispatch.py:7) 3",
-            "python;<module> (profiling/bench_loop_cost.py:9);backward (torch/autograd/__init__.py:2) 5",
-            "python;_observe (/r/stragglerkit/loop/exchange.py:1) 2",
+            "<module> (profiling/bench_loop_cost.py:9);backward (torch/autograd/__init__.py:2) 5",
+            "Thread.run (threading.py:982);_observe (/r/stragglerkit/loop/exchange.py:1) 2",
         ]
     )
     summary = _pyspy_top(raw, top=2)
     assert summary["samples"] == 10 and summary["stragglerkit_share"] == 0.5
+    # the training thread's stacks start in the bench's module; the controller's do not
+    assert summary["training_thread_share"] == 0.8 and summary["training_thread_stragglerkit_share"] == 0.3
+    assert summary["top_lines"] == [
+        {"line": "hand_off (stragglerkit/loop/dispatch.py:7)", "share": 0.3},
+        {"line": "_observe (stragglerkit/loop/exchange.py:1)", "share": 0.2},
+    ]
     assert summary["top"] == [
         {"frame": "hand_off (stragglerkit/loop/dispatch.py)", "inclusive_share": 0.3, "innermost_share": 0.3},
         {"frame": "step (stragglerkit/loop/loop.py)", "inclusive_share": 0.3, "innermost_share": 0.0},
