@@ -47,6 +47,12 @@ kills the processes started in the namespaces and deletes the namespaces, which 
 pairs and the bridge inside them. A run that was killed outright (SIGKILL, power loss) leaves
 namespaces behind; the next cluster started with the same prefix finds them by name and deletes
 those whose creating process no longer exists (:func:`remove_leftovers`).
+
+Parts
+-----
+The cluster's construction and shaping are in :mod:`stragglerkit.testbed.network`, the
+verification transfers in :mod:`stragglerkit.testbed.measurement`, the processes it starts in
+:mod:`stragglerkit.testbed.processes`.
 """
 
 from __future__ import annotations
@@ -57,11 +63,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from stragglerkit.testbed import measurement
 from stragglerkit.testbed.cluster_config import (
     BENCHMARK_NETWORK,
     ClusterConfig,
@@ -70,7 +76,6 @@ from stragglerkit.testbed.cluster_config import (
 )
 from stragglerkit.testbed.iproute import (
     DEFAULT_PREFIX,
-    PROCESS_GRACE,
     TestbedError,
     command,
     delete_namespace,
@@ -80,10 +85,11 @@ from stragglerkit.testbed.iproute import (
     netem_missing,
     next_instance,
     remove_leftovers,
-    shaper_commands,
-    write_name_service,
 )
+from stragglerkit.testbed.measurement import shaping_error
+from stragglerkit.testbed.network import build_network, shape_link
 from stragglerkit.testbed.probing import Pair, ProbeRunner
+from stragglerkit.testbed.processes import environment, exec_argv, stop_processes
 from stragglerkit.testbed.shaping import LinkRate, ShapingError, ShapingReport
 from stragglerkit.testbed.signals import SignalGuard
 
@@ -100,10 +106,6 @@ __all__ = [
     "list_namespaces",
     "remove_leftovers",
 ]
-
-
-_BRIDGE = "skbr"
-_MAX_MEASURE_ATTEMPTS = 4  # a busy machine can slow a transfer down; shaping errors persist
 
 
 class EmulatedCluster:
@@ -284,7 +286,7 @@ class EmulatedCluster:
             raise TestbedError("the cluster is already started")
         self._active = True
         self.removed_leftovers = remove_leftovers(self.config.prefix)
-        self._build()
+        build_network(self)
         if self.config.verify:
             self.verify()
 
@@ -292,7 +294,7 @@ class EmulatedCluster:
         """Ends the processes started in the cluster and deletes every namespace; safe to call twice."""
         held = self._signals.hold()
         try:
-            self._stop_processes()
+            stop_processes(self._processes)
             for namespace in reversed(self._created):
                 delete_namespace(namespace)
             self._created.clear()
@@ -302,50 +304,6 @@ class EmulatedCluster:
             # delivered to the handler the program had before the cluster started.
             self._signals.restore()
             self._signals.release(held)
-
-    def _build(self) -> None:
-        br = self.bridge_namespace
-        self._add_namespace(br, self._probe_address)
-        command(["ip", "-n", br, "link", "set", "lo", "up"])
-        command(["ip", "-n", br, "link", "add", _BRIDGE, "type", "bridge"])
-        command(["ip", "-n", br, "link", "set", _BRIDGE, "addrgenmode", "none"])
-        command(["ip", "-n", br, "link", "set", _BRIDGE, "mtu", str(self.config.mtu), "up"])
-        command(["ip", "-n", br, "addr", "add", f"{self._probe_address}/{self._prefix_len}", "dev", _BRIDGE])
-        if self.config.latency > 0:
-            self._require_netem()
-        for host in range(self.hosts):
-            ns, port = self.namespace(host), f"h{host}"
-            self._add_namespace(ns, self.address(host))
-            command(["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", self.interface, "netns", ns])
-            for namespace, device in ((br, port), (ns, self.interface)):
-                command(["ip", "-n", namespace, "link", "set", device, "addrgenmode", "none"])
-            command(["ip", "-n", br, "link", "set", port, "mtu", str(self.config.mtu), "master", _BRIDGE, "up"])
-            command(["ip", "-n", ns, "link", "set", "lo", "up"])
-            command(["ip", "-n", ns, "link", "set", self.interface, "mtu", str(self.config.mtu), "up"])
-            command(["ip", "-n", ns, "addr", "add", f"{self.address(host)}/{self._prefix_len}", "dev", self.interface])
-            if self.config.tcp_slow_start_after_idle is not None:
-                value = int(self.config.tcp_slow_start_after_idle)
-                setting = f"net.ipv4.tcp_slow_start_after_idle={value}"
-                command(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", setting])
-            if self.config.tcp_send_buffer is not None:
-                most = self.config.tcp_send_buffer
-                setting = f"net.ipv4.tcp_wmem=4096 {min(16384, most)} {most}"  # per namespace
-                command(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", setting])
-            self._shape(host, replace=False)
-
-    def _add_namespace(self, namespace: str, own_address: str) -> None:
-        self._created.append(namespace)  # first, so that a half-made namespace is cleaned up too
-        command(["ip", "netns", "add", namespace])
-        if self.config.tcp_congestion_control is not None:  # the probe end's too: it sends in the probes
-            setting = f"net.ipv4.tcp_congestion_control={self.config.tcp_congestion_control}"
-            command(["ip", "netns", "exec", namespace, "sysctl", "-q", "-w", setting])
-        names = {address: f"skh{h}" for h, address in enumerate(self._addresses)}
-        write_name_service(namespace, {**names, self._probe_address: "skprobe"}, own_address)
-
-    def _require_netem(self) -> None:
-        missing = netem_missing(self.bridge_namespace)
-        if missing:
-            raise TestbedError(missing)
 
     @staticmethod
     def netem_available(prefix: str = DEFAULT_PREFIX) -> tuple[bool, str]:
@@ -361,24 +319,6 @@ class EmulatedCluster:
             delete_namespace(namespace)
         return (False, missing) if missing else (True, "the netem queueing discipline is available")
 
-    def _shapers(self, host: int) -> list[tuple[str, str]]:
-        """(namespace, device) of the two shapers of ``host``: its send side and its receive side."""
-        return [(self.namespace(host), self.interface), (self.bridge_namespace, f"h{host}")]
-
-    def _shape(self, host: int, *, replace: bool) -> None:
-        for ns, dev in self._shapers(host):
-            parent = None
-            if self.config.latency > 0:
-                half = f"{self.config.latency / 2 * 1e6:.0f}us"
-                verb = "replace" if replace else "add"
-                command(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "1:", "netem", "delay", half])
-                parent = "1:1"
-            peers = [a for h, a in enumerate(self._addresses) if h != host] if self.config.fair_queueing else []
-            match = "dst" if ns == self.namespace(host) else "src"
-            rate = self.link_rate(host)
-            for argv in shaper_commands(ns, dev, rate, parent, change=replace, peers=peers, match=match):
-                command(argv)
-
     def set_slowdown(self, host: int, slowdown: float, *, verify: bool = False) -> tuple[LinkRate, LinkRate] | None:
         """Reshapes ``host``'s link to bandwidth / slowdown in both directions (1 restores it).
 
@@ -389,7 +329,7 @@ class EmulatedCluster:
         check_slowdown(slowdown)
         self._require_active()
         self._slowdowns[host] = float(slowdown)
-        self._shape(host, replace=True)
+        shape_link(self, host, replace=True)
         if not verify:
             return None
         report = self.verify(hosts=[host], ring=False)
@@ -401,18 +341,6 @@ class EmulatedCluster:
 
     # ----------------------------------------------------------------- processes
 
-    def _exec_argv(self, host: int, argv: Sequence[str]) -> list[str]:
-        if isinstance(argv, str | bytes) or not argv:
-            raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
-        return ["ip", "netns", "exec", self.namespace(host), *map(str, argv)]
-
-    @staticmethod
-    def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = dict(os.environ)
-        if env:
-            merged.update({k: str(v) for k, v in env.items()})
-        return merged
-
     def popen(
         self, host: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
     ) -> subprocess.Popen[Any]:
@@ -422,7 +350,7 @@ class EmulatedCluster:
         Other keyword arguments go to subprocess.Popen.
         """
         self._require_active()
-        process = subprocess.Popen(self._exec_argv(host, argv), env=self._environment(env), **kwargs)
+        process = subprocess.Popen(exec_argv(self, host, argv), env=environment(env), **kwargs)
         self._processes.append(process)
         return process
 
@@ -437,7 +365,7 @@ class EmulatedCluster:
         if isinstance(argv, str | bytes) or not argv:
             raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
         argv = ["ip", "netns", "exec", self.bridge_namespace, *map(str, argv)]
-        process = subprocess.Popen(argv, env=self._environment(env), **kwargs)
+        process = subprocess.Popen(argv, env=environment(env), **kwargs)
         self._processes.append(process)
         return process
 
@@ -453,22 +381,7 @@ class EmulatedCluster:
     ) -> subprocess.CompletedProcess[Any]:
         """Runs ``argv`` inside ``host``'s namespace to completion (killed after ``timeout`` s)."""
         self._require_active()
-        return subprocess.run(
-            self._exec_argv(host, argv), env=self._environment(env), timeout=timeout, check=check, **kwargs
-        )
-
-    def _stop_processes(self) -> None:
-        running = [p for p in self._processes if p.poll() is None]
-        for process in running:
-            process.terminate()
-        deadline = time.monotonic() + PROCESS_GRACE
-        for process in running:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=PROCESS_GRACE)
-        self._processes.clear()
+        return subprocess.run(exec_argv(self, host, argv), env=environment(env), timeout=timeout, check=check, **kwargs)
 
     def ping(self, source: int, target: int, *, rounds: int = 10, size: int = 64, timeout: float = 10.0) -> list[float]:
         """Round-trip times in seconds of ``rounds`` TCP messages from ``source`` to ``target``.
@@ -488,48 +401,9 @@ class EmulatedCluster:
 
     # ----------------------------------------------------------------- verification
 
-    def _link_pair(self, host: int, direction: str) -> Pair:
-        """The transfer that crosses exactly one shaper: host to probe endpoint, or back."""
-        if direction == "send":
-            return Pair(self.bridge_namespace, self.namespace(host), self._probe_address)
-        if direction == "recv":
-            return Pair(self.namespace(host), self.bridge_namespace, self.address(host))
-        raise ValueError(f"direction must be 'send' or 'recv', got {direction!r}")
-
-    def _measure(self, pairs: list[Pair], expected: list[float]) -> list[tuple[float, tuple[float, ...]]]:
-        """Runs the transfers (together) up to four times, until every rate is within tolerance.
-
-        Another process can slow a transfer down (CPU contention), hence the retries. Returns per
-        pair the figure reported (the first attempt within tolerance, else the median) and all
-        attempts.
-        """
-        skip = 256 * 1024  # past the bucket's initial burst and TCP slow start
-        nbytes = skip + min(8 << 20, max(1 << 20, int(max(expected) * self.config.measure_seconds)))
-        timeout = max(5.0, 20 * nbytes / min(expected))
-        runner = ProbeRunner(self._processes)
-        attempts: list[list[float]] = [[] for _ in pairs]
-        for _ in range(_MAX_MEASURE_ATTEMPTS):
-            for rates, rate in zip(attempts, runner.transfer_rates(pairs, nbytes, skip, timeout)):
-                rates.append(rate)
-            if all(self._within(rates[-1], e) for rates, e in zip(attempts, expected)):
-                break
-        reported = []
-        for rates, e in zip(attempts, expected):
-            good = [r for r in rates if self._within(r, e)]
-            reported.append((good[0] if good else sorted(rates)[len(rates) // 2], tuple(rates)))
-        return reported
-
-    def _within(self, measured: float, expected: float) -> bool:
-        return abs(measured / expected - 1) <= self.config.tolerance
-
     def measure_link(self, host: int, direction: str) -> LinkRate:
         """Measures one direction of ``host``'s link alone ("send" or "recv")."""
-        self._check_host(host)
-        pair = self._link_pair(host, direction)
-        self._require_active()
-        expected = self.expected_payload_rate(host)
-        [(measured, attempts)] = self._measure([pair], [expected])
-        return LinkRate(host, direction, self.link_rate(host), expected, measured, attempts)
+        return measurement.measure_link(self, host, direction)
 
     def measure_ring(self) -> tuple[LinkRate, ...]:
         """Every host sends to the next one at the same time, as in a ring AllReduce.
@@ -537,16 +411,7 @@ class EmulatedCluster:
         Host i's flow crosses its send shaper and host i+1's receive shaper, so it should get the
         smaller of the two rates. This is the load at which a small machine's CPU gives out first.
         """
-        self._require_active()
-        n = self.hosts
-        pairs = [Pair(self.namespace((h + 1) % n), self.namespace(h), self.address((h + 1) % n)) for h in range(n)]
-        configured = [min(self.link_rate(h), self.link_rate((h + 1) % n)) for h in range(n)]
-        expected = [min(self.expected_payload_rate(h), self.expected_payload_rate((h + 1) % n)) for h in range(n)]
-        results = self._measure(pairs, expected)
-        return tuple(
-            LinkRate(h, "ring", configured[h], expected[h], measured, attempts)
-            for h, (measured, attempts) in enumerate(results)
-        )
+        return measurement.measure_ring(self)
 
     def measure_fan_out(self, host: int, peers: Sequence[int]) -> tuple[LinkRate, ...]:
         """``host`` sends to every one of ``peers`` at the same time, one transfer each.
@@ -555,21 +420,7 @@ class EmulatedCluster:
         even share of it (the expected rate of each is the link's divided by the number of peers,
         or the peer's own rate where that is lower).
         """
-        self._check_host(host)
-        for peer in peers:
-            self._check_host(peer)
-        if not peers or host in peers or len(set(peers)) != len(peers):
-            raise ValueError(f"peers must be distinct hosts other than {host}, got {list(peers)}")
-        self._require_active()
-        pairs = [Pair(self.namespace(p), self.namespace(host), self.address(p)) for p in peers]
-        share = self.link_rate(host) / len(peers)
-        configured = [min(share, self.link_rate(p)) for p in peers]
-        expected = [min(self.expected_payload_rate(host) / len(peers), self.expected_payload_rate(p)) for p in peers]
-        results = self._measure(pairs, expected)
-        return tuple(
-            LinkRate(host, f"to {p}", rate, e, measured, attempts)
-            for p, rate, e, (measured, attempts) in zip(peers, configured, expected, results)
-        )
+        return measurement.measure_fan_out(self, host, peers)
 
     def measure(self, hosts: Sequence[int] | None = None, *, ring: bool = True) -> ShapingReport:
         """Measures both directions of each host's link alone (all hosts by default) and, with
@@ -588,16 +439,5 @@ class EmulatedCluster:
         report = self.measure(hosts, ring=ring)
         self.shaping = report
         if not report.ok:
-            slow = any(link.relative_error < -report.tolerance for link in report.links)
-            cause = (
-                "a link measured slower than shaped, so something else (usually the CPU) limits the rate; "
-                "lower Config.bandwidth or free CPU cores"
-                if slow
-                else "a link measured faster than shaped, so the shaping is not in effect"
-            )
-            raise ShapingError(
-                f"the emulated links are not shaped as configured (tolerance {report.tolerance:.0%}): {cause}; "
-                f"a benchmark on them would not measure what it claims.\n{report.describe()}",
-                report,
-            )
+            raise shaping_error(report)
         return report
