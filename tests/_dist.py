@@ -1,9 +1,11 @@
-"""Spawns a real multi-process group (gloo unless told otherwise) on 127.0.0.1 for the executor tests."""
+"""Spawns a real multi-process group (gloo unless told otherwise) on 127.0.0.1 for the executor tests;
+``several`` runs several tests' cases in one such group, one after the other."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["run_group"]
+__all__ = ["run_group", "several"]
 
 
 def _entry(
@@ -70,3 +72,30 @@ def run_group(
                     p.kill()
     assert not errors, "\n".join(errors)
     return results
+
+
+def several(rank: int, world_size: int, cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]) -> dict[str, Any]:
+    """Each case ({name: (fn, args)}: ``fn(rank, world_size, *args)``) in turn in this process group
+    (``run_group(n, several, cases)``), each from a clean slate: no stragglerkit session, the
+    executor's own wait mode, and this process's environment and wall clock as they were before
+    it; every rank ends a case before the next starts. {name: what ``fn`` returned}; an exception
+    names its case."""
+    import stragglerkit
+    from stragglerkit.runtime.executor import force_wait_mode
+
+    out: dict[str, Any] = {}
+    for name, (fn, args) in cases.items():
+        environment, time_ns = dict(os.environ), time.time_ns
+        try:
+            out[name] = fn(rank, world_size, *args)
+        except Exception as err:
+            raise AssertionError(f"case {name!r} on rank {rank}: {type(err).__name__}: {err}") from err
+        finally:
+            if stragglerkit.is_initialized():
+                stragglerkit.destroy()
+            force_wait_mode("auto")
+            os.environ.clear()
+            os.environ.update(environment)
+            time.time_ns = time_ns
+        dist.barrier()
+    return out

@@ -1,15 +1,95 @@
-"""Bad input on real gloo groups: a clear error on every rank, before data moves, nobody hangs."""
+"""Bad input on real gloo groups: a clear error on every rank, before data moves, nobody hangs.
+
+The cases of one world size run one after the other in one process group (:func:`launches`), each
+from a clean slate (tests/_dist.py, ``several``): no session, the default wait mode and
+the environment as before it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import fault_bodies
 import pytest
-from _dist import run_group
+from _dist import run_group, several
+from _launch import selected_tests
 
 WAIT_MODES = ["ordered", "concurrent"]
 """The executor's two ways of observing completions (csrc/channel_waiters.h)."""
+
+CASES: dict[str, tuple[int, tuple[str, str], Callable[..., Any], tuple[Any, ...]]] = {
+    # case: (world size, (its test, its parameters), its body in tests/fault_bodies.py, its arguments)
+    "misspelt": (3, ("test_a_misspelt_setting_is_named_once", ""), fault_bodies.misspelt_setting, ()),
+    "setting_differs": (
+        3,
+        ("test_a_setting_that_differs_at_init_is_named_on_every_rank", ""),
+        fault_bodies.one_rank_setting_at_init,
+        ("STRAGGLERKIT_TCP_SEND_BUFFER", "off"),
+    ),
+    "bad_setting": (
+        3,
+        ("test_a_bad_setting_at_init_is_named_on_every_rank", ""),
+        fault_bodies.one_rank_setting_at_init,
+        ("STRAGGLERKIT_TCP_SEND_BUFFER", "sideways"),
+    ),
+    "bad_arguments": (
+        3,
+        ("test_bad_arguments_on_every_rank_then_recovery", ""),
+        fault_bodies.bad_arguments_everywhere,
+        (),
+    ),
+    "one_rank_bad_arguments": (
+        3,
+        ("test_one_rank_with_bad_arguments_stops_the_others", ""),
+        fault_bodies.one_rank_bad_arguments,
+        (),
+    ),
+    **{
+        f"dtype_mismatch/{mode}": (
+            3,
+            ("test_dtype_mismatch_is_caught_on_every_rank", mode),
+            fault_bodies.dtype_mismatch,
+            (mode,),
+        )
+        for mode in WAIT_MODES
+    },
+    "mismatch_notes": (
+        3,
+        ("test_mismatch_notes_carry_what_their_origin_passed", ""),
+        fault_bodies.dtype_mismatch_notes,
+        (),
+    ),
+    "idle": (3, ("test_an_idle_group_outlives_its_timeout", ""), fault_bodies.idle_past_the_group_timeout, (2.5,)),
+    **{
+        f"size_mismatch/{mode}": (
+            4,
+            ("test_size_mismatch_is_caught_on_every_rank_before_data_moves", mode),
+            fault_bodies.size_mismatch,
+            (mode,),
+        )
+        for mode in WAIT_MODES
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the case's body returned}, from one process group per world
+    size that runs the cases of the tests selected in this session."""
+    selected = selected_tests(request)
+    done: dict[int, dict[int, dict[str, Any]]] = {}
+
+    def result(case: str) -> dict[int, Any]:
+        n = CASES[case][0]
+        if n not in done:
+            cases = {
+                name: (body, args) for name, (size, test, body, args) in CASES.items() if size == n and test in selected
+            }
+            done[n] = run_group(n, several, cases, timeout=600.0)
+        return {rank: out[case] for rank, out in done[n].items()}
+
+    return result
 
 
 def _is_config_error(out: dict[str, Any]) -> bool:
@@ -17,8 +97,8 @@ def _is_config_error(out: dict[str, Any]) -> bool:
     return out["error"].startswith("ConfigError") and "ValueError" in out["kinds"]
 
 
-def test_bad_arguments_on_every_rank_then_recovery() -> None:
-    results = run_group(3, fault_bodies.bad_arguments_everywhere)
+def test_bad_arguments_on_every_rank_then_recovery(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("bad_arguments")
     for out in results.values():
         assert _is_config_error(out["non_contiguous"]) and "contiguous" in out["non_contiguous"]["error"]
         assert _is_config_error(out["sparse"]) and "dense" in out["sparse"]["error"]
@@ -31,8 +111,8 @@ def test_bad_arguments_on_every_rank_then_recovery() -> None:
         assert out["good"]["error"] == "ok" and out["good_value"], out
 
 
-def test_one_rank_with_bad_arguments_stops_the_others() -> None:
-    results = run_group(3, fault_bodies.one_rank_bad_arguments)
+def test_one_rank_with_bad_arguments_stops_the_others(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("one_rank_bad_arguments")
     assert _is_config_error(results[1]) and "contiguous" in results[1]["error"]
     for rank in (0, 2):
         error = results[rank]["error"]
@@ -42,10 +122,10 @@ def test_one_rank_with_bad_arguments_stops_the_others() -> None:
         assert f"on rank {rank}" in error
 
 
-def test_a_setting_that_differs_at_init_is_named_on_every_rank() -> None:
+def test_a_setting_that_differs_at_init_is_named_on_every_rank(launches: Callable[[str], dict[int, Any]]) -> None:
     """STRAGGLERKIT_TCP_SEND_BUFFER=off on rank 1 only: the others would create the runtime's own
     groups (collectively) without it. Every rank raises in init, naming the field and the ranks."""
-    results = run_group(3, fault_bodies.one_rank_setting_at_init, "STRAGGLERKIT_TCP_SEND_BUFFER", "off")
+    results = launches("setting_differs")
     for rank, out in results.items():
         error = out["error"]
         assert _is_config_error(out) and "executor.send_buffer differs" in error, (rank, error)
@@ -53,10 +133,10 @@ def test_a_setting_that_differs_at_init_is_named_on_every_rank() -> None:
         assert "give every rank the same configuration" in error
 
 
-def test_a_bad_setting_at_init_is_named_on_every_rank() -> None:
+def test_a_bad_setting_at_init_is_named_on_every_rank(launches: Callable[[str], dict[int, Any]]) -> None:
     """A bad value on rank 1 only: rank 1 cannot build its configuration, and the others, already in
     init's collective steps, raise naming it instead of waiting."""
-    results = run_group(3, fault_bodies.one_rank_setting_at_init, "STRAGGLERKIT_TCP_SEND_BUFFER", "sideways")
+    results = launches("bad_setting")
     for rank, out in results.items():
         error = out["error"]
         assert _is_config_error(out) and "on rank 1: STRAGGLERKIT_TCP_SEND_BUFFER='sideways'" in error, (rank, error)
@@ -64,8 +144,10 @@ def test_a_bad_setting_at_init_is_named_on_every_rank() -> None:
 
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
-def test_size_mismatch_is_caught_on_every_rank_before_data_moves(wait_mode: str) -> None:
-    results = run_group(4, fault_bodies.size_mismatch, wait_mode)
+def test_size_mismatch_is_caught_on_every_rank_before_data_moves(
+    wait_mode: str, launches: Callable[[str], dict[int, Any]]
+) -> None:
+    results = launches(f"size_mismatch/{wait_mode}")
     for rank, out in results.items():
         assert "CollectiveError" in out["kinds"] and "StragglerKitError" in out["kinds"], (rank, out)
         assert "algorithm ring" in out["error"]
@@ -80,18 +162,18 @@ def test_size_mismatch_is_caught_on_every_rank_before_data_moves(wait_mode: str)
 
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
-def test_dtype_mismatch_is_caught_on_every_rank(wait_mode: str) -> None:
-    results = run_group(3, fault_bodies.dtype_mismatch, wait_mode)
+def test_dtype_mismatch_is_caught_on_every_rank(wait_mode: str, launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches(f"dtype_mismatch/{wait_mode}")
     for rank, out in results.items():
         assert "CollectiveError" in out["kinds"] and "mismatch" in out["error"], (rank, out)
     assert "Double" in results[0]["error"] and "Float" in results[0]["error"]
     assert results[0]["unchanged"]
 
 
-def test_mismatch_notes_carry_what_their_origin_passed() -> None:
+def test_mismatch_notes_carry_what_their_origin_passed(launches: Callable[[str], dict[int, Any]]) -> None:
     """A rank told of a mismatch by a note can name the difference even if the origin's header has not
     reached it yet (the note can overtake it): the note carries the origin's numel, dtype and plan."""
-    results = run_group(3, fault_bodies.dtype_mismatch_notes)
+    results = launches("mismatch_notes")
     dtype_code = {0: 7, 1: 6, 2: 6}  # c10::ScalarType: Double 7, Float 6 (rank 0 passed float64)
     mismatch = 1  # AbortReason kReasonMismatch
     notes = [note for out in results.values() for note in out["notes"] if note[2] == mismatch]
@@ -102,19 +184,19 @@ def test_mismatch_notes_carry_what_their_origin_passed() -> None:
         assert (origin == 0) != (remote == 0), notes  # every mismatch involves rank 0
 
 
-def test_an_idle_group_outlives_its_timeout() -> None:
+def test_an_idle_group_outlives_its_timeout(launches: Callable[[str], dict[int, Any]]) -> None:
     """Gloo closes every connection of a group when one of its waits times out; the executor's
     listener for abort notes waits on every gloo group it used, so it must never time out: a run
     idle for longer than the group's timeout (1 s here; 30 min by default) still works after."""
     n = 3
-    results = run_group(n, fault_bodies.idle_past_the_group_timeout, 2.5)
+    results = launches("idle")
     total = float(sum(range(1, n + 1)))
     assert all(results[r] == [total] * 3 for r in range(n)), results
 
 
-def test_a_misspelt_setting_is_named_once() -> None:
-    results = run_group(2, fault_bodies.misspelt_setting)
+def test_a_misspelt_setting_is_named_once(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("misspelt")
     assert results[0] == [
         "STRAGGLERKIT_TIME_OUT is not a stragglerkit setting (did you mean STRAGGLERKIT_TIMEOUT?); it has no effect"
     ]
-    assert results[1] == []  # rank 0 speaks for the group
+    assert results[1] == results[2] == []  # rank 0 speaks for the group

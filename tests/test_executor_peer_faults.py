@@ -1,4 +1,7 @@
-"""Peer faults on real gloo groups: a dead or stalled peer gives a clear error naming it, no hang."""
+"""Peer faults on real gloo groups: a dead or stalled peer gives a clear error naming it, no hang.
+
+A dead peer takes a process group of its own; the stalled peer's wait modes share one, each from
+a clean slate (tests/_dist.py, ``several``)."""
 
 from __future__ import annotations
 
@@ -6,13 +9,15 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import fault_bodies
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import run_group
+from _dist import run_group, several
+from _launch import selected_tests
 
 WAIT_MODES = ["ordered", "concurrent"]
 """The executor's two ways of observing completions (csrc/channel_waiters.h)."""
@@ -53,9 +58,26 @@ def test_dead_peer_raises_naming_it(wait_mode: str) -> None:
         assert fault_bodies.blames_its_peer(results[rank], 2), results[rank]
 
 
+@pytest.fixture(scope="module")
+def stalled(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
+    """``stalled(wait_mode)``: {rank: ``peer_stalls``'s result} in that wait mode, from one 4-rank
+    group that runs the wait modes of the tests selected in this session one after the other, each
+    from a clean slate (tests/_dist.py, ``several``)."""
+    modes = [mode for test, mode in selected_tests(request) if test == "test_stalled_peer_times_out_naming_it"]
+    done: list[dict[int, dict[str, Any]]] = []
+
+    def result(wait_mode: str) -> dict[int, Any]:
+        if not done:
+            cases = {mode: (fault_bodies.peer_stalls, (mode,)) for mode in WAIT_MODES if mode in modes}
+            done.append(run_group(4, several, cases, timeout=600.0))
+        return {rank: out[wait_mode] for rank, out in done[0].items()}
+
+    return result
+
+
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
-def test_stalled_peer_times_out_naming_it(wait_mode: str) -> None:
-    results = run_group(4, fault_bodies.peer_stalls, wait_mode)
+def test_stalled_peer_times_out_naming_it(wait_mode: str, stalled: Callable[[str], dict[int, Any]]) -> None:
+    results = stalled(wait_mode)
     # ranks 1 and 3 talk to the stalled rank 2: each either times out itself, or is stopped first by
     # the other's abort note -- and then reports that root cause. Either way the error names rank 2.
     for rank in (1, 3):
