@@ -201,11 +201,24 @@ def faulty_rank(args: dict[str, Any]) -> dict[str, Any]:
     os._exit(0)
 
 
+def several(args: dict[str, Any]) -> dict[str, Any]:
+    """Each case of ``args["cases"]`` ({name: {"case": a case of :data:`CASES`, **its args}}) in turn,
+    in this one run: {"cases": {name: its result, with ``ok``, or ``ok`` False and the traceback}}."""
+    out: dict[str, Any] = {}
+    for name, case_args in args["cases"].items():
+        try:
+            out[name] = {"ok": True, **CASES[case_args["case"]](case_args)}
+        except Exception:
+            out[name] = {"ok": False, "error": f"case {name}:\n{traceback.format_exc()}"}
+    return {"cases": out}
+
+
 CASES = {
     "side_by_side": side_by_side,
     "bad_input": bad_input,
     "mismatched_parameters": mismatched_parameters,
     "faulty_rank": faulty_rank,
+    "several": several,
 }
 
 

@@ -8,11 +8,13 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _horovod import HOROVODRUN, horovodrun_env, rank_errors
+from _launch import selected_tests
 from _require import needs
 
 BODIES = Path(__file__).with_name("horovod_bodies.py")
@@ -56,21 +58,63 @@ def check_same_training(results: list[dict[str, Any]], steps: int) -> None:
     assert all(r["ours"] == results[0]["ours"] for r in results), "ranks differ"
 
 
-@pytest.mark.parametrize("form", ["drop_in", "instance", "class", "function"])
-def test_trains_like_horovods_optimizer_in_every_form(form: str, tmp_path: Path) -> None:
-    results = horovodrun(2, "side_by_side", tmp_path, steps=12, form=form)
+FORMS = ["drop_in", "instance", "class", "function"]
+OPTIONS = {
+    "fp16_compression": {"fp16": True},
+    "two_backward_passes": {"backward_passes_per_step": 2},
+    "synchronize_clip_skip": {"clip": True},
+    "op_sum": {"op": "sum"},
+}
+TWO_RANK_CASES: dict[str, dict[str, Any]] = {
+    **{f"form/{form}": {"case": "side_by_side", "steps": 12, "form": form} for form in FORMS},
+    **{f"options/{name}": {"case": "side_by_side", "steps": 10, **options} for name, options in OPTIONS.items()},
+    "bad_input": {"case": "bad_input"},
+}
+"""The cases on 2 ranks, all run by one ``horovodrun`` (:func:`two_ranks`), each checked by its test."""
+
+
+def _two_rank_case(test: str, params: str) -> str | None:
+    """The case of :data:`TWO_RANK_CASES` that test ``test`` (of parameters ``params``) checks, if any."""
+    if test == "test_trains_like_horovods_optimizer_in_every_form":
+        return f"form/{params}"
+    if test == "test_horovods_options_keep_their_meaning":
+        return f"options/{params}"
+    return "bad_input" if test == "test_bad_input_is_named" else None
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list]:
+    """``two_ranks(case)``: every rank's result of ``case``, from one ``horovodrun`` on 2 ranks
+    that runs the cases of the tests selected in this session, one after the other."""
+    selected = {_two_rank_case(test, params) for test, params in selected_tests(request)}
+    cases = {name: args for name, args in TWO_RANK_CASES.items() if name in selected}
+    ran: list[list[dict[str, Any]]] = []
+
+    def case(name: str) -> list[dict[str, Any]]:
+        if not ran:
+            ran.append(horovodrun(2, "several", tmp_path_factory.mktemp("two_ranks"), timeout=900.0, cases=cases))
+        results = [r["cases"][name] for r in ran[0]]
+        failed = [f"rank {rank}:\n{r['error']}" for rank, r in enumerate(results) if not r["ok"]]
+        assert not failed, "\n".join(failed)
+        return results
+
+    return case
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_trains_like_horovods_optimizer_in_every_form(form: str, two_ranks: Callable[[str], list]) -> None:
+    results = two_ranks(f"form/{form}")
     check_same_training(results, 12)
     assert all(r["is_sgd"] and r["class"] == ("MySGD" if form == "class" else "SGD") for r in results), results[0]
     assert all(r["closed"] for r in results), "optimizer.close() stops the loop's thread"
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"fp16": True}, {"backward_passes_per_step": 2}, {"clip": True}, {"op": "sum"}],
-    ids=["fp16_compression", "two_backward_passes", "synchronize_clip_skip", "op_sum"],
-)
-def test_horovods_options_keep_their_meaning(options: dict[str, Any], tmp_path: Path) -> None:
-    results = horovodrun(2, "side_by_side", tmp_path, steps=10, **options)
+@pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
+def test_horovods_options_keep_their_meaning(
+    options: dict[str, Any], request: pytest.FixtureRequest, two_ranks: Callable[[str], list]
+) -> None:
+    results = two_ranks(f"options/{request.node.callspec.id}")
+    assert all(TWO_RANK_CASES[f"options/{request.node.callspec.id}"][k] == v for k, v in options.items())
     check_same_training(results, 10)
 
 
@@ -86,8 +130,8 @@ def test_a_late_rank_switches_the_buckets_to_stragglar_with_the_same_parameters(
     )
 
 
-def test_bad_input_is_named(tmp_path: Path) -> None:
-    errors = horovodrun(2, "bad_input", tmp_path)[0]["errors"]
+def test_bad_input_is_named(two_ranks: Callable[[str], list]) -> None:
+    errors = two_ranks("bad_input")[0]["errors"]
     assert errors["twice"].startswith("ConfigError") and "already distributed" in errors["twice"], errors
     assert errors["not_an_optimizer"].startswith("ConfigError") and "int" in errors["not_an_optimizer"], errors
     # Horovod's own checks, with Horovod's messages
