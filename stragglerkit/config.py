@@ -33,6 +33,7 @@ from stragglerkit.errors import ConfigError
 from stragglerkit.units import parse_size, parse_switch
 
 __all__ = [
+    "ACT_CHOICES",
     "ENVIRONMENT",
     "Config",
     "DetectionConfig",
@@ -41,12 +42,31 @@ __all__ = [
     "OptCCConfig",
     "ReportConfig",
     "SyncConfig",
+    "restore_fields",
 ]
 
 MiB = 1024 * 1024
 KiB = 1024
 SMALLEST_SEND_BUFFER = 8192
 """Linux doubles a socket's send buffer and keeps at least a few pages; below this a bound means nothing."""
+
+
+def restore_fields(obj: Any, state: Any) -> None:
+    """Unpickle the slotted dataclass ``obj`` from ``state`` (``(None, slots)``, as a slotted
+    object pickles by default, or a dict), also as a checkpoint written before a field existed:
+    that field gets its default. A slotted dataclass's ``__setstate__``."""
+    if isinstance(state, tuple):
+        state = {**(state[0] or {}), **(state[1] or {})}
+    for f in dataclasses.fields(obj):
+        if f.name in state:
+            value = state[f.name]
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        else:
+            continue  # no default to give: left unset, as the default unpickling would
+        object.__setattr__(obj, f.name, value)
 
 
 def _send_buffer(section: str, name: str, value: object) -> int | None:
@@ -102,6 +122,14 @@ class OptCCConfig:
         self.send_buffer = _send_buffer("optcc", "send_buffer", self.send_buffer)
 
 
+ACT_CHOICES: dict[str, str] = {
+    "auto": "switch where stragglerkit's executor is proven (gloo process groups), observe only elsewhere (NCCL)",
+    "always": "switch on every backend, NCCL included",
+    "never": "observe only on every backend: detect, report and log, never switch, run no probes",
+}
+"""What ``DetectionConfig.act`` may be, and what each does."""
+
+
 @dataclass(kw_only=True, slots=True)
 class DetectionConfig:
     """The closed loop: when a rank counts as a persistent straggler or degraded, and how a switch is judged.
@@ -138,8 +166,22 @@ class DetectionConfig:
     """Steps measured after a switch before judging it; a switch that did not pay is rolled back."""
     cooldown_steps: int = 200
     """A rolled-back plan is not tried again for this many steps."""
+    act: str = "auto"
+    """Whether the loop may switch algorithms or only observe: ``"auto"`` switches where
+    stragglerkit's executor is proven (gloo process groups) and observes elsewhere (NCCL);
+    ``"always"`` switches on every backend (the opt-in for NCCL); ``"never"`` observes on every
+    backend. Observing, the loop detects, reports and logs as it would acting, records the switch
+    it would have made (``would_switch``), and every bucket runs the process group's own AllReduce
+    or the framework's (no probes). ``stragglerkit.all_reduce`` calls are the user's own and not governed by it."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.act, str):
+            self.act = self.act.strip().lower()
+        if self.act not in ACT_CHOICES:
+            raise ConfigError(
+                f"detection.act must be one of {', '.join(ACT_CHOICES)}, got {self.act!r}: "
+                + "; ".join(f"{name}: {what}" for name, what in ACT_CHOICES.items())
+            )
         for name in (
             "warmup_steps",
             "window",
@@ -171,6 +213,9 @@ class DetectionConfig:
                 f"detection.quiet_exchange_every ({self.quiet_exchange_every}) must be at least exchange_every "
                 f"({self.exchange_every}), or 0 to never lengthen the interval"
             )
+
+    def __setstate__(self, state: Any) -> None:
+        restore_fields(self, state)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -263,6 +308,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable("STRAGGLERKIT_EVENT_LOG", "report", "event_log", "path of the decision log"),
     EnvironmentVariable("STRAGGLERKIT_NVTX", "report", "nvtx", "on, off or auto"),
     EnvironmentVariable("STRAGGLERKIT_WANDB", "report", "wandb", "on, off or auto"),
+    EnvironmentVariable("STRAGGLERKIT_ACT", "detection", "act", "auto, always or never"),
 )
 """The per-job overrides, applied over the configuration :func:`stragglerkit.init` receives.
 ``STRAGGLERKIT_CONFIG`` names a YAML file used when ``init`` gets no configuration."""

@@ -44,7 +44,12 @@ EVENT_KINDS = (
     "probing",
     "verified",
     "exchange",
+    "would_switch",
+    "observing",
 )
+"""The kinds of the decision events (their index is their code in the stats exchange: add new
+kinds at the end). ``would_switch`` and ``observing`` come from a loop that observes only
+(``Config.detection.act``): the switch it would have made, and, once at its start, why it observes."""
 
 
 @dataclass(slots=True, frozen=True)

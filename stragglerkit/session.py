@@ -64,6 +64,11 @@ class Session:
     def world_size(self) -> int:
         return self.group.size()
 
+    @property
+    def backend(self) -> str:
+        """The group's backend, as ``dist.get_backend`` names it (``gloo``, ``nccl``, ...)."""
+        return str(dist.get_backend(self.group))
+
 
 _SESSIONS: dict[int, Session] = {}
 

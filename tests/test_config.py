@@ -131,6 +131,7 @@ GOOD_VALUES = {
     "STRAGGLERKIT_EVENT_LOG": ("events.jsonl", ("report", "event_log"), "events.jsonl"),
     "STRAGGLERKIT_NVTX": ("off", ("report", "nvtx"), False),
     "STRAGGLERKIT_WANDB": ("off", ("report", "wandb"), False),
+    "STRAGGLERKIT_ACT": ("never", ("detection", "act"), "never"),
 }
 BAD_VALUES = {
     "STRAGGLERKIT_TIMEOUT": "soon",
@@ -138,6 +139,7 @@ BAD_VALUES = {
     "STRAGGLERKIT_OPTCC_SEND_BUFFER": "small",
     "STRAGGLERKIT_NVTX": "perhaps",
     "STRAGGLERKIT_WANDB": "sometimes",
+    "STRAGGLERKIT_ACT": "maybe",
 }
 
 

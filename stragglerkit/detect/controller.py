@@ -31,6 +31,10 @@ What it decides and why.
   ``rollback_margin``, the switch did not pay: the previous plan comes back (``rollback``) and the
   rejected plan is not tried again for ``cooldown_steps``; otherwise the plan stays and a
   ``verified`` event records the same measurements.
+* **Observing only** (``settings.acting`` false: ``Config.detection.act``). Everything above runs
+  but the switch: the plan every rank adopts stays the baseline, and the switch the controller
+  would have made is a ``would_switch`` event with a switch's evidence (once per change of the plan
+  it would run), so nothing is verified or rolled back.
 * **Events.** Every decision is an event dict ``{"step", "kind", "algorithm", "evidence"}``
   (``step``: the first step under the resulting plan) on ``Controller.events``; ranks other than
   0 record the same kinds with the plan as evidence. :meth:`Controller.apply` returns them for the
@@ -127,6 +131,7 @@ class Controller:
         "_last_finish",
         "_last_sizes",
         "_planned_for",
+        "_would_run",
     )
 
     def __init__(self, world_size: int, rank: int, settings: Settings) -> None:
@@ -157,6 +162,9 @@ class Controller:
         """(step, each rank's own-clock finish) of the latest step the exchanges brought."""
         self._last_sizes: list[int] = []
         self._planned_for: tuple[int | None, tuple[int, ...]] = (None, ())
+        self._would_run: Plan | None = None
+        """Observing only (``settings.acting`` false): the plan the last ``would_switch`` named
+        (``None``: the baseline), which a loop that acts would be running now."""
 
     # -- checkpoints ----------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -171,6 +179,7 @@ class Controller:
             slots = _from_version_1(slots)
         slots["outbox"] = deque(slots.get("outbox", ()))
         slots.setdefault("restored_records", None)
+        slots.setdefault("_would_run", None)
         slots["records_wanted"] = False
         for name, value in slots.items():
             setattr(self, name, value)
@@ -239,8 +248,8 @@ class Controller:
             return self._critical_delay(rank, first_bucket)
 
         per_estimate = len(stats.steps)
-        if cfg.baseline == "allreduce" and cfg.detection.probe_every > 0:
-            per_estimate = max(per_estimate, cfg.detection.probe_every)
+        if cfg.baseline == "allreduce" and cfg.probe_every > 0:
+            per_estimate = max(per_estimate, cfg.probe_every)
         # the time each rank spent in the step's AllReduces: a rank that computes its buckets
         # slowly is idle between them, and that is not time in the AllReduce
         busy = np.asarray(stats.totals, dtype=np.float64) - _idle(stats)
@@ -260,13 +269,14 @@ class Controller:
                     f.evidence["wall_clock_lateness_s"] = [round(float(x), 6) for x in lateness]
         if apply_step < cfg.detection.warmup_steps or not sizes:  # nothing to plan yet: report findings only
             return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
-        verdict = verifier.judge(apply_step, self.plan)
+        verdict = verifier.judge(apply_step, self.plan) if cfg.acting else None  # observing: nothing to judge
         if verdict is not None:
             kind, evidence, plan = verdict
             return self._decision(apply_step, plan, findings, {kind: evidence})
         believed = (detector.straggler, tuple(sorted(detector.degraded)))
-        in_use = self.plan.algorithm != cfg.baseline
-        if believed == self._planned_for and in_use and not self._plan_outdated(apply_step):
+        current = self.plan if cfg.acting or self._would_run is None else self._would_run
+        in_use = current.algorithm != cfg.baseline
+        if believed == self._planned_for and in_use and not self._plan_outdated(apply_step, current):
             target = None  # same situation, plan in use: keep it (no per-bucket flapping)
         else:
             target = best_plan(
@@ -281,9 +291,11 @@ class Controller:
                 verifier.is_blocked,
             )
             self._planned_for = believed
-        if target is None or target == self.plan:
+        if target is None or target == current:
             return self._decision(apply_step, self.plan, findings, {}) if self._news(findings) else None
         cleared = any(f.kind == "cleared" for f in findings) and target.algorithm == cfg.baseline
+        if not cfg.acting:
+            return self._would_switch(apply_step, target, findings, cleared)
         return self._switch(apply_step, target, findings, cleared)
 
     def _slowdowns(self, stats: WindowStats) -> np.ndarray:
@@ -351,20 +363,21 @@ class Controller:
             cache[ran] = self._predicted_total(self.plan, bucket_bytes, list(ran))
         return cache[ran]
 
-    def _plan_outdated(self, step: int) -> bool:
-        """Under OptCC: does every estimate in the detector's window read a planned rank that is
-        still believed degraded more than ``replan_ratio`` off the plan's ``l`` (see
-        ``defaults.REPLAN_RATIO``)? Not while a rebuild for these ranks was rolled back
-        (``cooldown_steps``): the plan in use is then the best one verified."""
-        if not self.plan.runs_nic_plan or not self.plan.slowdowns:
+    def _plan_outdated(self, step: int, plan: Plan) -> bool:
+        """Under OptCC (``plan``: the one in use, or the one a loop that observes would run): does
+        every estimate in the detector's window read a planned rank that is still believed
+        degraded more than ``replan_ratio`` off the plan's ``l`` (see ``defaults.REPLAN_RATIO``)?
+        Not while a rebuild for these ranks was rolled back (``cooldown_steps``): the plan in use
+        is then the best one verified."""
+        if not plan.runs_nic_plan or not plan.slowdowns:
             return False
-        if self.verifier.is_blocked(self.plan.algorithm, None, dict(self.plan.slowdowns), step):
+        if self.verifier.is_blocked(plan.algorithm, None, dict(plan.slowdowns), step):
             return False
         window = self.detector.l_window
         if window is None:
             return False
         ratio = self.settings.replan_ratio
-        for rank, planned in self.plan.slowdowns:
+        for rank, planned in plan.slowdowns:
             if rank not in self.detector.degraded:
                 continue  # cleared (the plan is rebuilt anyway) or never detected (a plan set by hand)
             readings = window[:, rank]
@@ -423,6 +436,33 @@ class Controller:
         }
         self.verifier.start(step, self.plan, target, evidence)
         return self._decision(step, target, findings, {} if cleared else {"switch": evidence})
+
+    def _would_switch(self, step: int, target: Plan, findings: list[Finding], cleared: bool) -> Decision:
+        """Observing only: the switch to ``target`` that a loop that acts would make, as a
+        ``would_switch`` event with the evidence a ``switch`` carries (and the gain predicted
+        against the baseline that runs); the plan in use stays the baseline. Back to the baseline
+        because the situation cleared, the ``cleared`` finding says it alone, as when acting."""
+        would_run = self._would_run if self._would_run is not None else self.plan
+        self._would_run = None if target.algorithm == self.settings.baseline else target
+        if cleared:
+            return self._decision(step, self.plan, findings, {})
+        sizes = self._last_sizes
+        running = self._predicted_total(self.plan, sizes)
+        after = self._predicted_total(target, sizes)
+        evidence = {
+            "act": self.settings.detection.act,
+            "from": would_run.describe(),
+            "to": target.describe(),
+            "running": self.plan.describe(),
+            "predicted_before_s": self._predicted_total(would_run, sizes),
+            "predicted_after_s": after,
+            "predicted_running_s": running,
+            "predicted_gain": 1.0 - after / running if running > 0 and math.isfinite(running) else None,
+            **self.verifier.measured_before(step, self.probes.exchange_every),
+            "model": dict(self.model.fit_info),
+            "detector": self.detector.last_evidence,
+        }
+        return self._decision(step, self.plan, findings, {"would_switch": evidence})
 
     def _decision(self, step: int, plan: Plan, findings: list[Finding], extra: dict[str, dict[str, Any]]) -> Decision:
         events = [

@@ -56,9 +56,9 @@ class ProbeSchedule:
         """Start with the intervals of ``settings`` and nothing measured."""
         self.settings = settings
         detection = settings.detection
-        self.probe_every = detection.probe_every
-        """The probe interval in force (every rank: the last decision's)."""
-        self._probe_target = detection.probe_every  # rank 0: the interval it ships
+        self.probe_every = settings.probe_every
+        """The probe interval in force (every rank: the last decision's; 0 while the loop observes only)."""
+        self._probe_target = settings.probe_every  # rank 0: the interval it ships
         self._probe_event: dict[str, Any] | None = None
         self._probe_maxima: deque[float] = deque(maxlen=settings.quiet_after)
         self._plain_tails: deque[tuple[int, float]] = deque(maxlen=4 * max(settings.alarm_steps, detection.probe_every))
@@ -120,7 +120,7 @@ class ProbeSchedule:
     def interval_for(self, plan: Plan) -> int:
         """The probe interval shipped with a decision for ``plan`` (every rank adopts it)."""
         if plan.runs_nic_plan:
-            return self.settings.detection.probe_every if self._plan_checking else self.settings.plan_probe_every
+            return self.settings.probe_every if self._plan_checking else self.settings.plan_probe_every
         return self._probe_target
 
     def take_events(self, plan: Plan) -> list[dict[str, Any]]:
@@ -139,7 +139,7 @@ class ProbeSchedule:
         """Under OptCC: probe every ``probe_every`` steps while a probe reads a planned rank's ``l``
         off the plan's, every ``plan_probe_every`` otherwise (``defaults.PLAN_PROBE_EVERY``)."""
         cfg = self.settings
-        probe_every = cfg.detection.probe_every
+        probe_every = cfg.probe_every
         if cfg.plan_probe_every == 0 or probe_every in (0, cfg.plan_probe_every) or np.isnan(slowdowns).all():
             return
         threshold, ratio = cfg.detection.degraded_threshold, cfg.replan_ratio
@@ -247,7 +247,7 @@ class ProbeSchedule:
         decision as a ``probing`` event). See ``defaults.QUIET_PROBE_EVERY``.
         """
         cfg = self.settings
-        quiet, busy = cfg.quiet_probe_every or 0, cfg.detection.probe_every
+        quiet, busy = cfg.quiet_probe_every or 0, cfg.probe_every
         if plan.runs_nic_plan:  # the plan's own interval; the baseline's resumes busy after it
             self._plan_probing(slowdowns, plan, detector.degraded)
             self._probe_target, self._checking = busy, False

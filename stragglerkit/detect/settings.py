@@ -26,12 +26,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stragglerkit import defaults
-from stragglerkit.config import Config, DetectionConfig, ExecutorConfig
+from stragglerkit.config import ACT_CHOICES, Config, DetectionConfig, ExecutorConfig, restore_fields
 from stragglerkit.detect.model import BASELINES
 from stragglerkit.errors import ConfigError
 from stragglerkit.sim.cost_model import CostModelParams
 
-__all__ = ["BASELINE_CHOICES", "TUNABLE", "Settings", "settings_for", "tuned"]
+__all__ = [
+    "BASELINE_CHOICES",
+    "PROVEN_BACKENDS",
+    "TUNABLE",
+    "ActDecision",
+    "Settings",
+    "act_decision",
+    "settings_for",
+    "tuned",
+]
 
 BASELINE_CHOICES = ("allreduce", *BASELINES)
 """What ``Settings.baseline`` may name (``allreduce``: the process group's own)."""
@@ -53,6 +62,10 @@ class Settings:
     """The user's ``Config.detection`` (the same object, not a copy)."""
     timeout: float = field(default_factory=lambda: ExecutorConfig().timeout)
     """``Config.executor.timeout``: seconds a rank waits for a peer."""
+    acting: bool = True
+    """Does the loop switch plans and probe (:func:`act_decision` of ``detection.act`` and the
+    group's backend)? ``False``: it observes only, as with ``probe_every`` 0 and a controller
+    whose plans are recorded as ``would_switch`` instead of adopted."""
     baseline: str = defaults.BASELINE
     quiet_probe_every: int | None = None
     """``None``: ``defaults.QUIET_PROBE_EVERY`` rounded up to a multiple of ``detection.probe_every``;
@@ -119,9 +132,17 @@ class Settings:
             )
 
     @property
+    def probe_every(self) -> int:
+        """The probe interval the loop starts with: ``detection.probe_every`` while acting, 0 (no
+        probes) while it observes only. A probe runs stragglerkit's ring on a real gradient bucket,
+        so a loop that observes only runs none: "never switch" then holds for every bucket of every
+        step, and its NIC findings come from sysfs link speeds, as with ``probe_every`` 0."""
+        return self.detection.probe_every if self.acting else 0
+
+    @property
     def probes_back_off(self) -> bool:
         """Do the baseline's probes back off (``allreduce`` baseline, probes on, a longer quiet interval)?"""
-        quiet, busy = self.quiet_probe_every, self.detection.probe_every
+        quiet, busy = self.quiet_probe_every, self.probe_every
         return self.baseline == "allreduce" and busy > 0 and quiet not in (0, busy)
 
     @classmethod
@@ -140,8 +161,11 @@ class Settings:
         """Plain data for the event log's ``run`` header (docs/event_log.md)."""
         return dataclasses.asdict(self)
 
+    def __setstate__(self, state: Any) -> None:
+        restore_fields(self, state)  # a checkpoint's settings from before ``acting`` existed: True
 
-TUNABLE = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("detection", "timeout"))
+
+TUNABLE = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("detection", "timeout", "acting"))
 """The internal settings :func:`tuned` may change."""
 
 _TUNING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("stragglerkit_tuning", default=None)
@@ -168,7 +192,55 @@ def tuned(**values: Any) -> Iterator[None]:
         _TUNING.reset(token)
 
 
-def settings_for(config: Config) -> Settings:
+def settings_for(config: Config, acting: bool = True) -> Settings:
     """The loop's settings for ``config``: its ``detection`` section, ``executor.timeout``, and the
-    internal constants (changed where a :func:`tuned` block says so)."""
-    return Settings(detection=config.detection, timeout=config.executor.timeout, **(_TUNING.get() or {}))
+    internal constants (changed where a :func:`tuned` block says so); ``acting``: does the loop
+    switch plans on its group (:func:`act_decision`)?"""
+    tuning = _TUNING.get() or {}
+    return Settings(detection=config.detection, timeout=config.executor.timeout, acting=acting, **tuning)
+
+
+PROVEN_BACKENDS = ("gloo",)
+"""Process-group backends over which stragglerkit's executor has run with several ranks, in the
+tests and the benchmarks. NCCL is not among them: its tests need a GPU per rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActDecision:
+    """Whether the loop switches plans on a group, and why (what the ``observing`` event says)."""
+
+    acts: bool
+    reason: str
+
+
+def act_decision(act: str, backend: str) -> ActDecision:
+    """Does a loop with ``detection.act`` = ``act`` switch plans on a process group of ``backend``
+    (``dist.get_backend``'s name: ``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``, ...)? Pure.
+
+    Example::
+
+        act_decision("auto", "nccl")     # ActDecision(acts=False, reason="NCCL process group: ...")
+        act_decision("always", "nccl")   # ActDecision(acts=True, reason="act='always' ...")
+    """
+    if act not in ACT_CHOICES:
+        raise ConfigError(f"detection.act must be one of {', '.join(ACT_CHOICES)}, got {act!r}")
+    name = str(backend).lower()
+    if act == "never":
+        return ActDecision(
+            False,
+            "act='never': stragglerkit observes only (detects, reports, logs) and never switches; every "
+            "bucket runs the group's own AllReduce (or the framework's) and no probe runs stragglerkit's ring",
+        )
+    if act == "always":
+        return ActDecision(True, f"act='always': stragglerkit switches on this {name} process group")
+    if name in PROVEN_BACKENDS:
+        return ActDecision(True, f"act='auto' on a {name} process group, where stragglerkit's executor is proven")
+    if "nccl" in name:
+        why = "NCCL process group: stragglerkit's executor is not yet proven over NCCL with several ranks"
+    else:
+        why = f"{name} process group: stragglerkit's executor is proven on gloo process groups only"
+    return ActDecision(
+        False,
+        f"{why}, so the group's own AllReduce runs every bucket; set detection.act='always' "
+        "(or STRAGGLERKIT_ACT=always) to let it switch",
+    )

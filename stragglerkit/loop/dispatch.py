@@ -2,9 +2,10 @@
 
 :func:`hand_off` starts a bucket with the algorithm the plan in force names for its index (a ring
 on the step's probe bucket; the group's own AllReduce, or a framework's, for the ``allreduce``
-baseline and during warm-up) and returns the future the framework waits for; :func:`record_bucket`
-records the bucket's timings (span, per-peer messages) for the next exchange. A failed run fails
-the future with the loop's :class:`~stragglerkit.errors.PeerError`.
+baseline, during warm-up and on every step of a loop that observes only, ``Config.detection.act``)
+and returns the future the framework waits for; :func:`record_bucket` records the bucket's
+timings (span, per-peer messages) for the next exchange. A failed run fails the future with the
+loop's :class:`~stragglerkit.errors.PeerError`.
 
 Example::
 
@@ -61,8 +62,8 @@ def hand_off(
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(tensor)
         return done
-    if timing.step < loop.settings.detection.warmup_steps:
-        return plain(loop, session, tensor, timing, op)
+    if timing.step < loop.settings.detection.warmup_steps or not loop.settings.acting:
+        return plain(loop, session, tensor, timing, op)  # warm-up, or a loop that observes only
     plan = loop.controller.plan
     algorithm = plan.algorithm_for(index)
     probe = None
@@ -150,7 +151,7 @@ def probe_bucket(loop: StragglerLoop) -> int:
     would lengthen a step that the verification measures)."""
     cfg = loop.settings
     controller = loop.controller
-    if loop.world_size < 3 or loop._step < max(cfg.detection.warmup_steps, 1):
+    if loop.world_size < 3 or loop._step < max(cfg.detection.warmup_steps, 1) or not cfg.acting:
         return -1
     if controller.plan.runs_nic_plan:
         if loop._step < controller.plan_start + cfg.settle_steps + cfg.detection.verify_steps:

@@ -58,6 +58,7 @@ details summary { cursor: pointer; color: #3b5b8c; }
 .kind { font-weight: 600; white-space: nowrap; }
 .kind.detected_straggler, .kind.detected_degraded { color: #b3261e; }
 .kind.switch { color: #2e7d32; }
+.kind.would_switch { color: #7a8f2e; }
 .kind.rollback { color: #6a3ea1; }
 .kind.verified { color: #1f5fa8; }
 footer { color: #8a929e; font-size: 12px; margin-top: 36px; }
@@ -70,6 +71,8 @@ _EVIDENCE_KEYS = {
     "verified": ("measure", "measured_before_s", "measured_after_s", "predicted_after_s"),
     "rollback": ("rejected", "measure", "measured_before_s", "measured_after_s", "blocked_until_step"),
     "cleared": ("cleared", "rank", "ranks"),
+    "would_switch": ("to", "predicted_running_s", "predicted_after_s", "predicted_gain"),
+    "observing": ("act", "backend", "reason"),
 }
 
 
@@ -147,9 +150,11 @@ def verdict(run: RunData) -> tuple[str, str]:
         "rollback": "rolled back to {}",
         "verified": "verified {}",
         "cleared": "cleared",
+        "would_switch": "would have switched to {} (observing only)",
     }
     actions = [
-        verbs[d["kind"]].format(plan_label(run, d)) + f" at step {d['step']}"
+        verbs[d["kind"]].format(_would_run(run, d) if d["kind"] == "would_switch" else plan_label(run, d))
+        + f" at step {d['step']}"
         for d in run.decisions
         if d["kind"] in verbs
     ]
@@ -159,6 +164,13 @@ def verdict(run: RunData) -> tuple[str, str]:
     else:
         sentence += " No plan change followed."
     return "found", sentence
+
+
+def _would_run(run: RunData, decision: dict[str, Any]) -> str:
+    """The plan a ``would_switch`` names (what ran stays the baseline: :func:`plan_label` says that)."""
+    if isinstance((decision.get("evidence") or {}).get("to"), dict):
+        return plan_label(run, {**decision, "kind": "switch"})  # its "to" is what a switch's would be
+    return "another plan"
 
 
 def _kv(rows: list[tuple[str, str]]) -> str:

@@ -35,6 +35,7 @@ _DECISION_STYLE = {
     "detected_straggler": ("#d62728", "detected straggler"),
     "detected_degraded": ("#ff7f0e", "detected degraded NIC"),
     "switch": ("#2ca02c", "switch"),
+    "would_switch": ("#bcbd22", "would switch (observing only)"),
     "verified": ("#1f77b4", "verified"),
     "rollback": ("#9467bd", "rollback"),
     "cleared": ("#7f7f7f", "cleared"),
@@ -172,7 +173,7 @@ def _mark_decisions(ax: Any, run: RunData) -> None:
         if kind not in _DECISION_STYLE:
             continue
         color, label = _DECISION_STYLE[kind]
-        style = "--" if kind in DETECTIONS else "-"
+        style = "--" if kind in DETECTIONS else ":" if kind == "would_switch" else "-"
         ax.axvline(decision["step"], color=color, ls=style, lw=1.1, alpha=0.85, label=None if kind in seen else label)
         seen.add(kind)
 
