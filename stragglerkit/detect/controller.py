@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglerkit.detect import legacy
+from stragglerkit.detect import controller_state
 from stragglerkit.detect.choice import best_plan, bucket_delays, predicted_total
 from stragglerkit.detect.detector import Detector, Finding
 from stragglerkit.detect.model import OnlineModel
@@ -99,9 +99,6 @@ __all__ = [
     "WindowStats",
     "log_path_for",
 ]
-
-_STATE_VERSION = 2
-"""Of :meth:`Controller.__getstate__`'s dict; a state without one is an earlier version's slots."""
 
 
 class Controller:
@@ -168,21 +165,10 @@ class Controller:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = {name: getattr(self, name) for name in self.__slots__ if name != "restored_records"}
-        state["outbox"] = list(self.outbox)
-        state["version"] = _STATE_VERSION
-        return state
+        return controller_state.controller_state(self)
 
     def __setstate__(self, state: Any) -> None:
-        slots = legacy.restore_slots(self, state)
-        if slots.pop("version", None) != _STATE_VERSION:
-            slots = _from_version_1(slots)
-        slots["outbox"] = deque(slots.get("outbox", ()))
-        slots.setdefault("restored_records", None)
-        slots.setdefault("_would_run", None)
-        slots["records_wanted"] = False
-        for name, value in slots.items():
-            setattr(self, name, value)
+        controller_state.restore(self, state, Controller.__slots__)
 
     # -- every rank -----------------------------------------------------------------------------
     @property
@@ -485,49 +471,3 @@ def _idle(stats: WindowStats) -> np.ndarray:
         return np.zeros(shape)
     idle = np.asarray(stats.idle, dtype=np.float64)
     return np.where(np.isnan(idle), 0.0, idle)
-
-
-_PROBE_SLOTS = (
-    "probe_every",
-    "exchange_every",
-    "_probe_target",
-    "_probe_event",
-    "_probe_maxima",
-    "_plain_tails",
-    "_tail_reference",
-    "_tail_medians",
-    "_quiet_since",
-    "_checking",
-    "_plan_checking",
-    "_exchange_target",
-    "_exchange_event",
-    "_last_doubt",
-)
-_VERIFIER_SLOTS = ("_step_times", "_periods", "_ends", "_blocked", "_verify")
-
-
-def _from_version_1(slots: dict[str, Any]) -> dict[str, Any]:
-    """A controller pickled by an earlier version, whose parts shared one set of attributes:
-    each component gets its own, the settings come from its ``ControllerConfig``."""
-    settings = slots.pop("config").settings()
-    detector: Detector = slots["detector"]
-    detector.settings = settings
-    probes = ProbeSchedule.__new__(ProbeSchedule)
-    probes.__setstate__({"settings": settings, **{name: slots.pop(name) for name in _PROBE_SLOTS if name in slots}})
-    verifier = SwitchVerifier.__new__(SwitchVerifier)
-    verifier.__setstate__(
-        {"settings": settings, **{name: slots.pop(name) for name in _VERIFIER_SLOTS if name in slots}}
-    )
-    records = slots.pop("records", None)
-    return {
-        **{name: slots[name] for name in Controller.__slots__ if name in slots},
-        "settings": settings,
-        "probes": probes,
-        "verifier": verifier,
-        "outbox": [],  # what its log had queued stays queued in it
-        "restored_records": records,
-    }
-
-
-def _take(slots: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: slots.pop(name) for name in names if name in slots}
