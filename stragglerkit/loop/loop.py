@@ -59,7 +59,8 @@ back if it did not pay (:mod:`stragglerkit.detect.controller`).
 where the loop may not switch (``never``, or ``auto`` on a backend where stragglerkit's executor
 is not proven, NCCL), every bucket takes the baseline's path and no probe runs; the controller
 still detects and reports, and records the switch it would have made as ``would_switch``. The
-loop says so once: an ``observing`` event on every rank and a warning on rank 0.
+loop says so once: an ``observing`` event on every rank and a warning on rank 0
+(:mod:`stragglerkit.loop.observing`).
 
 **Profiling** (docs/profiling.md): with NVTX or torch.profiler looking (telemetry/nvtx.py), each
 step's arrival is marked (``stragglerkit/step <s>``), and the baseline's AllReduce, probes, the
@@ -93,7 +94,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -105,17 +105,17 @@ from stragglerkit.detect.arrival import ArrivalProfiler, BucketTiming, ClockOffs
 from stragglerkit.detect.controller import Controller
 from stragglerkit.detect.exchange import host_id
 from stragglerkit.detect.nic_health import local_link_speed
-from stragglerkit.detect.probe_schedule import ProbeSchedule
-from stragglerkit.detect.settings import ActDecision, Settings, act_decision, settings_for
+from stragglerkit.detect.settings import Settings, act_decision, settings_for
 from stragglerkit.errors import ConfigError, NotInitializedError, PeerError, StragglerKitError
 from stragglerkit.loop.dispatch import hand_off, own_buckets, probe_bucket
 from stragglerkit.loop.exchange import Exchange
 from stragglerkit.loop.faults import FaultReport, compare_notes, peer_error, report_store
+from stragglerkit.loop.observing import act_on, say_observing
 from stragglerkit.loop.records import after_first_bucket, flush_records, shared_run_id, start_records, take_outbox
 from stragglerkit.loop.sinks import EventLogSink, Sinks
 from stragglerkit.loop.state import loop_state, restore
 from stragglerkit.planner.model import Predictor
-from stragglerkit.plans import Decision, Plan, log_path_for
+from stragglerkit.plans import Decision, log_path_for
 from stragglerkit.runtime.runtime import Runtime
 from stragglerkit.session import Session
 from stragglerkit.sim.cost_model import CostModelParams
@@ -231,7 +231,7 @@ class StragglerLoop:
         """Use ``session``'s groups and runtime (local: the session was set up collectively);
         ``wandb``: ``report.wandb`` (rank 0 logs to Weights & Biases)."""
         acting = act_decision(self.settings.detection.act, session.backend)
-        self._act_on(acting)
+        act_on(self, acting)
         session.loops += 1  # numbers the loops of a group the same on every rank
         self._session = session
         self._store = report_store(session.loops - 1, session.group)
@@ -243,46 +243,7 @@ class StragglerLoop:
         self._host = host_id()
         start_records(self, wandb)
         if not acting.acts:
-            self._say_observing(acting.reason, session.backend)
-
-    def _act_on(self, acting: ActDecision) -> None:
-        """Switch plans or observe only, as ``acting`` says (every rank alike: the same
-        configuration and backend). A loop restored onto a group where the answer differs from
-        its checkpoint's starts its probe intervals afresh, and one that now observes goes back to
-        the baseline."""
-        settings = self.settings
-        if not acting.acts and settings.baseline != "allreduce":
-            raise ConfigError(
-                f"the loop's baseline is stragglerkit's {settings.baseline} (Settings.baseline), which runs "
-                f"stragglerkit's executor on every bucket, but it observes only here: {acting.reason}"
-            )
-        if acting.acts == settings.acting:
-            return
-        settings.acting = acting.acts  # the one object the controller and its components hold
-        controller = self.controller
-        controller.probes = ProbeSchedule(settings)
-        baseline = Plan(settings.baseline)
-        if not acting.acts and controller.plan != baseline:
-            controller.apply(Decision(0, self._step, baseline, [], settings.probe_every))
-        pending = self.exchange.decision_in_flight  # rank 0's, not shipped before the checkpoint
-        if not acting.acts and pending is not None and pending.plan != baseline:
-            self.exchange.decision_in_flight = None
-
-    def _say_observing(self, reason: str, backend: str) -> None:
-        """Once per loop (not again for a restored one that said so already): an ``observing``
-        event on every rank, and a warning on rank 0."""
-        said = any(e.get("kind") == "observing" and e["evidence"].get("reason") == reason for e in self.events)
-        if not said:
-            event = {
-                "step": self._step,
-                "kind": "observing",
-                "algorithm": self.settings.baseline,
-                "evidence": {"act": self.settings.detection.act, "backend": backend, "reason": reason},
-            }
-            self.controller.events.append(event)
-            self._sinks.add(event)
-        if self.rank == 0:
-            warnings.warn(f"stragglerkit observes only: {reason}", UserWarning, stacklevel=4)
+            say_observing(self, acting.reason, session.backend)
 
     def bind(self, session: Session) -> None:
         """Bind a restored loop to ``session`` (every rank, before its first bucket; not collective).
