@@ -1,6 +1,7 @@
 """Real multi-process gloo runs: every applicable algorithm, sizes, dtypes; bit-identical on all ranks.
 
-One process group per world size loops over algorithms x sizes x dtypes inside (tests/correctness_body.py).
+Every world size runs all its cases in one process group (one launch, :func:`launches`), each case
+a sweep over algorithms x sizes x dtypes under a session of its own (tests/correctness_body.py).
 Each result is compared with a float64 reference within a rounding bound for the dtype
 (2·n·eps·Σ|x_i|) and with torch.distributed.all_reduce's within twice that; every rank's result
 must have the same bytes.
@@ -8,12 +9,97 @@ must have the same bytes.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
-from _dist import run_group
-from correctness_body import DTYPES, SIZES, sweep
+from _dist import run_group, several
+from _launch import selected_tests
+from correctness_body import SIZES, sweep
 
+LARGE = (1 << 20) + 3
 SMALL_SIZES = tuple(s for s in SIZES if s < (1 << 20))
+HALVES = (torch.float32, torch.bfloat16)
+CLOSED_FORM_SIZES = (0, 1, 7, 1000, LARGE)
+LP_SLOWDOWNS = {5: {2: 8 / 7}, 8: {3: 1.5}, 7: {1: 1.25, 4: 2.5}}
+RING_SLOWDOWNS = {5: {2: 8 / 7}, 8: {3: 8 / 7, 6: 1.25}}
+
+
+def _closed_form(wait_mode: str) -> dict[str, Any]:
+    return {
+        "sizes": CLOSED_FORM_SIZES,
+        "dtypes": HALVES,
+        "tuning": {"closed_form_plans": True, "wait_mode": wait_mode},
+    }
+
+
+def _cases(n: int) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The sweeps at world size ``n``: {case: (the test that checks it, the sweep's arguments)}."""
+    return {
+        "all_sizes": ("test_all_sizes", {}),
+        "small_sizes": ("test_small_sizes", {"sizes": SMALL_SIZES}),
+        "concurrent_waits": (
+            "test_small_sizes_with_concurrent_waits",
+            {"sizes": SMALL_SIZES, "tuning": {"wait_mode": "concurrent"}},
+        ),
+        "ordered_waits": (
+            "test_large_size_with_ordered_waits",
+            {"sizes": (LARGE,), "dtypes": (torch.float32,), "tuning": {"wait_mode": "ordered"}},
+        ),
+        "closed_form/ordered": ("test_plans_from_one_ranks_closed_form", _closed_form("ordered")),
+        "closed_form/concurrent": ("test_plans_from_one_ranks_closed_form", _closed_form("concurrent")),
+        "optcc_ramp": (
+            "test_optcc_with_a_ramp",
+            {
+                "sizes": (LARGE, 1001),
+                "dtypes": HALVES,
+                "only": ("optcc",),
+                "tuning": {"optcc_message_bytes": 16 * 1024},
+            },
+        ),
+        "optcc_lp": (
+            "test_optcc_with_lp_sizes",
+            {
+                "sizes": (0, 1, 7, 1001, LARGE),
+                "dtypes": (torch.float32, torch.float16),
+                "only": ("optcc",),
+                "slowdowns": LP_SLOWDOWNS.get(n),
+                "tuning": {"optcc_sizing": "lp"},  # the spawned ranks do not see monkeypatch
+            },
+        ),
+        "balanced_ring": (
+            "test_balanced_ring_near_full_rate",
+            {
+                "sizes": (LARGE, 1001),
+                "dtypes": (torch.float32, torch.float16),
+                "only": ("balanced_ring",),
+                "slowdowns": RING_SLOWDOWNS.get(n),
+            },
+        ),
+        "small_sizes_slow": ("test_small_sizes_slow", {"sizes": SMALL_SIZES}),
+        "large_size": ("test_large_size", {"sizes": (LARGE,)}),
+        "large_world": ("test_large_worlds", {"sizes": SMALL_SIZES}),
+    }
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> Callable[[int], dict[str, dict[int, Any]]]:
+    """``launches(n)``: {case: {rank: its sweep}} for every case at world size ``n`` whose test is
+    selected in this session, all run in one process group (launched once per world size)."""
+    selected = {(test, int(params.split("-")[0])) for test, params in selected_tests(request) if params}
+    done: dict[int, dict[str, dict[int, Any]]] = {}
+
+    def at(n: int) -> dict[str, dict[int, Any]]:
+        if n not in done:
+            cases = {case: args for case, (test, args) in _cases(n).items() if (test, n) in selected}
+            runs = {case: (functools.partial(sweep, **kwargs), ()) for case, kwargs in cases.items()}
+            by_rank = run_group(n, several, runs, timeout=900.0)
+            done[n] = {case: {rank: by_rank[rank][case] for rank in by_rank} for case in cases}
+        return done[n]
+
+    return at
 
 
 def check_results(n: int, results: dict[int, dict]) -> None:
@@ -28,97 +114,100 @@ def check_results(n: int, results: dict[int, dict]) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_sizes(n: int) -> None:
-    check_results(n, run_group(n, sweep))
+def test_all_sizes(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
+    check_results(n, launches(n)["all_sizes"])
 
 
 @pytest.mark.parametrize("n", [5, 8])
-def test_small_sizes(n: int) -> None:
-    check_results(n, run_group(n, sweep, SMALL_SIZES))
+def test_small_sizes(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
+    check_results(n, launches(n)["small_sizes"])
 
 
 @pytest.mark.parametrize("n", [4, 5])
-def test_small_sizes_with_concurrent_waits(n: int) -> None:
+def test_small_sizes_with_concurrent_waits(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
     """Buffers under 64 KiB normally use the ordered wait; force one waiter thread per channel."""
-    check_results(n, run_group(n, sweep, SMALL_SIZES, DTYPES, (), None, {"wait_mode": "concurrent"}))
+    check_results(n, launches(n)["concurrent_waits"])
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_large_size_with_ordered_waits(n: int) -> None:
+def test_large_size_with_ordered_waits(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
     """Large buffers normally use the concurrent waiters; force the global wait order."""
-    check_results(n, run_group(n, sweep, ((1 << 20) + 3,), (torch.float32,), (), None, {"wait_mode": "ordered"}))
+    check_results(n, launches(n)["ordered_waits"])
 
 
 @pytest.mark.parametrize("n", [4, 7])
-def test_plans_from_one_ranks_closed_form(n: int) -> None:
+def test_plans_from_one_ranks_closed_form(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
     """The runtime's path above 64 ranks (planner/rank_lowering.py: one rank's ops, wait order
     by key, fused averaging in closed form), forced at small n: every algorithm, exact and
-    bit-identical, sums and averages, with both wait modes."""
-    sizes = (0, 1, 7, 1000, (1 << 20) + 3)
+    bit-identical, sums and averages, with both wait modes; every plan from the closed form."""
     for wait_mode in ("ordered", "concurrent"):
-        tuning = {"closed_form_plans": True, "wait_mode": wait_mode}
-        check_results(n, run_group(n, sweep, sizes, (torch.float32, torch.bfloat16), (), None, tuning))
+        results = launches(n)[f"closed_form/{wait_mode}"]
+        check_results(n, results)
+        plans = len(results[0]["digests"])  # one plan per case (sums and averages)
+        assert all(r["closed_form"] == plans for r in results.values()), (wait_mode, plans, results[0]["closed_form"])
 
 
 @pytest.mark.parametrize("n", [5, 8])
-def test_optcc_with_a_ramp(n: int) -> None:
+def test_optcc_with_a_ramp(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
     """Small OptCC messages give deep pipelines, whose end segments are smaller than the rest."""
     from stragglerkit.planner.policy import optcc_segments
     from stragglerkit.schedules.optcc import optcc
 
     message_bytes = 16 * 1024
-    numel = (1 << 20) + 3
-    segments = optcc_segments(4 * numel, n, message_bytes=message_bytes)
+    segments = optcc_segments(4 * LARGE, n, message_bytes=message_bytes)
     plan = optcc(n, {1: 3.0}, segments=segments)
     sizes = set(plan.chunk_sizes)
     assert segments >= 30 and plan.params["ramp"] >= 10 and len(sizes) > 10, (segments, sizes)
-    tuning = {"optcc_message_bytes": message_bytes}
-    results = run_group(n, sweep, (numel, 1001), (torch.float32, torch.bfloat16), ("optcc",), None, tuning)
+    results = launches(n)["optcc_ramp"]
     check_results(n, results)
     assert all(case.startswith("optcc/") for case in results[0]["digests"])
 
 
-@pytest.mark.parametrize(("n", "slowdowns"), [(5, {2: 8 / 7}), (8, {3: 1.5}), (7, {1: 1.25, 4: 2.5})])
-def test_optcc_with_lp_sizes(n: int, slowdowns: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("n", "slowdowns"), [(n, LP_SLOWDOWNS[n]) for n in (5, 8, 7)])
+def test_optcc_with_lp_sizes(
+    n: int,
+    slowdowns: dict[int, float],
+    monkeypatch: pytest.MonkeyPatch,
+    launches: Callable[[int], dict[str, dict[int, Any]]],
+) -> None:
     """OptCC with the chunk sizes of the LP (schedules/chunk_sizing.py): unequal chunks, down to
     empty ones in the small buffers; fills at l < 2; sum and avg."""
     from stragglerkit.planner import policy
     from stragglerkit.schedules.registry import Situation, generate
 
     monkeypatch.setattr(policy, "OPTCC_SIZING", "lp")  # every case, also where auto keeps the closed form
-    numel = (1 << 20) + 3
-    situation = policy.optcc_situation(Situation(world_size=n, slowdowns=slowdowns), 4 * numel)
+    situation = policy.optcc_situation(Situation(world_size=n, slowdowns=slowdowns), 4 * LARGE)
     schedule = generate("optcc", situation)
     assert schedule.params["sizing"] == "lp" and len(set(schedule.chunk_weights())) > 1, schedule.params
-    tuning = {"optcc_sizing": "lp"}  # the spawned ranks do not see monkeypatch
-    sizes = (0, 1, 7, 1001, numel)
-    results = run_group(n, sweep, sizes, (torch.float32, torch.float16), ("optcc",), slowdowns, tuning)
+    results = launches(n)["optcc_lp"]
     check_results(n, results)
     assert {case.split("/")[0] for case in results[0]["digests"]} == {"optcc"}
 
 
-@pytest.mark.parametrize(("n", "slowdowns"), [(5, {2: 8 / 7}), (8, {3: 8 / 7, 6: 1.25})])
-def test_balanced_ring_near_full_rate(n: int, slowdowns: dict[int, float]) -> None:
+@pytest.mark.parametrize(("n", "slowdowns"), [(n, RING_SLOWDOWNS[n]) for n in (5, 8)])
+def test_balanced_ring_near_full_rate(
+    n: int, slowdowns: dict[int, float], launches: Callable[[int], dict[str, dict[int, Any]]]
+) -> None:
     """The balanced ring as the runtime runs it for a NIC near full rate: unequal chunks in 2-5
     slices, a large odd size and a small one, sum and avg."""
-    results = run_group(n, sweep, ((1 << 20) + 3, 1001), (torch.float32, torch.float16), ("balanced_ring",), slowdowns)
+    results = launches(n)["balanced_ring"]
     check_results(n, results)
     assert {case.split("/")[0] for case in results[0]["digests"]} == {"balanced_ring"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [6, 7])
-def test_small_sizes_slow(n: int) -> None:
-    check_results(n, run_group(n, sweep, SMALL_SIZES))
+def test_small_sizes_slow(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
+    check_results(n, launches(n)["small_sizes_slow"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [5, 6, 7, 8])
-def test_large_size(n: int) -> None:
-    check_results(n, run_group(n, sweep, ((1 << 20) + 3,)))
+def test_large_size(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
+    check_results(n, launches(n)["large_size"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [12, 16])
-def test_large_worlds(n: int) -> None:
-    check_results(n, run_group(n, sweep, SMALL_SIZES, timeout=400))
+def test_large_worlds(n: int, launches: Callable[[int], dict[str, dict[int, Any]]]) -> None:
+    check_results(n, launches(n)["large_world"])
