@@ -94,6 +94,3 @@ def _from_version_1(slots: dict[str, Any], slot_names: tuple[str, ...]) -> dict[
         "restored_records": records,
     }
 
-
-def _take(slots: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: slots.pop(name) for name in names if name in slots}
