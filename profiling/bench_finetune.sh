@@ -23,16 +23,9 @@
 #   RUNS=1 EXAMPLES=bert FRAMEWORKS=ddp bash profiling/bench_finetune.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+source profiling/_bench_runs.sh
 RUNS=${RUNS:-3}
 STEPS=${STEPS:-60}
-if [ -n "${KEEP:-}" ]; then
-  SCRATCH=$KEEP
-  mkdir -p "$SCRATCH"
-else
-  SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/stragglerkit-finetune.XXXXXX")
-  trap 'rm -rf "$SCRATCH"' EXIT
-fi
 declare -A TARGET=([bert]=${TARGET_BERT:-0.3} [llama]=${TARGET_LLAMA:-2.4})
 declare -A SCENARIO=(
   [no_fault]=""

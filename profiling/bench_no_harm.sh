@@ -17,21 +17,11 @@
 #   KEEP=/var/tmp/no-harm NO_HARM_RUNS=5 FRAMEWORKS=ddp SIZES=8MiB bash profiling/bench_no_harm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+source profiling/_bench_runs.sh
 NO_HARM_RUNS=${NO_HARM_RUNS:-5}
 STEPS=${STEPS:-120}
 FRAMEWORKS=${FRAMEWORKS:-ddp horovod megatron}
 SIZES=${SIZES:-8MiB 32MiB}
-if [ -n "${KEEP:-}" ]; then
-  SCRATCH=$KEEP
-  mkdir -p "$SCRATCH"
-else
-  SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/stragglerkit-no-harm.XXXXXX")
-  trap 'rm -rf "$SCRATCH"' EXIT
-fi
-train_bench() {  # tried a second time if the first fails (the shaping check refuses a busy machine's links)
-  "$PY" -m profiling.lab.train "$@" || "$PY" -m profiling.lab.train "$@"
-}
 measured=()
 for i in $(seq 1 "$NO_HARM_RUNS"); do
   for framework in $FRAMEWORKS; do
