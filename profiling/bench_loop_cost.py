@@ -59,11 +59,11 @@ Not seen from inside and not counted: DDP calling a Python hook at all (its C++-
 
 **Nothing wrong**: on a loaded machine a rank can fall behind or a link read slow often enough for
 the loop to switch to a plan. A configuration whose loop left the baseline in its measured steps
-runs again (``--attempts``); the figures count the steps that ran the baseline only
-(``steps_off_baseline`` says how many did not), and ``loop`` records the intervals and decisions.
+runs again (``--attempts``); the figures count the steps that ran the baseline only, the bytes
+too (``steps_off_baseline`` says how many did not), and ``loop`` records the intervals and decisions.
 
-**Loop threads**: CPU time (``/proc/self/task/<tid>/schedstat``) over the measured steps of the
-loop's threads: the controller (``stragglerkit-controller``), the runtime's worker that runs
+**Loop threads**: CPU time (``/proc/self/task/<tid>/schedstat``, read between steps) per measured
+step of the loop's threads: the controller (``stragglerkit-controller``), the runtime's worker that runs
 probes (``stragglerkit_*``), Horovod's bucket waiter (``stragglerkit-horovod``), the gloo threads
 of stragglerkit's side group (the stats exchange), the other threads its set-up starts (the
 executor's gloo groups, under Horovod the torch.distributed group it makes) and native threads
@@ -174,7 +174,7 @@ class Accounting:
         self.hvd_handles: dict[int, dict[str, Any]] = {}
         self.hvd_last_poll: dict[int, int] = {}
         self.off_thread_calls = 0
-        self.profiled: dict[int, str] = {}
+        self.profiled: dict[int, tuple[str, str]] = {}
         self._new_step()
 
     def _new_step(self) -> None:
@@ -201,7 +201,7 @@ class Accounting:
         self._finish_buckets()
         self.flags["probe"] = algorithm == "allreduce" and self.flags["executor"] == ["ring"]
         if self.profiling:
-            self.profiled[self.step] = _kind(self.flags)
+            self.profiled[self.step] = (_kind(self.flags), algorithm)
         if not self.measuring:
             return
         s = self.sums
@@ -859,7 +859,8 @@ def _worker(args: argparse.Namespace) -> None:
             if marker is not None:
                 (marker / "start").write_text(str(os.getpid()))
                 time.sleep(1.0)  # py-spy attaches
-            before = census.snapshot()
+            before = previous = census.snapshot()
+            labels = census.classify()
             window_start = time.perf_counter()
         if step == measured_end:
             after = census.snapshot()
@@ -879,6 +880,15 @@ def _worker(args: argparse.Namespace) -> None:
         t0 = time.perf_counter_ns()
         trainer.step(step)
         acct.end_step(time.perf_counter_ns() - t0, trainer.loop.algorithm)
+        if acct.measuring:  # the step's CPU time per thread class, read between steps
+            current = census.snapshot()
+            if any(tid not in labels for tid in current):
+                labels = census.classify()
+            per_class: dict[str, float] = defaultdict(float)
+            for tid, ns in current.items():
+                per_class[labels.get(tid, "executor_native")] += (ns - previous.get(tid, 0)) / 1e3
+            acct.rows[-1]["threads"] = {k: round(v, 1) for k, v in per_class.items()}
+            previous = current
         if rank == 0 and (step + 1) % 20 == 0:
             print(f"[loop_cost] {args.path} {args.size_bytes / MIB:g} MiB: step {step + 1}/{total}", flush=True)
     profile = None
@@ -887,7 +897,7 @@ def _worker(args: argparse.Namespace) -> None:
         profiler.__exit__(None, None, None)
         profile = _profile_summary(profiler)
         for item in profile["bytes_per_step"]:
-            item["kind"] = acct.profiled.get(item["step"], "?")
+            item["kind"], item["algorithm"] = acct.profiled.get(item["step"], ("?", "?"))
     if not after:
         after = census.snapshot()
         window_wall = time.perf_counter() - window_start
@@ -1118,10 +1128,12 @@ def _row(path: str, size_mib: float, ranks: list[dict[str, Any]], quiet_probe_ev
         rows = [row for row in r["rows"] if row["step"] in ok]
         steps = [row["step_us"] for row in rows]
         ours = [row["ours_us"] for row in rows]
-        threads = r["threads_us_per_step"]
-        loop_threads = sum(v for k, v in threads.items() if k in OURS_THREADS)
-        if path == "horovod":
-            loop_threads += threads.get("allreduce_group", 0.0)
+        ours_threads = (*OURS_THREADS, "allreduce_group") if path == "horovod" else OURS_THREADS
+        threads = {
+            k: round(statistics.mean(row["threads"].get(k, 0.0) for row in rows), 1)
+            for k in sorted({k for row in rows for k in row["threads"]})
+        }
+        loop_threads = sum(v for k, v in threads.items() if k in ours_threads)
         step_mean = statistics.mean(steps)
         per_rank.append(
             {
@@ -1152,7 +1164,8 @@ def _row(path: str, size_mib: float, ranks: list[dict[str, Any]], quiet_probe_ev
     per_bucket_all_in = max(p["ours_us"] / max(p["buckets"], 1) for p in per_rank)
     profile = ranks[0].get("profile") or {}
     profiled = profile.get("bytes_per_step", [])
-    median_step = sorted(profiled, key=lambda item: item["written"])[len(profiled) // 2] if profiled else {}
+    on_baseline = sorted((i for i in profiled if i["algorithm"] == "allreduce"), key=lambda i: i["written"])
+    median_step = on_baseline[len(on_baseline) // 2] if on_baseline else {}
     r1 = lambda v: round(v, 1)  # noqa: E731
     return {
         "path": path,
@@ -1192,7 +1205,9 @@ def _row(path: str, size_mib: float, ranks: list[dict[str, Any]], quiet_probe_ev
             "written": median_step.get("written"),
             "allocated": median_step.get("allocated"),
             "written_by_op": median_step.get("written_by_op"),
-            "profiled": [{k: item[k] for k in ("step", "kind", "written", "allocated")} for item in profiled],
+            "profiled": [
+                {k: item[k] for k in ("step", "kind", "algorithm", "written", "allocated")} for item in profiled
+            ],
         },
         "profile": {k: profile.get(k) for k in ("profiled_steps", "hand_off_us_per_step", "hand_off_top")},
         "share_of_step": {"training_thread": round(worst["share_training"], 5), "all": round(worst["share_all"], 5)},
