@@ -1,5 +1,6 @@
 """The examples as users run them: each for 3 steps on 2 ranks under torchrun, and BERT and Llama
-under ``horovodrun --gloo``.
+under ``horovodrun --gloo``. (The fine-tuning bench, tests/test_lab_finetune.py, trains the BERT and
+Llama examples' workloads plain and with stragglerkit side by side and compares them.)
 
 Each run must exit 0, print a finite loss at every step and end with the same parameters on every
 rank (the examples print each rank's parameter checksum). Small sizes keep them to seconds each.
@@ -9,6 +10,7 @@ megatron-core is missing; under CI=true those fail instead (tests/_require.py).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -72,12 +74,6 @@ def test_bert_under_horovodrun() -> None:
 
 @needs_transformers
 @needs_fortunes
-def test_llama_under_torchrun() -> None:
-    check(torchrun(LLAMA))
-
-
-@needs_transformers
-@needs_fortunes
 @needs_horovod
 def test_llama_under_horovodrun() -> None:
     check(horovodrun(LLAMA))
@@ -85,14 +81,25 @@ def test_llama_under_horovodrun() -> None:
 
 @needs_megatron
 @pytest.mark.parametrize("hooked", [False, True], ids=["megatron-core", "straggler-aware"])
-def test_megatron_under_torchrun(hooked: bool) -> None:
-    check(torchrun([*MEGATRON, *(["--straggler-aware-allreduce"] if hooked else [])]))
+def test_megatron_under_torchrun(hooked: bool, tmp_path: Path) -> None:
+    """examples/megatron/train_gpt.py: GPTModel, megatron-core's DDP and optimizer; with the flag the
+    loop runs every step over megatron-core's bucket groups, and the loss goes down."""
+    summary, events = tmp_path / "summary.json", tmp_path / "events.jsonl"
+    flag = ["--straggler-aware-allreduce", "--straggler-event-log", str(events)] if hooked else []
+    check(torchrun([*MEGATRON, *flag, "--summary-json", str(summary)]))
+    figures = json.loads(summary.read_text())
+    assert figures["straggler_aware_allreduce"] is hooked and figures["steps"] == STEPS, figures
+    assert figures["losses"][-1] < figures["losses"][0], figures["losses"]
+    if hooked:
+        assert figures["loop_steps"] == STEPS and figures["bucket_groups"] >= 1, figures
+        assert events.stat().st_size > 0
 
 
 @needs_transformers
 @needs_fortunes
 def test_llama_pretrains_once_and_starts_from_its_checkpoint(tmp_path: Path) -> None:
-    """With --pretrain-steps, rank 0 pretrains and saves; both ranks load it; a second run reuses it."""
+    """Llama under torchrun: with --pretrain-steps, rank 0 pretrains and saves; both ranks load it; a
+    second run reuses it. (Without pretraining, --pretrain-steps 0, it runs under horovodrun.)"""
     checkpoint = tmp_path / "llama.pt"
     tiny = [*LLAMA[:-2], "--pretrain-steps", "2", "--checkpoint", str(checkpoint)]
     first = torchrun(tiny)
