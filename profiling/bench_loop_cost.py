@@ -55,7 +55,8 @@ library changes: the bench wraps the entry points in this process):
   the thread that completes it (gloo's, Horovod's waiter).
 
 Not seen from inside and not counted: DDP calling a Python hook at all (its C++-to-Python call;
-``bench_hook_overhead.py`` measures that end to end).
+``bench_hook_overhead.py`` measures that end to end). Counted though not ours: part of the
+wrappers' own cost, a few us a call (``instrumentation_ns`` measures it on the machine).
 
 **Nothing wrong**: on a loaded machine a rank can fall behind or a link read slow often enough for
 the loop to switch to a plan. A configuration whose loop left the baseline in its measured steps
@@ -1235,6 +1236,31 @@ def _by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: {"mean": round(statistics.mean(v), 1), "steps": len(v)} if v else None for k, v in kinds.items()}
 
 
+def _instrumentation_ns() -> dict[str, float]:
+    """What the bench's wrappers cost per call on this machine (thread CPU time, ns): an entry point
+    of ours around a function that does nothing, and one with the framework's work inside it. Part
+    of it falls inside the measured interval, so the figures include up to a few us a bucket of it."""
+    acct = Accounting()
+
+    def nothing() -> None:
+        return None
+
+    framework = acct.framework(nothing, "calibration")
+    wrapped = {
+        "plain": nothing,
+        "ours": acct.ours(nothing, "hand_off"),
+        "ours_with_framework": acct.ours(framework, "hand_off"),
+    }
+    calls = 20000
+    cost: dict[str, float] = {}
+    for name, fn in wrapped.items():
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            fn()
+        cost[name] = (time.thread_time_ns() - start) / calls
+    return {name: round(ns - cost["plain"]) for name, ns in cost.items() if name != "plain"}
+
+
 def _sizes(text: str) -> list[float]:
     return [float(s) for s in text.split(",") if s.strip()]
 
@@ -1285,6 +1311,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in paths:
         for size in sizes:
             print(f"[loop_cost] {path} {size:g} MiB: {args.world_size} ranks, {args.steps} steps", flush=True)
+            load = os.getloadavg()[0]
             for attempt in range(1, args.attempts + 1):
                 ranks = _launch(args, path, size)
                 left = sorted({row["algorithm"] for r in ranks for row in r["rows"]} - {"allreduce"})
@@ -1297,6 +1324,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
             row = _row(path, size, ranks, defaults.QUIET_PROBE_EVERY, args.skip)
             row["attempts"] = attempt
+            row["load_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]
             rows.append(row)
             print(
                 f"[loop_cost] {path} {size:g} MiB: step {row['step_ms']:.1f} ms, {row['buckets_per_step']:g} buckets; "
@@ -1331,6 +1359,7 @@ def main(argv: list[str] | None = None) -> None:
         "profile_steps": args.profile_steps,
         "attempts": args.attempts,
         "targets": {"per_bucket_us": TARGET_PER_BUCKET_US, "share_of_step": TARGET_SHARE},
+        "instrumentation_ns": _instrumentation_ns(),
         "rows": rows,
         "pyspy": pyspy,
     }

@@ -25,14 +25,16 @@ def test_a_tiny_run_accounts_for_every_bucket(tmp_path: Path) -> None:
     summary = json.loads(out.read_text())
     assert summary["benchmark"] == "loop_cost" and summary["source"]["commit"]
     assert summary["world_size"] == RANKS and summary["pyspy"] is None
+    assert 0 < summary["instrumentation_ns"]["ours"] < summary["instrumentation_ns"]["ours_with_framework"]
     rows = {row["path"]: row for row in summary["rows"]}
     assert set(rows) == {"ddp", "optimizer"}
     for path, row in rows.items():
         buckets = row["buckets_per_step"]
         # every bucket the framework (or stragglerkit's optimizer) made is handed over once a step
         assert buckets == row["framework_buckets"] == len(row["bucket_bytes"]) >= 1, (path, row)
-        assert row["steps_measured"] == STEPS - SKIP
-        assert row["per_bucket_us"]["n"] == buckets * (STEPS - SKIP) * RANKS
+        assert row["steps_measured"] + row["steps_off_baseline"] == STEPS - SKIP
+        assert len(row["load_1min"]) == 2
+        assert row["per_bucket_us"]["n"] == buckets * row["steps_measured"] * RANKS
         # nonzero time on the training thread, at most the step
         assert 0 < row["per_bucket_us"]["median"] <= row["per_bucket_us"]["p90"]
         assert 0 < row["per_step_us"]["hand_off"] <= row["per_step_us"]["mean"] < 1e3 * row["step_ms"]
