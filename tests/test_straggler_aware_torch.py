@@ -1,7 +1,10 @@
 """``stragglerkit.straggler_aware`` without Horovod: on a gloo group over loopback it trains like
 data parallelism written by hand (each gradient all-reduced, then divided), with Horovod's
 options; a late rank moves the buckets to StragglAR; bad input, models that differ across ranks
-and a rank that dies or stalls are named on every rank."""
+and a rank that dies or stalls are named on every rank.
+
+The runs of one world size that end cleanly share one process group (:func:`launches`), one after
+the other, each from a clean slate (tests/_dist.py, ``several``)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +21,8 @@ import straggler_aware_bodies
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import run_group
+from _dist import run_group, several
+from _launch import selected_tests
 
 import stragglerkit
 from stragglerkit.integrations.optimizer_buckets import BUCKET_BYTES, bucket_cap
@@ -44,6 +50,69 @@ DIFFERENCES = {
 """What every rank's error says when rank 1's model differs from rank 0's in one way."""
 
 
+STEPS = 12
+"""Steps of each case of CASES."""
+
+LAUNCHED: dict[str, tuple[int, tuple[str, str], Callable[..., Any], tuple[Any, ...]]] = {
+    # case: (world size, (its test, its parameters), its body in tests/straggler_aware_bodies.py, its arguments)
+    **{
+        f"cases/{n}": (
+            n,
+            ("test_trains_like_data_parallelism_by_hand_in_every_form_and_option", str(n)),
+            straggler_aware_bodies.cases_side_by_side,
+            (STEPS, CASES),
+        )
+        for n in (2, 3)
+    },
+    "norm_first": (
+        3,
+        ("test_buckets_take_the_order_the_first_step_made_the_gradients_ready", ""),
+        straggler_aware_bodies.cases_side_by_side,
+        (6, {"norm_first": {"norm_first": True}}),
+    ),
+    "bad_input": (2, ("test_bad_input_is_named", ""), straggler_aware_bodies.bad_input, ()),
+    "mismatched": (
+        3,
+        ("test_parameters_that_differ_across_ranks_are_named_on_every_rank", ""),
+        straggler_aware_bodies.mismatched_parameters,
+        (),
+    ),
+    "close": (  # the folder of the event logs is added
+        2,
+        ("test_close_ends_the_loop_and_writes_its_last_records", ""),
+        straggler_aware_bodies.close_writes_the_last_records,
+        (),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def event_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of test_close_ends_the_loop_and_writes_its_last_records's event logs."""
+    return tmp_path_factory.mktemp("event_logs")
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest, event_logs: Path) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the case's body returned}, from one process group per world
+    size that runs the cases of the tests selected in this session."""
+    selected = selected_tests(request)
+    done: dict[int, dict[int, dict[str, Any]]] = {}
+
+    def result(case: str) -> dict[int, Any]:
+        n = LAUNCHED[case][0]
+        if n not in done:
+            cases = {
+                name: (body, (str(event_logs), *args) if name == "close" else args)
+                for name, (size, test, body, args) in LAUNCHED.items()
+                if size == n and test in selected
+            }
+            done[n] = run_group(n, several, cases, timeout=900.0)
+        return {rank: out[case] for rank, out in done[n].items()}
+
+    return result
+
+
 def _check_same_training(name: str, results: dict[int, Any], steps: int, tolerance: float = 1e-5) -> None:
     for rank, result in results.items():
         assert len(result["diffs"]) == steps, (name, rank)
@@ -52,11 +121,13 @@ def _check_same_training(name: str, results: dict[int, Any], steps: int, toleran
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_trains_like_data_parallelism_by_hand_in_every_form_and_option(n: int) -> None:
+def test_trains_like_data_parallelism_by_hand_in_every_form_and_option(
+    n: int, launches: Callable[[str], dict[int, Any]]
+) -> None:
     """12 steps per case; every case's parameters within 1e-5 of the reference at every step
     (fp16 compression: within its rounding) and bit-identical on every rank."""
-    steps = 12
-    results = run_group(n, straggler_aware_bodies.cases_side_by_side, steps, CASES)
+    steps = STEPS
+    results = launches(f"cases/{n}")
     for name in CASES:
         by_rank = {rank: results[rank][name] for rank in range(n)}
         _check_same_training(name, by_rank, steps, 2e-3 if name == "fp16_compression" else 1e-5)
@@ -67,13 +138,15 @@ def test_trains_like_data_parallelism_by_hand_in_every_form_and_option(n: int) -
     assert results[0]["float64_compression"]["compress_calls"] >= steps
 
 
-def test_buckets_take_the_order_the_first_step_made_the_gradients_ready() -> None:
+def test_buckets_take_the_order_the_first_step_made_the_gradients_ready(
+    launches: Callable[[str], dict[int, Any]],
+) -> None:
     """A model that registers its norm last but applies it first, in 256-byte buckets: the first
     step's buckets go in reverse registration order (the norm first); from the second step on,
     every rank's buckets go in rank 0's ready order (the norm last), and the model still trains
     like data parallelism by hand, identically on every rank."""
     steps, n = 6, 3
-    results = run_group(n, straggler_aware_bodies.cases_side_by_side, steps, {"norm_first": {"norm_first": True}})
+    results = launches("norm_first")
     by_rank = {rank: results[rank]["norm_first"] for rank in range(n)}
     _check_same_training("norm_first", by_rank, steps)
     first, second, third = by_rank[0]["layouts"]
@@ -105,8 +178,8 @@ def test_a_late_rank_switches_the_buckets_to_stragglar_with_the_same_parameters(
     )
 
 
-def test_bad_input_is_named() -> None:
-    results = run_group(2, straggler_aware_bodies.bad_input)
+def test_bad_input_is_named(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("bad_input")
     for rank, errors in results.items():
         expected = {
             "twice": ("ConfigError", "already distributed"),
@@ -144,11 +217,11 @@ def test_a_world_of_one_rank_steps_exactly_like_the_plain_optimizer() -> None:
     assert result == {"equal": True, "loop": True, "state_dict_keys": True}, result
 
 
-def test_parameters_that_differ_across_ranks_are_named_on_every_rank() -> None:
+def test_parameters_that_differ_across_ranks_are_named_on_every_rank(launches: Callable[[str], dict[int, Any]]) -> None:
     """3 ranks; rank 1 (and in ``count`` rank 2 too) builds another model: every rank raises the
     same ConfigError naming rank 1 and the first parameter that differs. Other values alone are
     not an error (they are broadcast afterwards)."""
-    results = run_group(3, straggler_aware_bodies.mismatched_parameters)
+    results = launches("mismatched")
     for rank, errors in results.items():
         assert errors["values"] == "no error", (rank, errors["values"])
         for kind, text in DIFFERENCES.items():
@@ -196,8 +269,8 @@ def test_a_rank_that_dies_or_stalls_is_named_on_every_other_rank_within_the_time
         assert outcome["seconds"] < timeout + 2.0 + 5.0, outcome  # timeout + report window + loaded cores
 
 
-def test_close_ends_the_loop_and_writes_its_last_records(tmp_path: Any) -> None:
-    results = run_group(2, straggler_aware_bodies.close_writes_the_last_records, str(tmp_path))
+def test_close_ends_the_loop_and_writes_its_last_records(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("close")
     for rank in (0, 1):
         assert results[rank]["kinds"][0] == "run", results[rank]
     assert results[0]["running"] and results[0]["stopped"], results[0]
