@@ -128,8 +128,12 @@ class Run:
     @property
     def example_step(self) -> Callable[[nn.Module, Any, Any], float] | None:
         """The workload's own training step (the examples' ``train_step``: zero the gradients, loss,
-        backward, update), which the copy then runs whole; None: the bench's step, in parts."""
-        return getattr(self.workload, "train_step", None) if self.workload is not None else None
+        backward, update), which the copy then runs whole; None: the bench's step, in parts (also
+        under megatron-core, whose schedule runs the step of the workload's megatron model)."""
+        if self.workload is None or self.framework == "megatron":
+            return None
+        step: Callable[[nn.Module, Any, Any], float] | None = getattr(self.workload, "train_step", None)
+        return step
 
     def forward_backward(self, batch: Any, late: float) -> tuple[torch.Tensor, float]:
         """Forward, ``late`` seconds of sleep, backward until the gradients are reduced; the loss and
