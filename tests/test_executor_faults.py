@@ -12,13 +12,13 @@ from typing import Any
 
 import fault_bodies
 import pytest
-from _dist import run_group, several
-from _launch import selected_tests
+from _launch import Case
+from _launch import launches as launched
 
 WAIT_MODES = ["ordered", "concurrent"]
 """The executor's two ways of observing completions (csrc/channel_waiters.h)."""
 
-CASES: dict[str, tuple[int, tuple[str, str], Callable[..., Any], tuple[Any, ...]]] = {
+CASES: dict[str, Case] = {
     # case: (world size, (its test, its parameters), its body in tests/fault_bodies.py, its arguments)
     "misspelt": (3, ("test_a_misspelt_setting_is_named_once", ""), fault_bodies.misspelt_setting, ()),
     "setting_differs": (
@@ -76,20 +76,8 @@ CASES: dict[str, tuple[int, tuple[str, str], Callable[..., Any], tuple[Any, ...]
 @pytest.fixture(scope="module")
 def launches(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
     """``launches(case)``: {rank: what the case's body returned}, from one process group per world
-    size that runs the cases of the tests selected in this session."""
-    selected = selected_tests(request)
-    done: dict[int, dict[int, dict[str, Any]]] = {}
-
-    def result(case: str) -> dict[int, Any]:
-        n = CASES[case][0]
-        if n not in done:
-            cases = {
-                name: (body, args) for name, (size, test, body, args) in CASES.items() if size == n and test in selected
-            }
-            done[n] = run_group(n, several, cases, timeout=600.0)
-        return {rank: out[case] for rank, out in done[n].items()}
-
-    return result
+    size that runs the cases of the tests selected in this session (tests/_launch.py)."""
+    return launched(request, CASES, timeout=600.0)
 
 
 def _is_config_error(out: dict[str, Any]) -> bool:

@@ -16,8 +16,8 @@ import fault_bodies
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import run_group, several
-from _launch import selected_tests
+from _launch import Case
+from _launch import launches as launched
 
 WAIT_MODES = ["ordered", "concurrent"]
 """The executor's two ways of observing completions (csrc/channel_waiters.h)."""
@@ -58,21 +58,18 @@ def test_dead_peer_raises_naming_it(wait_mode: str) -> None:
         assert fault_bodies.blames_its_peer(results[rank], 2), results[rank]
 
 
+STALLED: dict[str, Case] = {
+    mode: (4, ("test_stalled_peer_times_out_naming_it", mode), fault_bodies.peer_stalls, (mode,)) for mode in WAIT_MODES
+}
+"""The stalled peer in each wait mode: one 4-rank group runs both (tests/_launch.py)."""
+
+
 @pytest.fixture(scope="module")
 def stalled(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
     """``stalled(wait_mode)``: {rank: ``peer_stalls``'s result} in that wait mode, from one 4-rank
     group that runs the wait modes of the tests selected in this session one after the other, each
     from a clean slate (tests/_dist.py, ``several``)."""
-    modes = [mode for test, mode in selected_tests(request) if test == "test_stalled_peer_times_out_naming_it"]
-    done: list[dict[int, dict[str, Any]]] = []
-
-    def result(wait_mode: str) -> dict[int, Any]:
-        if not done:
-            cases = {mode: (fault_bodies.peer_stalls, (mode,)) for mode in WAIT_MODES if mode in modes}
-            done.append(run_group(4, several, cases, timeout=600.0))
-        return {rank: out[wait_mode] for rank, out in done[0].items()}
-
-    return result
+    return launched(request, STALLED, timeout=600.0)
 
 
 @pytest.mark.parametrize("wait_mode", WAIT_MODES)
