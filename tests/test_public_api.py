@@ -1,19 +1,57 @@
 """The public API on real gloo groups: a torch.distributed program runs with stragglerkit.all_reduce
 after one init, with torch's results; errors before init, for ops it cannot do, and on a second init.
+
+The runs of one world size share one process group (:func:`launches`), one after the other, each
+from a clean slate (tests/_dist.py, ``several``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import api_bodies
 import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_group
+from _launch import Case
+from _launch import launches as launched
 
 import stragglerkit
 from stragglerkit import NotInitializedError
 
 SALT = {"sum_async": 0, "avg": 1, "subgroup": 2}
+
+PROGRAM = "test_a_torch_program_runs_with_stragglerkit_all_reduce_after_one_init"
+CASES: dict[str, Case] = {
+    # case: (world size, (its test, its parameters), its body in tests/api_bodies.py, its arguments)
+    "before_init": (2, ("test_using_stragglerkit_before_init_says_to_call_init", ""), api_bodies.before_init, ()),
+    **{
+        f"{library}/{n}": (n, (PROGRAM, str(n)), api_bodies.torch_program, (library,))
+        for n in (2, 3, 5)
+        for library in ("torch", "stragglerkit")
+    },
+    "init_twice": (
+        3,
+        ("test_init_twice_is_refused_and_destroy_allows_another", ""),
+        api_bodies.init_twice_then_again,
+        (),
+    ),
+    "unsupported_op": (
+        3,
+        ("test_an_unsupported_op_fails_on_its_rank_and_is_reported_to_the_others", ""),
+        api_bodies.unsupported_op_on_rank_0,
+        (),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the case's body returned}, from one process group per world
+    size that runs the cases of the tests selected in this session (tests/_launch.py)."""
+    return launched(request, CASES, timeout=600.0)
 
 
 def _tensor(bits: bytes, dtype: torch.dtype) -> torch.Tensor:
@@ -22,14 +60,16 @@ def _tensor(bits: bytes, dtype: torch.dtype) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_a_torch_program_runs_with_stragglerkit_all_reduce_after_one_init(n: int) -> None:
+def test_a_torch_program_runs_with_stragglerkit_all_reduce_after_one_init(
+    n: int, launches: Callable[[str], dict[int, Any]]
+) -> None:
     """The same program, once with ``dist.all_reduce`` and once with ``stragglerkit.all_reduce``:
     positional ``(tensor, op, group, async_op)``, ``op=``/``group=`` keywords, a user's subgroup,
     Work's ``wait``/``get_future``/``is_completed``; integer results equal torch's, floating ones
     are within the dtype's rounding bound of the exact sum (as torch's are, which may add in
     another order) and have the same bits on every rank."""
-    theirs = run_group(n, api_bodies.torch_program, "torch")
-    ours = run_group(n, api_bodies.torch_program, "stragglerkit")
+    theirs = launches(f"torch/{n}")
+    ours = launches(f"stragglerkit/{n}")
     for rank in range(n):
         for library, out in (("torch", theirs[rank]), ("stragglerkit", ours[rank])):
             failed = sorted(check for check, ok in out["work_api"].items() if not ok)
@@ -69,14 +109,14 @@ def test_a_world_of_one_rank_leaves_the_tensor_and_warns_of_nothing() -> None:
     assert checks and not failed, failed
 
 
-def test_using_stragglerkit_before_init_says_to_call_init() -> None:
+def test_using_stragglerkit_before_init_says_to_call_init(launches: Callable[[str], dict[int, Any]]) -> None:
     if dist.is_initialized():
         pytest.skip("this process has a default group")
     for call in (lambda: stragglerkit.all_reduce(torch.ones(3)), stragglerkit.last_run):
         with pytest.raises(NotInitializedError, match=r"stragglerkit\.init\(\)"):
             call()
     assert not stragglerkit.is_initialized()
-    results = run_group(2, api_bodies.before_init)
+    results = launches("before_init")
     for rank, out in results.items():
         for name in ("all_reduce", "last_run"):
             assert out[name].startswith("NotInitializedError"), (rank, name, out[name])
@@ -84,11 +124,13 @@ def test_using_stragglerkit_before_init_says_to_call_init() -> None:
         assert out["is_initialized"] == "False"
 
 
-def test_an_unsupported_op_fails_on_its_rank_and_is_reported_to_the_others() -> None:
+def test_an_unsupported_op_fails_on_its_rank_and_is_reported_to_the_others(
+    launches: Callable[[str], dict[int, Any]],
+) -> None:
     """Rank 0 passes ReduceOp.MAX, the others SUM: rank 0 raises a ConfigError naming the ops it can
     do, and the others a PeerError naming rank 0 within seconds (their timeout is 300 s)."""
     n = 3
-    results = run_group(n, api_bodies.unsupported_op_on_rank_0, timeout=90)
+    results = launches("unsupported_op")
     refused = results[0]
     assert refused["error"].startswith("ConfigError") and "ValueError" in refused["kinds"], refused
     assert "ReduceOp.SUM" in refused["error"] and "ReduceOp.AVG" in refused["error"], refused
@@ -111,9 +153,9 @@ def test_last_run_says_what_ran() -> None:
         assert out["async"] == "stragglar", (rank, out)
 
 
-def test_init_twice_is_refused_and_destroy_allows_another() -> None:
+def test_init_twice_is_refused_and_destroy_allows_another(launches: Callable[[str], dict[int, Any]]) -> None:
     n = 3
-    results = run_group(n, api_bodies.init_twice_then_again)
+    results = launches("init_twice")
     total = float(sum(range(n)))
     for rank, out in results.items():
         assert out["second"].startswith("ConfigError") and "already called" in out["second"], (rank, out)
