@@ -78,12 +78,13 @@ AllReduce, every ``probe_every`` steps at first and every ``defaults.QUIET_PROBE
 links read healthy. Its extra collective time (the ring's median less the AllReduce's of the same
 bucket, at least 0) is amortised over the backed-off interval and added to the share.
 
-**Bytes**: the last ``--profile-steps`` steps run under ``torch.profiler`` (``profile_memory``,
-``record_shapes``): per step, the bytes that ops inside our entry points (less the framework's
-work) write (an in-place op: its first operand; an op that makes a tensor: what it allocates) and
-allocate; the summary gives the median step. Beside them, where the hand-offs' time goes under the
-profiler (self time by op and range: wall time, profiler overhead and waits for a core included,
-so shares rather than figures). Steps under the profiler are not in the timings.
+**Bytes**: the ``--profile-steps`` steps after the skipped ones run under ``torch.profiler``
+(``profile_memory``, ``record_shapes``), before the measured ones (a loaded machine can make the
+loop switch to a plan later in a run): per step, the bytes that ops inside our entry points (less
+the framework's work) write (an in-place op: its first operand; an op that makes a tensor: what it
+allocates) and allocate; the summary gives the median step. Beside them, where the hand-offs' time
+goes under the profiler (self time by op and range: wall time, profiler overhead and waits for a
+core included, so shares rather than figures). Steps under the profiler are not in the timings.
 
 **Sampling profiler**: ``--pyspy PATH:MIB`` runs that configuration once more with ``py-spy record``
 (200 Hz) attached to rank 0 for the measured steps and keeps the stragglerkit frames with the
@@ -846,16 +847,26 @@ def _worker(args: argparse.Namespace) -> None:
     rank = trainer.loop.rank
     out_dir = Path(args.out_dir)
     marker = Path(args.pyspy_marker) if args.pyspy_marker and rank == 0 else None
-    measured_end = args.steps
+    # the profiled steps come first, right after the skipped ones (a loaded machine can make the
+    # loop switch to a plan later in the run), then the measured ones
+    measure_from = args.skip + args.profile_steps
     total = args.steps + args.profile_steps
     before: dict[int, int] = {}
-    after: dict[int, int] = {}
+    previous: dict[int, int] = {}
     labels: dict[int, str] = {}
-    names: dict[int, str] = {}
-    window_wall = 0.0
+    window_start = 0.0
     profiler: Any = None
     for step in range(total):
-        if step == args.skip:
+        if step == args.skip and args.profile_steps:
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True
+            )
+            profiler.__enter__()
+            acct.profiling = True
+        if step == measure_from:
+            if profiler is not None:
+                acct.profiling = False
+                profiler.__exit__(None, None, None)
             acct.measuring = True
             if marker is not None:
                 (marker / "start").write_text(str(os.getpid()))
@@ -863,20 +874,6 @@ def _worker(args: argparse.Namespace) -> None:
             before = previous = census.snapshot()
             labels = census.classify()
             window_start = time.perf_counter()
-        if step == measured_end:
-            after = census.snapshot()
-            labels = census.classify()
-            names = {tid: _comm(tid) for tid in after}
-            window_wall = time.perf_counter() - window_start
-            acct.measuring = False
-            if marker is not None:
-                (marker / "stop").write_text("")
-            if args.profile_steps:
-                profiler = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True
-                )
-                profiler.__enter__()
-                acct.profiling = True
         acct.begin_step(step)
         t0 = time.perf_counter_ns()
         trainer.step(step)
@@ -892,20 +889,20 @@ def _worker(args: argparse.Namespace) -> None:
             previous = current
         if rank == 0 and (step + 1) % 20 == 0:
             print(f"[loop_cost] {args.path} {args.size_bytes / MIB:g} MiB: step {step + 1}/{total}", flush=True)
+    window_wall = time.perf_counter() - window_start
+    acct.measuring = False
+    if marker is not None:
+        (marker / "stop").write_text("")
+    after = previous
+    labels = census.classify()
+    names = {tid: _comm(tid) for tid in after}
     profile = None
     if profiler is not None:
-        acct.profiling = False
-        profiler.__exit__(None, None, None)
         profile = _profile_summary(profiler)
         for item in profile["bytes_per_step"]:
             item["kind"], item["algorithm"] = acct.profiled.get(item["step"], ("?", "?"))
-    if not after:
-        after = census.snapshot()
-        window_wall = time.perf_counter() - window_start
-        labels = census.classify()
-        names = {tid: _comm(tid) for tid in after}
     threads: dict[str, float] = defaultdict(float)
-    measured = max(measured_end - args.skip, 1)
+    measured = max(args.steps - args.skip, 1)
     comms: dict[str, float] = defaultdict(float)
     for tid, ns in after.items():
         label = labels.get(tid, "executor_native")
@@ -1270,9 +1267,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument("--sizes", default="8,32", help="gradient sizes in MiB, comma-separated (default 8,32)")
     parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=100, help="steps of each run before the profiled ones")
+    parser.add_argument("--steps", type=int, default=100, help="steps of each run, the profiled ones not counted")
     parser.add_argument("--skip", type=int, default=40, help="steps not measured (warm-up and the first probes)")
-    parser.add_argument("--profile-steps", type=int, default=4, help="steps under torch.profiler after those")
+    parser.add_argument("--profile-steps", type=int, default=4, help="steps under torch.profiler after the skipped")
     parser.add_argument("--pyspy", default="ddp:32", help="PATH:MIB sampled with py-spy on rank 0, or 'none'")
     parser.add_argument("--pyspy-top", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
