@@ -114,11 +114,12 @@ def test_settings_that_observe_run_no_probes_and_keep_the_users_fields() -> None
 
 
 # -- the controller that observes ----------------------------------------------------------------
-def _observe(controller: Controller, late_steps: range, steps: int = 80) -> list[Any]:
-    """Exchanges of 2 steps on 8 ranks, rank 3 late by 50 ms in ``late_steps``."""
-    fix_the_model(controller)
+def _observe(controller: Controller, late_steps: range, steps: int = 80, first: int = 0) -> list[Any]:
+    """Exchanges of 2 steps on 8 ranks from step ``first``, rank 3 late by 50 ms in ``late_steps``."""
+    if first == 0:
+        fix_the_model(controller)
     decisions = []
-    for start in range(0, steps, 2):
+    for start in range(first, steps, 2):
         late = 3 if start in late_steps else None
         stats = window(8, range(start, start + 2), late, 0.05, [8 << 20, 1024])
         stats.hosts = list(range(8))
@@ -135,7 +136,8 @@ def test_an_observing_controller_records_the_switch_it_would_make_and_keeps_the_
     gain; the plan every rank adopts stays the baseline throughout; nothing is verified or rolled back."""
     settings = Settings.of(warmup_steps=4, min_gain=0.0, verify_steps=4, window=8, acting=False)
     controller = Controller(8, 0, settings)
-    decisions = _observe(controller, range(0, 40), steps=40) + _observe_more(controller)
+    # on time from step 40 until 60, rank 3 late again from there
+    decisions = _observe(controller, range(0, 40), steps=40) + _observe(controller, range(60, 100), 100, first=40)
     assert all(d.plan == Plan("allreduce") for d in decisions) and controller.plan == Plan("allreduce")
     kinds = [e["kind"] for e in controller.events]
     assert "switch" not in kinds and "verified" not in kinds and "rollback" not in kinds and "probing" not in kinds
@@ -152,20 +154,6 @@ def test_an_observing_controller_records_the_switch_it_would_make_and_keeps_the_
     assert [e["step"] for e in would] == detected  # reported with the finding that calls for it
     assert "cleared" in kinds and kinds.index("cleared") < kinds.index("would_switch", kinds.index("would_switch") + 1)
     assert controller.probe_every == 0
-
-
-def _observe_more(controller: Controller) -> list[Any]:
-    """Steps 40 to 100 of the run above: on time until 60, rank 3 late again from there."""
-    decisions = []
-    for start in range(40, 100, 2):
-        late = 3 if start >= 60 else None
-        stats = window(8, range(start, start + 2), late, 0.05, [8 << 20, 1024])
-        stats.hosts = list(range(8))
-        decision = controller.observe(stats, start + 4)
-        if decision is not None:
-            controller.apply(decision)
-            decisions.append(decision)
-    return decisions
 
 
 def test_the_same_exchanges_acting_switch_where_observing_would() -> None:
