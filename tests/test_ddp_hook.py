@@ -1,4 +1,8 @@
-"""The DDP comm hook on real 4-rank gloo groups over loopback (small model, injected sleeps)."""
+"""The DDP comm hook on real 4-rank gloo groups over loopback (small model, injected sleeps).
+
+The runs of one world size that end cleanly share one process group (:func:`launches`), one after
+the other, each from a clean slate (tests/_dist.py, ``several``); a run where a rank dies or
+stalls, and the run that resumes from a checkpoint in fresh processes, have groups of their own."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ddp_bodies
@@ -15,6 +21,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _dist import run_group
+from _launch import Case
+from _launch import launches as launched
 
 import stragglerkit
 from stragglerkit.detect.settings import Settings
@@ -34,24 +42,118 @@ def _same_events(results: dict[int, Any]) -> list[tuple[int, str, str]]:
     return seen[0]
 
 
+SWITCHES_CONFIG = {
+    "warmup_steps": 5,
+    "min_gain": 0.0,
+    "min_bucket_bytes": 1024,
+    "cooldown_steps": 20,
+    # the straggler, once detected, is never cleared: under the OptCC plan forced at step 150 a
+    # loaded machine could otherwise clear it and bring the baseline back before the probe.
+    # Loopback has no NICs: its ring probes time 4 ranks' CPU on 2 cores (l read anywhere from
+    # 1 to 23), so no rank is ever believed degraded here; otherwise a belief far off the forced
+    # plan's l = 2 rebuilds the plan before the probe this test looks for.
+    "detector": FAST_DETECTOR,
+}
+"""test_hook_trains_like_plain_ddp_through_plan_switches's loop settings."""
+
+PROBES_CONFIG = {
+    "warmup_steps": 4,
+    "probe_every": 2,
+    "quiet_probe_every": 8,
+    "quiet_after": 2,
+    "detector": {"degraded_threshold": 50.0, "clear_degraded_threshold": 40.0},
+}
+"""test_probes_back_off_on_every_rank_at_the_same_step's loop settings."""
+
+CHECKPOINT_CONFIG = {
+    "warmup_steps": 5,
+    "baseline": "ring",
+    "probe_every": 0,
+    "min_gain": 0.0,
+    "min_bucket_bytes": 1024,
+    "verify_steps": 10_000,
+    "detector": FAST_DETECTOR,
+}
+"""test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes's loop settings."""
+CHECKPOINT_LATE_S = 0.03
+
+STEPS = 60
+"""Steps of the runs without a fault."""
+
+CASES: dict[str, Case] = {
+    # case: (world size, (its test, its parameters), its body in tests/ddp_bodies.py, its arguments)
+    **{
+        f"switches/{name}": (
+            N,
+            ("test_hook_trains_like_plain_ddp_through_plan_switches", name),
+            ddp_bodies.hook_vs_plain,
+            (200, 3, 15, 0.02, 150, SWITCHES_CONFIG, views),
+        )
+        for name, views in (("copied_gradients", False), ("gradient_as_bucket_view", True))
+    },
+    "probes": (
+        N,
+        ("test_probes_back_off_on_every_rank_at_the_same_step", ""),
+        ddp_bodies.hook_vs_plain,
+        (STEPS, 0, STEPS, 0.0, -1, PROBES_CONFIG),
+    ),
+    "exchanges": (
+        3,
+        ("test_exchanges_lengthen_on_every_rank_at_the_same_step_once_all_is_quiet", ""),
+        ddp_bodies.hook_vs_plain,
+        (STEPS, 0, STEPS, 0.0, -1, {"warmup_steps": 4, "probe_every": 0}),
+    ),
+    "straggler_moves": (
+        N,
+        ("test_straggler_detected_acted_on_and_remapped_when_it_moves", ""),
+        ddp_bodies.straggler_run,
+        (170, [(50, 3), (110, 1)], False, FLOOR_S, {"baseline": "ring", "detector": {"degraded_threshold": 1e9}}),
+    ),
+    "jitter": (
+        N,
+        ("test_jitter_spread_over_all_ranks_switches_nothing", ""),
+        ddp_bodies.straggler_run,
+        (1000, [], True, FLOOR_S, {}),
+    ),
+    "checkpoint": (  # the first run, which saves the checkpoint (its path is added)
+        N,
+        ("test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes", ""),
+        ddp_bodies.checkpoint_run,
+        (None, CHECKPOINT_LATE_S, CHECKPOINT_CONFIG),
+    ),
+    "clock": (
+        3,
+        ("test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed", ""),
+        ddp_bodies.clock_run,
+        (20, 12, {"warmup_steps": 4, "clock_sync_every": 8}),
+    ),
+    "state_validation": (3, ("test_state_validates_its_arguments", ""), ddp_bodies.state_validation, ()),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where the checkpoint test's first run saves (and its second run loads)."""
+    return str(tmp_path_factory.mktemp("checkpoint") / "checkpoint.pt")
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest, checkpoint_path: str) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the case's body returned}, from one process group per world
+    size that runs the cases of the tests selected in this session (tests/_launch.py)."""
+    size, test, body, args = CASES["checkpoint"]
+    return launched(request, {**CASES, "checkpoint": (size, test, body, (checkpoint_path, *args))})
+
+
 @pytest.mark.parametrize("views", [False, True], ids=["copied_gradients", "gradient_as_bucket_view"])
-def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
+def test_hook_trains_like_plain_ddp_through_plan_switches(
+    views: bool, request: pytest.FixtureRequest, launches: Callable[[str], dict[int, Any]]
+) -> None:
     """200 steps, hook vs plain DDP on the same data; the hook switches early (small window, rank 3 late
     from step 15) and is forced onto OptCC at step 150: parameters agree at every step. Both with
     DDP's default (gradients copied into the buckets) and with the gradients as views of the buckets."""
-    cfg = {
-        "warmup_steps": 5,
-        "min_gain": 0.0,
-        "min_bucket_bytes": 1024,
-        "cooldown_steps": 20,
-        # the straggler, once detected, is never cleared: under the OptCC plan forced at step 150 a
-        # loaded machine could otherwise clear it and bring the baseline back before the probe.
-        # Loopback has no NICs: its ring probes time 4 ranks' CPU on 2 cores (l read anywhere from
-        # 1 to 23), so no rank is ever believed degraded here; otherwise a belief far off the forced
-        # plan's l = 2 rebuilds the plan before the probe this test looks for.
-        "detector": FAST_DETECTOR,
-    }
-    results = run_group(N, ddp_bodies.hook_vs_plain, 200, 3, 15, 0.02, 150, cfg, views)
+    results = launches(f"switches/{request.node.callspec.id}")
+    assert CASES[f"switches/{request.node.callspec.id}"][3][-1] is views
     for out in results.values():
         assert out["step"] == 200
         assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0), max(out["diffs"])
@@ -94,20 +196,13 @@ def test_hook_trains_like_plain_ddp_through_plan_switches(views: bool) -> None:
         assert [n for n, a in buckets[step] if a == "ring"] == [largest], buckets[step]
 
 
-def test_probes_back_off_on_every_rank_at_the_same_step() -> None:
+def test_probes_back_off_on_every_rank_at_the_same_step(launches: Callable[[str], dict[int, Any]]) -> None:
     """No fault: the ring probes come every 2nd step after warm-up, every 8th once the last 2 probes
     read healthy links, and (on an alarm) every 2nd again; every rank probes the same steps, which
     are exactly those the interval in force names. (The degraded threshold is raised: 4 ranks on
     2 loaded cores can read a healthy loopback link as slow.)"""
-    cfg = {
-        "warmup_steps": 4,
-        "probe_every": 2,
-        "quiet_probe_every": 8,
-        "quiet_after": 2,
-        "detector": {"degraded_threshold": 50.0, "clear_degraded_threshold": 40.0},
-    }
-    steps = 60
-    results = run_group(N, ddp_bodies.hook_vs_plain, steps, 0, steps, 0.0, -1, cfg)
+    steps = STEPS
+    results = launches("probes")
     buckets, every = results[0]["bucket_algorithms"], results[0]["probe_every"]
     assert all(results[r]["bucket_algorithms"] == buckets and results[r]["probe_every"] == every for r in range(N))
     assert every[:4] == [2] * 4 and 8 in every, every
@@ -122,15 +217,16 @@ def test_probes_back_off_on_every_rank_at_the_same_step() -> None:
         assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0)
 
 
-def test_exchanges_lengthen_on_every_rank_at_the_same_step_once_all_is_quiet() -> None:
+def test_exchanges_lengthen_on_every_rank_at_the_same_step_once_all_is_quiet(
+    launches: Callable[[str], dict[int, Any]],
+) -> None:
     """No fault: the stats exchanges go from every 2nd step to every 6th once all has been quiet for
     a window (16 steps), on every rank at the same steps, and training matches plain DDP. 3 ranks
     and no probes: StragglAR does not apply to an odd group, so no rank is ever a straggler suspect
     (with 4 ranks on a loaded machine one can be, which rightly keeps the exchanges short), and
     no probe alarm brings doubt (docs/detection.md)."""
-    cfg = {"warmup_steps": 4, "probe_every": 0}
-    steps, n = 60, 3
-    results = run_group(n, ddp_bodies.hook_vs_plain, steps, 0, steps, 0.0, -1, cfg)
+    n = 3
+    results = launches("exchanges")
     exchanges, intervals = results[0]["exchanges"], results[0]["exchange_every"]
     assert all(results[r]["exchanges"] == exchanges and results[r]["exchange_every"] == intervals for r in range(n))
     assert exchanges[:3] == [2, 4, 6] and intervals[-1] == 6, (exchanges, intervals)
@@ -142,15 +238,14 @@ def test_exchanges_lengthen_on_every_rank_at_the_same_step_once_all_is_quiet() -
         assert max(out["diffs"]) <= 1e-5 * max(out["scale"], 1.0)
 
 
-def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
+def test_straggler_detected_acted_on_and_remapped_when_it_moves(launches: Callable[[str], dict[int, Any]]) -> None:
     """Default Config but for the baseline and the NIC threshold: rank 3 late from step 50 (acted on
     by step 70), rank 1 from step 110. The baseline is stragglerkit's ring here: over loopback, with
     4 ranks on 2 cores and 150 KB buckets, StragglAR does not beat gloo's own all_reduce (the default
     baseline), so the controller rightly rolls such a switch back; the figures on real links are
     bench --mode train's. Loopback has no NICs: under load its ring probes can read a rank's CPU as
     a degraded link, so no link is believed degraded here."""
-    cfg = {"baseline": "ring", "detector": {"degraded_threshold": 1e9}}
-    results = run_group(N, ddp_bodies.straggler_run, 170, [(50, 3), (110, 1)], False, FLOOR_S, cfg)
+    results = launches("straggler_moves")
     events = _same_events(results)
     # nothing detected or switched before the straggler appears (the exchange interval may change)
     assert not [e for e in events if e[0] <= 50 and e[1] != "exchange"], events
@@ -181,9 +276,9 @@ def test_straggler_detected_acted_on_and_remapped_when_it_moves() -> None:
     assert all(abs(o) <= max(r, 200_000) for o, r in zip(offsets[1:], rtts[1:])), (offsets, rtts)
 
 
-def test_jitter_spread_over_all_ranks_switches_nothing() -> None:
+def test_jitter_spread_over_all_ranks_switches_nothing(launches: Callable[[str], dict[int, Any]]) -> None:
     """Every rank late by uniform(0, delay) every step, 1000 steps: no straggler, no switch."""
-    results = run_group(N, ddp_bodies.straggler_run, 1000, [], True, FLOOR_S, {})
+    results = launches("jitter")
     events = _same_events(results)
     assert not [e for e in events if e[1] in ("detected_straggler", "switch")], events
     # (a heavily loaded machine can starve one rank's transfers enough to read as a slow link: a
@@ -243,7 +338,9 @@ def test_dead_or_stalled_rank_fails_the_step_naming_it(fault: str, step: int) ->
         assert "Unable to cast" not in error, error
 
 
-def test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes() -> None:
+def test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes(
+    launches: Callable[[str], dict[int, Any]], checkpoint_path: str
+) -> None:
     """4 ranks, rank 3 late every step: once StragglAR has run 4 steps, rank 0 saves the model, the
     optimizer and the hook's state with ``torch.save``, and the run goes on 12 steps. Fresh
     processes then ``stragglerkit.init()``, load that checkpoint on every rank and train the same 12
@@ -253,22 +350,11 @@ def test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes() -> None:
     what runs at each step is the plan's alone, so both runs run the same algorithms. Not bit for
     bit: the restored DDP's first step reduces its gradients in DDP's first-iteration buckets,
     one here, which rounds differently from the two buckets of the uninterrupted run.)"""
-    cfg = {
-        "warmup_steps": 5,
-        "baseline": "ring",
-        "probe_every": 0,
-        "min_gain": 0.0,
-        "min_bucket_bytes": 1024,
-        "verify_steps": 10_000,
-        "detector": FAST_DETECTOR,
-    }
-    late_s = 0.03
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "checkpoint.pt")
-        first = run_group(N, ddp_bodies.checkpoint_run, path, None, late_s, cfg)
-        saved = first[0]["saved"]
-        assert saved and all(first[r]["saved"]["saved_at"] == saved["saved_at"] for r in range(N)), saved
-        then = run_group(N, ddp_bodies.checkpoint_run, path, saved, late_s, cfg)
+    first = launches("checkpoint")
+    saved = first[0]["saved"]
+    assert saved and all(first[r]["saved"]["saved_at"] == saved["saved_at"] for r in range(N)), saved
+    assert Path(checkpoint_path).is_file()
+    then = run_group(N, ddp_bodies.checkpoint_run, checkpoint_path, saved, CHECKPOINT_LATE_S, CHECKPOINT_CONFIG)
     at = saved["saved_at"]
     for r in range(N):
         restored = then[r]["restored"]
@@ -283,11 +369,12 @@ def test_checkpoint_mid_run_resumes_the_plan_in_fresh_processes() -> None:
     assert gap <= 1e-6, gap
 
 
-def test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed() -> None:
+def test_clock_offsets_are_measured_again_so_a_clock_that_jumps_is_followed(
+    launches: Callable[[str], dict[int, Any]],
+) -> None:
     """Rank 2's clock runs 30 ms ahead, then jumps to 80 ms ahead at step 12: the start-up offset
     holds until the re-measurement at step 16 (clock_sync_every = 8), which every rank adopts."""
-    cfg = {"warmup_steps": 4, "clock_sync_every": 8}
-    results = run_group(3, ddp_bodies.clock_run, 20, 12, cfg)
+    results = launches("clock")
     for rank in range(3):
         offsets = np.array(results[rank]["offsets"]) / 1e6  # ms to add to each rank's clock for rank 0's
         # an offset is read to within half the fastest round trip; on a loaded machine that can be a few
@@ -319,11 +406,11 @@ def test_exchange_gathers_every_rank_to_rank_0_and_broadcasts_its_decision() -> 
     assert results[0]["rows_shape"][0] == n and all(results[k]["rows_shape"][0] == 1 for k in range(1, n))
 
 
-def test_state_validates_its_arguments() -> None:
+def test_state_validates_its_arguments(launches: Callable[[str], dict[int, Any]]) -> None:
     if not dist.is_initialized():
         with pytest.raises(stragglerkit.NotInitializedError, match="init_process_group"):
             stragglerkit.DDPState(None)
-    results = run_group(2, ddp_bodies.state_validation)
+    results = launches("state_validation")
     for out in results.values():
         assert "stragglerkit.init()" in out["before_init"] and out["before_init"].startswith("NotInitializedError")
         assert out["bad_config"].startswith("ConfigError") and "stragglerkit.Config" in out["bad_config"]
