@@ -21,8 +21,9 @@ import straggler_aware_bodies
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _dist import run_group, several
-from _launch import selected_tests
+from _dist import run_group
+from _launch import Case
+from _launch import launches as launched
 
 import stragglerkit
 from stragglerkit.integrations.optimizer_buckets import BUCKET_BYTES, bucket_cap
@@ -53,7 +54,7 @@ DIFFERENCES = {
 STEPS = 12
 """Steps of each case of CASES."""
 
-LAUNCHED: dict[str, tuple[int, tuple[str, str], Callable[..., Any], tuple[Any, ...]]] = {
+LAUNCHED: dict[str, Case] = {
     # case: (world size, (its test, its parameters), its body in tests/straggler_aware_bodies.py, its arguments)
     **{
         f"cases/{n}": (
@@ -95,22 +96,9 @@ def event_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def launches(request: pytest.FixtureRequest, event_logs: Path) -> Callable[[str], dict[int, Any]]:
     """``launches(case)``: {rank: what the case's body returned}, from one process group per world
-    size that runs the cases of the tests selected in this session."""
-    selected = selected_tests(request)
-    done: dict[int, dict[int, dict[str, Any]]] = {}
-
-    def result(case: str) -> dict[int, Any]:
-        n = LAUNCHED[case][0]
-        if n not in done:
-            cases = {
-                name: (body, (str(event_logs), *args) if name == "close" else args)
-                for name, (size, test, body, args) in LAUNCHED.items()
-                if size == n and test in selected
-            }
-            done[n] = run_group(n, several, cases, timeout=900.0)
-        return {rank: out[case] for rank, out in done[n].items()}
-
-    return result
+    size that runs the cases of the tests selected in this session (tests/_launch.py)."""
+    size, test, body, args = LAUNCHED["close"]
+    return launched(request, {**LAUNCHED, "close": (size, test, body, (str(event_logs), *args))})
 
 
 def _check_same_training(name: str, results: dict[int, Any], steps: int, tolerance: float = 1e-5) -> None:
