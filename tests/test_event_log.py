@@ -3,7 +3,8 @@
 The multi-rank tests run the closed loop directly on real gloo groups over loopback (2 and 3
 ranks): the last rank sleeps before each step's first bucket, every rank adopts a forced ring plan
 at one step (a ``switch`` decision), and the 2-rank run is checkpointed mid-way and resumed from
-the pickle, which must append to the same file under the same header.
+the pickle, which must append to the same file under the same header. The 2-rank runs share one
+process group, one after the other (tests/_launch.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 import pickle
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _dist import run_group
+from _launch import launches as launched
 
 from stragglerkit.detect.controller import Decision, Plan
 from stragglerkit.detect.settings import Settings
@@ -66,14 +68,43 @@ def _loop_run(rank: int, n: int, log: str, restore_at: int | None) -> dict[str, 
     return {"events": events, "run_id": loop.run_id}
 
 
+HEADER_TEST = "test_every_rank_writes_the_header_and_rank_0_the_windows"
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each multi-rank run's event log: a path with ``{rank}`` (a file per rank), or without."""
+    folder = tmp_path_factory.mktemp("event_logs")
+    return {
+        "2-12": folder / "2-12" / "events.rank{rank}.jsonl",  # the folder is made by the loop
+        "3-None": folder / "3-None" / "events.rank{rank}.jsonl",
+        "no_rank": folder / "no_rank" / "events.jsonl",
+    }
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest, logs: dict[str, Path]) -> Callable[[str], dict[int, Any]]:
+    """``launches(run)``: {rank: what ``_loop_run`` returned}, from one process group per world
+    size that runs the runs of the tests selected in this session (tests/_launch.py)."""
+    logs["no_rank"].parent.mkdir()
+    cases = {
+        "2-12": (2, (HEADER_TEST, "2-12"), _loop_run, (str(logs["2-12"]), 12)),
+        "3-None": (3, (HEADER_TEST, "3-None"), _loop_run, (str(logs["3-None"]), None)),
+        "no_rank": (2, ("test_a_path_without_rank_is_rank_0_s_alone", ""), _loop_run, (str(logs["no_rank"]), None)),
+    }
+    return launched(request, cases, timeout=600.0)
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.mark.parametrize(("n", "restore_at"), [(2, 12), (3, None)])
-def test_every_rank_writes_the_header_and_rank_0_the_windows(tmp_path: Path, n: int, restore_at: int | None) -> None:
-    pattern = str(tmp_path / "run" / "events.rank{rank}.jsonl")  # the folder is made by the loop
-    results = run_group(n, _loop_run, pattern, restore_at, timeout=300.0)
+def test_every_rank_writes_the_header_and_rank_0_the_windows(
+    n: int, restore_at: int | None, launches: Callable[[str], dict[int, Any]], logs: dict[str, Path]
+) -> None:
+    pattern = str(logs[f"{n}-{restore_at}"])
+    results = launches(f"{n}-{restore_at}")
     files = {r: Path(pattern.format(rank=r)) for r in range(n)}
     logs = {r: _lines(path) for r, path in files.items()}
 
@@ -138,12 +169,14 @@ def test_every_rank_writes_the_header_and_rank_0_the_windows(tmp_path: Path, n: 
     assert all(p is not None and p > 0 for w in windows if w["bucket_bytes"] for p in w["predicted_s"])
 
 
-def test_a_path_without_rank_is_rank_0_s_alone(tmp_path: Path) -> None:
-    log = tmp_path / "events.jsonl"
-    run_group(2, _loop_run, str(log), None, timeout=300.0)
+def test_a_path_without_rank_is_rank_0_s_alone(
+    launches: Callable[[str], dict[int, Any]], logs: dict[str, Path]
+) -> None:
+    log = logs["no_rank"]
+    launches("no_rank")
     lines = _lines(log)
     assert [line["kind"] for line in lines].count("run") == 1 and lines[0]["rank"] == 0
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len(list(log.parent.iterdir())) == 1
 
 
 # -- the writer's parts, without processes --------------------------------------------------------

@@ -1,15 +1,42 @@
 """One planner: ``all_reduce(algorithm="auto")`` and the closed loop choose alike, with the same
-model; with a fitted model that disagrees with the default one, ``auto`` follows the fitted one."""
+model; with a fitted model that disagrees with the default one, ``auto`` follows the fitted one.
+The two multi-rank runs share one process group (tests/_launch.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import planner_bodies
-from _dist import run_group
+import pytest
+from _launch import Case
+from _launch import launches as launched
 
 from stragglerkit.planner import DEFAULT_PRIOR, CompiledPlan, Predictor, Situation, choose, compile_plan
 from stragglerkit.planner.remap import RankMap
+
+CASES: dict[str, Case] = {
+    # case: (world size, (its test, its parameters), its body in tests/planner_bodies.py, its arguments)
+    "auto": (
+        planner_bodies.WORLD,
+        ("test_all_reduce_auto_chooses_as_the_loop_does_with_the_same_model", ""),
+        planner_bodies.auto_choices,
+        (),
+    ),
+    "fitted": (
+        planner_bodies.WORLD,
+        ("test_the_loop_hands_its_fitted_model_to_every_ranks_auto", ""),
+        planner_bodies.fitted_model_adopted,
+        (16,),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the case's body returned}, both cases from one process group."""
+    return launched(request, CASES, timeout=600.0)
 
 
 def test_the_fitted_model_chooses_otherwise_than_the_default_one() -> None:
@@ -25,8 +52,10 @@ def test_the_fitted_model_chooses_otherwise_than_the_default_one() -> None:
     assert planner_bodies.loop_choice(model) == fitted
 
 
-def test_all_reduce_auto_chooses_as_the_loop_does_with_the_same_model() -> None:
-    results = run_group(planner_bodies.WORLD, planner_bodies.auto_choices)
+def test_all_reduce_auto_chooses_as_the_loop_does_with_the_same_model(
+    launches: Callable[[str], dict[int, Any]],
+) -> None:
+    results = launches("auto")
     first = results[0]
     assert all(r == first for r in results.values()), results  # every rank ran the same
     assert first["correct"]
@@ -45,8 +74,8 @@ def test_a_compiled_plan_is_frozen_and_hashable_by_its_key() -> None:
     assert other != one
 
 
-def test_the_loop_hands_its_fitted_model_to_every_ranks_auto() -> None:
-    results = run_group(planner_bodies.WORLD, planner_bodies.fitted_model_adopted, 16)
+def test_the_loop_hands_its_fitted_model_to_every_ranks_auto(launches: Callable[[str], dict[int, Any]]) -> None:
+    results = launches("fitted")
     first = results[0]
     assert first["fitted_on_rank0"], "rank 0's controller fitted no model: the test proves nothing"
     assert first["params"] is not None, "the fitted model never reached the runtime"

@@ -6,6 +6,7 @@ Real gloo groups on loopback (2, 3 and 4 ranks) train a small model through the 
 (profiler_bodies.py). The exported traces must hold the names of docs/profiling.md, nested as
 they happen: the executor's phases, messages and reductions inside their bucket's all_reduce (on
 the runtime's worker thread, which records in the caller's profiler), one step mark per step.
+The 3-rank runs share one process group, one after the other (tests/_launch.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import profiler_bodies as body
 import pytest
 from _dist import run_group
 from _horovod import HOROVODRUN, horovodrun_env
+from _launch import launches as launched
 from _require import require_or_skip
 
 Event = dict[str, Any]
@@ -52,8 +54,45 @@ def _each_inside(inner: list[Event], outer: list[Event], what: str, same_thread:
         )
 
 
+WAIT_MODES = ["ordered", "concurrent"]
+
+
+@pytest.fixture(scope="module")
+def traces_of(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The folder of each 3-rank run's traces."""
+    return {
+        case: tmp_path_factory.mktemp(case.replace("/", "-"))
+        for case in ("optcc", "direct/ordered", "direct/concurrent")
+    }
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest, traces_of: dict[str, Path]) -> Callable[[str], dict[int, Any]]:
+    """``launches(case)``: {rank: what the body returned}, the 3-rank runs of the tests selected in
+    this session from one process group (tests/_launch.py)."""
+    cases = {
+        "optcc": (3, ("test_optcc_plan_on_three_ranks", ""), body.profiled_steps, ("optcc", str(traces_of["optcc"]))),
+        **{
+            f"direct/{mode}": (
+                3,
+                ("test_direct_calls_in_both_wait_modes", mode),
+                body.direct_calls,
+                (mode, str(traces_of[f"direct/{mode}"])),
+            )
+            for mode in WAIT_MODES
+        },
+    }
+    return launched(request, cases, timeout=600.0)
+
+
 def _run(world_size: int, kind: str, tmp_path: Path) -> tuple[dict[int, Any], dict[int, list[Event]]]:
     results = run_group(world_size, body.profiled_steps, kind, str(tmp_path), timeout=300.0)
+    return _checked_run(world_size, results, tmp_path)
+
+
+def _checked_run(
+    world_size: int, results: dict[int, Any], tmp_path: Path
+) -> tuple[dict[int, Any], dict[int, list[Event]]]:
     for rank in range(world_size):
         ran = results[rank]["ran"]
         assert ran[0] and all(a == "allreduce" for a in ran[0]), ran  # warm-up: the process group's
@@ -113,9 +152,9 @@ def test_stragglar_plan_on_four_ranks(tmp_path: Path) -> None:
         assert any(_inside(ring, probes[0], same_thread=False) for ring in rings), (rank, probes, rings)
 
 
-def test_optcc_plan_on_three_ranks(tmp_path: Path) -> None:
+def test_optcc_plan_on_three_ranks(launches: Callable[[str], dict[int, Any]], traces_of: dict[str, Path]) -> None:
     n = 3
-    results, traces = _run(n, "optcc", tmp_path)
+    results, traces = _checked_run(n, launches("optcc"), traces_of["optcc"])
     _check_common(n, results, traces, "optcc")
     for rank, events in traces.items():
         stages = {e["name"] for e in _named(events, r"stragglerkit/optcc/.+")}
@@ -132,13 +171,16 @@ def test_ring_plan_and_baseline_on_two_ranks(tmp_path: Path) -> None:
         assert phases == {"stragglerkit/ring/reduce_scatter", "stragglerkit/ring/allgather"}, phases
 
 
-@pytest.mark.parametrize("wait_mode", ["ordered", "concurrent"])
-def test_direct_calls_in_both_wait_modes(tmp_path: Path, wait_mode: str) -> None:
+@pytest.mark.parametrize("wait_mode", WAIT_MODES)
+def test_direct_calls_in_both_wait_modes(
+    wait_mode: str, launches: Callable[[str], dict[int, Any]], traces_of: dict[str, Path]
+) -> None:
     """``stragglerkit.all_reduce`` itself (blocking on the caller's thread, ``async_op`` on the
     runtime's worker), both observers of the executor: the sums are right and every message and
     phase is inside its call's range."""
     n = 3
-    results = run_group(n, body.direct_calls, wait_mode, str(tmp_path), timeout=300.0)
+    tmp_path = traces_of[f"direct/{wait_mode}"]
+    results = launches(f"direct/{wait_mode}")
     for rank in range(n):
         assert all(results[rank]["correct"]), (rank, results[rank])
         events = _ranges(tmp_path / f"rank{rank}.json")

@@ -1,25 +1,49 @@
 """StragglAR's pre-phase really overlaps the straggler's delay (and so does direct's).
 
 The straggler sleeps before its call; the punctual ranks' recorded timings must show their whole
-pre-phase done during the delay, started without waiting for the straggler.
+pre-phase done during the delay, started without waiting for the straggler. Both algorithms run
+in one 4-rank group, one after the other (tests/_launch.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import fault_bodies
 import pytest
-from _dist import run_group
+from _launch import Case
+from _launch import launches as launched
+
+N, STRAGGLER, DELAY = 4, 1, 1.0
+CASES: dict[str, Case] = {
+    algorithm: (
+        N,
+        ("test_punctual_ranks_work_while_the_straggler_is_late", algorithm),
+        fault_bodies.straggler_overlap,
+        (algorithm, STRAGGLER, DELAY),
+    )
+    for algorithm in ("direct", "stragglar")
+}
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> Callable[[str], dict[int, Any]]:
+    """``launches(algorithm)``: {rank: what ``straggler_overlap`` returned}, from one process group."""
+    return launched(request, CASES, timeout=600.0)
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "stragglar"])
-def test_punctual_ranks_work_while_the_straggler_is_late(algorithm: str) -> None:
+def test_punctual_ranks_work_while_the_straggler_is_late(
+    algorithm: str, launches: Callable[[str], dict[int, Any]]
+) -> None:
     from stragglerkit.schedules.registry import Situation, applicable
 
-    n, straggler, delay = 4, 1, 1.0
+    n, straggler, delay = N, STRAGGLER, DELAY
     applies = applicable(Situation(world_size=n, straggler=straggler))
     assert algorithm in applies, f"{algorithm} must apply at n={n} with a straggler; only {applies} do"
     pre_phase = {"direct": "pre_allreduce", "stragglar": "reduce_scatter"}[algorithm]
-    results = run_group(n, fault_bodies.straggler_overlap, algorithm, straggler, delay)
+    results = launches(algorithm)
     arrival = results[straggler]["arrival"]
     for rank in range(n):
         if rank == straggler:
